@@ -1,0 +1,286 @@
+"""CuPy hook-up: CUDA device and pinned-host providers, and ``install()`` to make CuPy allocate through
+blutrain's caching allocator.
+
+CuPy is imported when first needed, so importing this module needs neither CuPy nor a GPU; using it
+without CuPy raises ``CupyUnavailableError``.
+
+CuPy calls the installed allocator with a byte count and gets a ``cupy.cuda.MemoryPointer`` over an
+``UnownedMemory`` whose owner frees the block when CuPy drops the memory. The block is allocated on the
+current stream and, once freed, is reused in that stream's order; an array used on another stream must
+be announced with ``CupyAllocator.record_stream`` (as with PyTorch's ``Tensor.record_stream``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from blutrain.alloc.allocator import CachingAllocator
+from blutrain.alloc.errors import CupyUnavailableError
+
+__all__ = [
+    "CupyAllocator",
+    "CupyDeviceProvider",
+    "CupyPinnedAllocator",
+    "CupyPinnedProvider",
+    "install",
+    "install_pinned",
+    "uninstall",
+    "uninstall_pinned",
+]
+
+# cudaErrorMemoryAllocation, should the installed CuPy not export the constant.
+_CUDA_ERROR_MEMORY_ALLOCATION = 2
+
+
+def _import_cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise CupyUnavailableError(
+            f"blutrain.alloc.cupy needs CuPy, which could not be imported ({exc}); install it with"
+            " pip install 'blutrain-alloc[cuda12]' (CUDA 12) or 'blutrain-alloc[cuda13]' (CUDA 13)"
+        ) from exc
+    return cupy
+
+
+def _is_out_of_memory(cupy: Any, error: BaseException) -> bool:
+    runtime = cupy.cuda.runtime
+    status = getattr(runtime, "errorMemoryAllocation", _CUDA_ERROR_MEMORY_ALLOCATION)
+    return isinstance(error, runtime.CUDARuntimeError) and error.status == status
+
+
+class _CudaEvents:
+    """Stream events as CUDA events, recorded on the provider's device."""
+
+    _cupy: Any
+    device_id: int
+
+    def record_event(self, stream: int) -> Any:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device_id):
+            event = cupy.cuda.Event(disable_timing=True)
+            cupy.cuda.runtime.eventRecord(event.ptr, stream)
+        return event
+
+    def query_event(self, event: Any) -> bool:
+        return bool(event.done)
+
+    def synchronize_event(self, event: Any) -> None:
+        event.synchronize()
+
+    def release_event(self, event: Any) -> None:
+        """Nothing to do: the cupy.cuda.Event destroys its CUDA event when it is collected."""
+
+
+class CupyDeviceProvider(_CudaEvents):
+    """Device memory of one GPU through cudaMalloc/cudaFree (``cupy.cuda.runtime``)."""
+
+    def __init__(self, device_id: int | None = None) -> None:
+        cupy = _import_cupy()
+        self._cupy = cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+        if device_id is None:
+            device_id = cupy.cuda.runtime.getDevice()
+        if not 0 <= device_id < count:
+            raise ValueError(
+                f"CupyDeviceProvider(device_id): expected 0 <= device_id < {count}, got {device_id}"
+            )
+        self.device_id = device_id
+
+    def alloc(self, size: int) -> int:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device_id):
+            try:
+                return int(cupy.cuda.runtime.malloc(size))
+            except Exception as exc:
+                if _is_out_of_memory(cupy, exc):
+                    return 0
+                raise
+
+    def free(self, ptr: int) -> None:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device_id):
+            cupy.cuda.runtime.free(ptr)
+
+    def mem_info(self) -> tuple[int, int] | None:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device_id):
+            free, total = cupy.cuda.runtime.memGetInfo()
+        return int(free), int(total)
+
+
+class CupyPinnedProvider(_CudaEvents):
+    """Page-locked host memory through cudaHostAlloc/cudaFreeHost, usable by every device (portable).
+    Events are recorded on ``device_id`` (the current device when created)."""
+
+    def __init__(self, device_id: int | None = None) -> None:
+        cupy = _import_cupy()
+        self._cupy = cupy
+        self.device_id = cupy.cuda.runtime.getDevice() if device_id is None else device_id
+
+    def alloc(self, size: int) -> int:
+        cupy = self._cupy
+        try:
+            return int(cupy.cuda.runtime.hostAlloc(size, cupy.cuda.runtime.hostAllocPortable))
+        except Exception as exc:
+            if _is_out_of_memory(cupy, exc):
+                return 0
+            raise
+
+    def free(self, ptr: int) -> None:
+        self._cupy.cuda.runtime.freeHost(ptr)
+
+    def mem_info(self) -> tuple[int, int] | None:
+        return None
+
+
+class _DeviceBlock:
+    """The owner CuPy's UnownedMemory keeps alive: when CuPy drops the memory, the block is freed."""
+
+    __slots__ = ("_allocator", "_ptr")
+
+    def __init__(self, allocator: CachingAllocator, ptr: int) -> None:
+        self._allocator = allocator
+        self._ptr = ptr
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():
+            self._allocator.free(self._ptr)
+
+
+class CupyAllocator:
+    """CuPy's allocator function backed by one CachingAllocator per device (made on first use).
+
+    ``cupy.cuda.set_allocator(CupyAllocator())`` is what ``install()`` does.
+    """
+
+    def __init__(self, *, record_stacks: bool = False, trace_capacity: int = 0) -> None:
+        self._cupy = _import_cupy()
+        self._record_stacks = record_stacks
+        self._trace_capacity = trace_capacity
+        self._allocators: dict[int, CachingAllocator] = {}
+        self._lock = threading.Lock()
+
+    def allocator(self, device_id: int | None = None) -> CachingAllocator:
+        """The CachingAllocator of ``device_id`` (default: the current device)."""
+        if device_id is None:
+            device_id = int(self._cupy.cuda.runtime.getDevice())
+        allocator = self._allocators.get(device_id)
+        if allocator is None:
+            with self._lock:
+                allocator = self._allocators.get(device_id)
+                if allocator is None:
+                    allocator = CachingAllocator(
+                        CupyDeviceProvider(device_id),
+                        record_stacks=self._record_stacks,
+                        trace_capacity=self._trace_capacity,
+                    )
+                    self._allocators[device_id] = allocator
+        return allocator
+
+    def __call__(self, size: int) -> Any:
+        cupy = self._cupy
+        device_id = int(cupy.cuda.runtime.getDevice())
+        if size == 0:  # as CuPy's own pool does: a null pointer that owns nothing
+            return cupy.cuda.MemoryPointer(cupy.cuda.memory.UnownedMemory(0, 0, None, device_id), 0)
+        allocator = self._allocators.get(device_id) or self.allocator(device_id)
+        ptr = allocator.malloc(size, cupy.cuda.get_current_stream().ptr)
+        memory = cupy.cuda.memory.UnownedMemory(ptr, size, _DeviceBlock(allocator, ptr), device_id)
+        return cupy.cuda.MemoryPointer(memory, 0)
+
+    def record_stream(self, memory: Any, stream: Any) -> None:
+        """Marks the block under ``memory`` (a cupy.ndarray or MemoryPointer from this allocator) as used on
+        ``stream`` (a cupy.cuda.Stream or its handle): it is reused only after that stream's work so far."""
+        pointer = memory.data if hasattr(memory, "data") else memory
+        stream_ptr = stream if isinstance(stream, int) else stream.ptr
+        self.allocator(int(pointer.device_id)).record_stream(int(pointer.mem.ptr), stream_ptr)
+
+    def empty_cache(self) -> None:
+        """Returns every wholly free segment of every device to CUDA."""
+        for allocator in list(self._allocators.values()):
+            allocator.empty_cache()
+
+
+class _PinnedBlock:
+    """What CuPy's PinnedMemoryPointer holds as ``mem`` (``ptr`` and ``size``); dropping it frees the block.
+    CuPy keeps it alive until asynchronous copies that use it have finished."""
+
+    __slots__ = ("_allocator", "ptr", "size")
+
+    def __init__(self, allocator: CachingAllocator | None, ptr: int, size: int) -> None:
+        self._allocator = allocator
+        self.ptr = ptr
+        self.size = size
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def __del__(self) -> None:
+        if self._allocator is not None and not sys.is_finalizing():
+            self._allocator.free(self.ptr)
+
+
+class CupyPinnedAllocator:
+    """CuPy's pinned-memory allocator function backed by a CachingAllocator over CupyPinnedProvider."""
+
+    def __init__(self, *, record_stacks: bool = False, trace_capacity: int = 0) -> None:
+        self._cupy = _import_cupy()
+        self.allocator = CachingAllocator(
+            CupyPinnedProvider(), record_stacks=record_stacks, trace_capacity=trace_capacity
+        )
+
+    def __call__(self, size: int) -> Any:
+        pinned = self._cupy.cuda.PinnedMemoryPointer
+        if size == 0:
+            return pinned(_PinnedBlock(None, 0, 0), 0)
+        ptr = self.allocator.malloc(size, 0)
+        return pinned(_PinnedBlock(self.allocator, ptr, size), 0)
+
+
+_state_lock = threading.Lock()
+_previous_allocator: Any = None
+_installed: CupyAllocator | None = None
+
+
+def install(*, record_stacks: bool = False, trace_capacity: int = 0) -> CupyAllocator:
+    """Makes CuPy allocate device memory through a new CupyAllocator and returns it.
+
+    Arrays allocated before keep their memory and free it to the allocator they came from.
+    """
+    global _previous_allocator, _installed
+    cupy = _import_cupy()
+    allocator = CupyAllocator(record_stacks=record_stacks, trace_capacity=trace_capacity)
+    with _state_lock:
+        if _installed is None:
+            _previous_allocator = cupy.cuda.memory.get_allocator()
+        cupy.cuda.set_allocator(allocator)
+        _installed = allocator
+    return allocator
+
+
+def uninstall() -> None:
+    """Gives CuPy back the allocator it had before ``install()``; a no-op if none is installed."""
+    global _previous_allocator, _installed
+    cupy = _import_cupy()
+    with _state_lock:
+        if _installed is None:
+            return
+        cupy.cuda.set_allocator(_previous_allocator)
+        _previous_allocator = None
+        _installed = None
+
+
+def install_pinned(*, record_stacks: bool = False, trace_capacity: int = 0) -> CupyPinnedAllocator:
+    """Makes CuPy allocate pinned host memory through a new CupyPinnedAllocator and returns it."""
+    cupy = _import_cupy()
+    allocator = CupyPinnedAllocator(record_stacks=record_stacks, trace_capacity=trace_capacity)
+    cupy.cuda.set_pinned_memory_allocator(allocator)
+    return allocator
+
+
+def uninstall_pinned() -> None:
+    """Gives CuPy a fresh default pinned-memory pool (CuPy has no getter for the one it had)."""
+    cupy = _import_cupy()
+    cupy.cuda.set_pinned_memory_allocator(cupy.cuda.PinnedMemoryPool().malloc)

@@ -1,0 +1,95 @@
+"""Derivatives of the fused transformer ops; each calls its fused backward kernel.
+
+What each saves is decided here: LayerNorm and RMSNorm keep the input and the per-row statistics;
+cross-entropy keeps the logits and per-row log-sum-exp (no softmax tensor); attention keeps q, k, v,
+its output and the log-sum-exp (no T×S matrix); dropout keeps its boolean mask; embedding keeps
+only the indices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blutrain.tensor import dispatch
+from blutrain.tensor.tensor import Tensor
+
+from blutrain.autograd.rules import derivative, no_double_backward, save_inputs, save_nothing
+
+
+def _wrap(data: Any, like: Tensor) -> Tensor | None:
+    return None if data is None else Tensor._make(data, like.dtype, like.device)
+
+
+def _save_ln(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
+    x, w, b = inputs
+    return (x, w, attrs["mean"], attrs["rstd"])
+
+
+@derivative("layer_norm", save=_save_ln)
+def _layer_norm(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("layer_norm", create_graph)
+    x, w, mean, rstd = node.saved
+    gx, gw, gb = dispatch.kernel("layer_norm_backward", x.device.type, x.dtype)(
+        grads[0]._data, x._data, None if w is None else w._data, mean._data, rstd._data, node.attrs["k"],
+        node.needs[1], node.needs[2])
+    return (_wrap(gx, x) if node.needs[0] else None, _wrap(gw, x), _wrap(gb, x))
+
+
+def _save_rms(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
+    x, w = inputs
+    return (x, w, attrs["rstd"])
+
+
+@derivative("rms_norm", save=_save_rms)
+def _rms_norm(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("rms_norm", create_graph)
+    x, w, rstd = node.saved
+    gx, gw = dispatch.kernel("rms_norm_backward", x.device.type, x.dtype)(
+        grads[0]._data, x._data, None if w is None else w._data, rstd._data, node.attrs["k"], node.needs[1])
+    return (_wrap(gx, x) if node.needs[0] else None, _wrap(gw, x))
+
+
+@derivative("dropout", save=save_nothing)
+def _dropout(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    p = node.attrs["p"]
+    scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+    return (grads[0] * node.attrs["mask"].to(dtype=grads[0].dtype) * scale,)
+
+
+@derivative("embedding", save=save_nothing)
+def _embedding(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("embedding", create_graph)
+    g: Tensor = grads[0]
+    idx = node.attrs["index"]
+    num = node.attrs.get("num_embeddings")
+    if num is None:
+        raise AssertionError("embedding node lost its size")
+    data = dispatch.kernel("embedding_backward", g.device.type, g.dtype)(g._data, idx._data, num)
+    return (_wrap(data, g),)
+
+
+@derivative("cross_entropy", save=save_inputs)
+def _cross_entropy(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("cross_entropy", create_graph)
+    (logits,) = node.saved
+    a = node.attrs
+    g: Tensor = grads[0]
+    data = dispatch.kernel("cross_entropy_backward", logits.device.type, logits.dtype)(
+        g._data, logits._data, a["target"]._data, a["lse"]._data, a["ignore_index"], a["label_smoothing"],
+        a["reduction"])
+    return (_wrap(data, logits),)
+
+
+def _save_sdpa(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
+    q, k, v = inputs
+    return (q, k, v, outputs[0].detach(), attrs["lse"])
+
+
+@derivative("sdpa", save=_save_sdpa)
+def _sdpa(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("scaled_dot_product_attention", create_graph)
+    q, k, v, out, lse = node.saved
+    a = node.attrs
+    dq, dk, dv = dispatch.kernel("sdpa_backward", q.device.type, q.dtype)(
+        grads[0]._data, q._data, k._data, v._data, out._data, lse._data, a["mask"], a["causal"], a["scale"])
+    return tuple(_wrap(d, q) if need else None for d, need in zip((dq, dk, dv), node.needs, strict=True))

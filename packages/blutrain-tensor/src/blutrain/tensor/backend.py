@@ -1,0 +1,95 @@
+"""The contract a device backend implements, and the registry of installed backends.
+
+A backend owns one device type ("cpu", "cuda", ...). Everything device-specific that is not a
+kernel lives here: the array module its kernels compute with, host copies, synchronization,
+streams and events (no-ops on the CPU), and seeded random generators. Adding a device touches no
+core file: a plugin registers a Backend through ``blutrain_register_backends``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from blutrain.tensor import plugins
+from blutrain.tensor.dtype import DType
+from blutrain.tensor.errors import PluginError
+from blutrain.tensor.registry import Registry
+
+Array = Any  # a backend array: numpy.ndarray on the CPU, cupy.ndarray on CUDA
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """A seeded random stream on one device; its state can be saved and restored exactly."""
+
+    def seed(self, seed: int) -> None: ...
+    def uniform(self, shape: Sequence[int], dtype: DType) -> Array: ...
+    def normal(self, shape: Sequence[int], dtype: DType) -> Array: ...
+    def integers(self, low: int, high: int, shape: Sequence[int], dtype: DType) -> Array: ...
+    def get_state(self) -> dict[str, Any]: ...
+    def set_state(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A device type. ``xp`` is the array module (NumPy-compatible) its generic kernels call."""
+
+    name: str
+    xp: ModuleType
+    array_type: type
+    dlpack_device_type: int
+
+    def is_available(self) -> bool: ...
+    def device_count(self) -> int: ...
+    def empty(self, shape: Sequence[int], dtype: DType, index: int) -> Array: ...
+    def from_host(self, array: np.ndarray[Any, Any], index: int) -> Array: ...
+    def to_host(self, array: Array) -> np.ndarray[Any, Any]: ...
+    def device_index(self, array: Array) -> int: ...
+    def data_ptr(self, array: Array) -> int: ...
+    def synchronize(self, index: int) -> None: ...
+    def generator(self, index: int) -> Generator: ...
+    def manual_seed(self, seed: int) -> None: ...
+
+
+# Array type → array module, so generic kernels find NumPy or CuPy from their inputs with one dict
+# lookup (Chainer's get_array_module, without importing CuPy).
+ARRAY_MODULES: dict[type, ModuleType] = {np.ndarray: np}
+
+
+def array_module(array: Any) -> ModuleType:
+    """The array module (NumPy, CuPy, ...) that owns ``array``."""
+    return ARRAY_MODULES.get(type(array), np)
+
+
+class BackendRegistry(Registry[Backend]):
+    """Device type → Backend, filled by ``blutrain_register_backends``."""
+
+    def __init__(self) -> None:
+        super().__init__("device backend")
+
+    def register(self, name: str | Backend, obj: Backend | None = None) -> None:  # type: ignore[override]
+        """``register(backend)`` (its ``name`` is the device type) or ``register(name, backend)``."""
+        if obj is None:
+            if isinstance(name, str):
+                raise PluginError(f"{self.current_provider.plugin}: register(backend) got only a name {name!r}")
+            obj, name = name, name.name
+        assert isinstance(name, str)
+        missing = [a for a in ("xp", "array_type", "empty", "from_host", "to_host", "data_ptr", "synchronize",
+                               "generator", "manual_seed", "is_available", "device_count") if not hasattr(obj, a)]
+        if missing:
+            raise PluginError(f"{self.current_provider.plugin}: backend {name!r} lacks {', '.join(missing)}")
+        super().register(name, obj)
+        ARRAY_MODULES[obj.array_type] = obj.xp
+
+
+def backends() -> BackendRegistry:
+    """Every installed backend (loads plugins on first use)."""
+    return plugins.registry("blutrain_register_backends", BackendRegistry)
+
+
+def get_backend(name: str) -> Backend:
+    return backends().get(name)

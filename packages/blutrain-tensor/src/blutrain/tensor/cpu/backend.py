@@ -1,0 +1,106 @@
+"""The "cpu" device backend: NumPy arrays, synchronous, seeded by Philox generators."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from blutrain.tensor.backend import BackendRegistry
+from blutrain.tensor.dtype import DType
+from blutrain.tensor.plugins import hookimpl
+
+_DLPACK_CPU = 1
+
+
+def _to_jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _from_jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=value["dtype"])
+        return {k: _from_jsonable(v) for k, v in value.items()}
+    return value
+
+
+class PhiloxGenerator:
+    """NumPy's Philox counter-based generator; its state is JSON-able for checkpoints."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self._gen = np.random.Generator(np.random.Philox(seed))
+
+    def seed(self, seed: int) -> None:
+        self._gen = np.random.Generator(np.random.Philox(seed))
+
+    def uniform(self, shape: Sequence[int], dtype: DType) -> np.ndarray[Any, Any]:
+        native = dtype.np if dtype.name in ("float32", "float64") else np.dtype(np.float32)
+        return self._gen.random(tuple(shape), dtype=native).astype(dtype.np, copy=False)
+
+    def normal(self, shape: Sequence[int], dtype: DType) -> np.ndarray[Any, Any]:
+        native = dtype.np if dtype.name in ("float32", "float64") else np.dtype(np.float32)
+        return self._gen.standard_normal(tuple(shape), dtype=native).astype(dtype.np, copy=False)
+
+    def integers(self, low: int, high: int, shape: Sequence[int], dtype: DType) -> np.ndarray[Any, Any]:
+        return np.asarray(self._gen.integers(low, high, size=tuple(shape), dtype=np.int64)).astype(dtype.np)
+
+    def get_state(self) -> dict[str, Any]:
+        return _to_jsonable(self._gen.bit_generator.state)  # type: ignore[no-any-return]
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._gen.bit_generator.state = _from_jsonable(state)
+
+
+class NumpyBackend:
+    """Device type "cpu"."""
+
+    name = "cpu"
+    xp = np
+    array_type = np.ndarray
+    dlpack_device_type = _DLPACK_CPU
+
+    def __init__(self) -> None:
+        self._generator = PhiloxGenerator(0)
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def empty(self, shape: Sequence[int], dtype: DType, index: int) -> np.ndarray[Any, Any]:
+        return np.empty(tuple(shape), dtype=dtype.np)
+
+    def from_host(self, array: np.ndarray[Any, Any], index: int) -> np.ndarray[Any, Any]:
+        return np.array(array, copy=True)
+
+    def to_host(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return array
+
+    def device_index(self, array: np.ndarray[Any, Any]) -> int:
+        return 0
+
+    def data_ptr(self, array: np.ndarray[Any, Any]) -> int:
+        return int(array.__array_interface__["data"][0])
+
+    def synchronize(self, index: int = 0) -> None:
+        """Nothing to wait for: NumPy runs synchronously."""
+
+    def generator(self, index: int = 0) -> PhiloxGenerator:
+        return self._generator
+
+    def manual_seed(self, seed: int) -> None:
+        self._generator.seed(seed)
+
+
+@hookimpl
+def blutrain_register_backends(registry: BackendRegistry) -> None:
+    registry.register(NumpyBackend())

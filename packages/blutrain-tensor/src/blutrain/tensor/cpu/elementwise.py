@@ -1,0 +1,258 @@
+"""Generic elementwise kernels: array module from the inputs, dtype from the caller.
+
+Inputs arrive already cast to the op's compute dtype (or as Python scalars, which the array
+modules treat as weakly typed). Numerically delicate forms are chosen for range, not brevity:
+sigmoid never evaluates exp of a positive number, so it cannot overflow.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import functools
+
+import numpy as np
+
+from blutrain.tensor.backend import array_module
+
+Array = Any
+_quiet = functools.partial(np.errstate, all="ignore")  # NaN/inf results are values, as in PyTorch, not warnings
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def add(a: Array, b: Array) -> Array:
+    return a + b
+
+
+def sub(a: Array, b: Array) -> Array:
+    return a - b
+
+
+def mul(a: Array, b: Array) -> Array:
+    return a * b
+
+
+def div(a: Array, b: Array) -> Array:
+    with _quiet():
+        return a / b
+
+
+def pow(a: Array, b: Array) -> Array:
+    with _quiet():
+        return a**b
+
+
+def floor_divide(a: Array, b: Array) -> Array:
+    with _quiet():
+        return a // b
+
+
+def remainder(a: Array, b: Array) -> Array:
+    with _quiet():
+        return a % b
+
+
+def maximum(a: Array, b: Array) -> Array:
+    return array_module(a if not isinstance(a, (int, float)) else b).maximum(a, b)
+
+
+def minimum(a: Array, b: Array) -> Array:
+    return array_module(a if not isinstance(a, (int, float)) else b).minimum(a, b)
+
+
+def eq(a: Array, b: Array) -> Array:
+    return a == b
+
+
+def ne(a: Array, b: Array) -> Array:
+    return a != b
+
+
+def lt(a: Array, b: Array) -> Array:
+    return a < b
+
+
+def le(a: Array, b: Array) -> Array:
+    return a <= b
+
+
+def gt(a: Array, b: Array) -> Array:
+    return a > b
+
+
+def ge(a: Array, b: Array) -> Array:
+    return a >= b
+
+
+def logical_and(a: Array, b: Array) -> Array:
+    return a & b
+
+
+def logical_or(a: Array, b: Array) -> Array:
+    return a | b
+
+
+def logical_xor(a: Array, b: Array) -> Array:
+    return a ^ b
+
+
+def bitwise_and(a: Array, b: Array) -> Array:
+    return a & b
+
+
+def bitwise_or(a: Array, b: Array) -> Array:
+    return a | b
+
+
+def bitwise_xor(a: Array, b: Array) -> Array:
+    return a ^ b
+
+
+def bitwise_not(a: Array) -> Array:
+    return ~a
+
+
+def logical_not(a: Array) -> Array:
+    return ~a
+
+
+def neg(a: Array) -> Array:
+    return -a
+
+
+def abs(a: Array) -> Array:
+    return array_module(a).abs(a)
+
+
+def sign(a: Array) -> Array:
+    return array_module(a).sign(a)
+
+
+def exp(a: Array) -> Array:
+    with _quiet():
+        return array_module(a).exp(a)
+
+
+def expm1(a: Array) -> Array:
+    with _quiet():
+        return array_module(a).expm1(a)
+
+
+def log(a: Array) -> Array:
+    with _quiet():
+        return array_module(a).log(a)
+
+
+def log1p(a: Array) -> Array:
+    with _quiet():
+        return array_module(a).log1p(a)
+
+
+def sqrt(a: Array) -> Array:
+    with _quiet():
+        return array_module(a).sqrt(a)
+
+
+def rsqrt(a: Array) -> Array:
+    with _quiet():
+        return 1 / array_module(a).sqrt(a)
+
+
+def tanh(a: Array) -> Array:
+    return array_module(a).tanh(a)
+
+
+def sin(a: Array) -> Array:
+    return array_module(a).sin(a)
+
+
+def cos(a: Array) -> Array:
+    return array_module(a).cos(a)
+
+
+def sigmoid(a: Array) -> Array:
+    xp = array_module(a)
+    e = xp.exp(-xp.abs(a))
+    return xp.where(a >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def relu(a: Array) -> Array:
+    return array_module(a).maximum(a, 0)
+
+
+def silu(a: Array) -> Array:
+    return a * sigmoid(a)
+
+
+def erf(a: Array) -> Array:
+    xp = array_module(a)
+    if xp is np:
+        # NumPy has no erf; math.erf is exact to double precision, which the float64 reference needs.
+        return np.vectorize(math.erf, otypes=[np.float64])(a).astype(a.dtype, copy=False)
+    from cupyx.scipy.special import erf as cupy_erf  # pragma: no cover - GPU only
+
+    return cupy_erf(a)  # pragma: no cover
+
+
+def gelu(a: Array, approximate: str = "none") -> Array:
+    xp = array_module(a)
+    if approximate == "tanh":
+        return 0.5 * a * (1 + xp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)))
+    return 0.5 * a * (1 + erf(a * _INV_SQRT_2))
+
+
+def gelu_backward(grad: Array, a: Array, approximate: str = "none") -> Array:
+    xp = array_module(a)
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (a + 0.044715 * a * a * a)
+        t = xp.tanh(inner)
+        d_inner = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * a * a)
+        return grad * (0.5 * (1 + t) + 0.5 * a * (1 - t * t) * d_inner)
+    cdf = 0.5 * (1 + erf(a * _INV_SQRT_2))
+    pdf = _INV_SQRT_2PI * xp.exp(-0.5 * a * a)
+    return grad * (cdf + a * pdf)
+
+
+def where(cond: Array, a: Array, b: Array) -> Array:
+    xp = array_module(cond)
+    return xp.where(cond, a, b)
+
+
+def clamp(a: Array, lo: float | None, hi: float | None) -> Array:
+    return array_module(a).clip(a, lo, hi)
+
+
+def copy(a: Array) -> Array:
+    return a.copy()
+
+
+def cast(a: Array, dtype: Any) -> Array:
+    return a.astype(dtype)
+
+
+def full(shape: tuple[int, ...], value: float, dtype: Any) -> Array:
+    return np.full(shape, value, dtype=dtype)
+
+
+def arange(start: float, end: float, step: float, dtype: Any) -> Array:
+    return np.arange(start, end, step, dtype=np.float64 if np.dtype(dtype).kind == "f" else np.int64).astype(dtype)
+
+
+def linspace(start: float, end: float, steps: int, dtype: Any) -> Array:
+    return np.linspace(start, end, steps, dtype=np.float64).astype(dtype)
+
+
+def eye(n: int, m: int, dtype: Any) -> Array:
+    return np.eye(n, m, dtype=dtype)
+
+
+BINARY = ("add", "sub", "mul", "div", "pow", "floor_divide", "remainder", "maximum", "minimum")
+COMPARISON = ("eq", "ne", "lt", "le", "gt", "ge")
+LOGICAL = ("logical_and", "logical_or", "logical_xor", "logical_not")
+BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not")
+UNARY_ANY = ("neg", "abs", "sign", "relu")
+UNARY_FLOAT = ("exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "tanh", "sin", "cos", "sigmoid", "silu", "erf",
+               "gelu", "gelu_backward")

@@ -1,0 +1,130 @@
+"""The built-in "cpu-kernels" plugin: registers every generic kernel for device "cpu".
+
+float16 and bfloat16 math is computed in float32 and rounded once at the end, as PyTorch's CPU
+kernels accumulate; data movement (copies, gathers, concatenation) runs in the storage dtype.
+Kernels always hand back arrays (NumPy returns scalars from 0-d arithmetic; they are wrapped here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from blutrain.tensor.cpu import elementwise as ew
+from blutrain.tensor.cpu import indexing as ix
+from blutrain.tensor.cpu import linalg as la
+from blutrain.tensor.cpu import nn
+from blutrain.tensor.cpu import reduction as rd
+from blutrain.tensor.dtype import ALL_DTYPES, FLOATING_DTYPES, INTEGER_DTYPES, DType, bool_, float32
+from blutrain.tensor.kernel import KernelRegistry
+from blutrain.tensor.plugins import hookimpl
+
+Kernel = Callable[..., Any]
+HALF = frozenset({"float16", "bfloat16"})
+_ndarray = np.ndarray
+
+
+def _fix(out: Any) -> Any:
+    if type(out) is _ndarray:
+        return out
+    if isinstance(out, tuple):
+        return tuple(_fix(o) for o in out)
+    if out is None:
+        return None
+    return np.asarray(out)
+
+
+def arrays_out(fn: Kernel) -> Kernel:
+    """Wrap a kernel so that 0-d results are arrays, never NumPy scalars."""
+
+    def kernel(*args: Any) -> Any:
+        out = fn(*args)
+        return out if type(out) is _ndarray else _fix(out)
+
+    kernel.__name__ = fn.__name__
+    kernel.__doc__ = fn.__doc__
+    return kernel
+
+
+def _up(v: Any) -> Any:
+    if type(v) is _ndarray and v.dtype.name in HALF:
+        return v.astype(np.float32)
+    if isinstance(v, list):
+        return [_up(x) for x in v]
+    return v
+
+
+def _down(v: Any, dtype: np.dtype[Any]) -> Any:
+    if type(v) is _ndarray and v.dtype == np.float32:
+        return v.astype(dtype)
+    if isinstance(v, tuple):
+        return tuple(_down(x, dtype) for x in v)
+    return _fix(v)
+
+
+def in_float32(fn: Kernel, dtype: DType) -> Kernel:
+    """Run a half-precision kernel in float32 and round its floating outputs back to ``dtype``."""
+    target = dtype.np
+
+    def kernel(*args: Any) -> Any:
+        return _down(fn(*[_up(a) for a in args]), target)
+
+    kernel.__name__ = fn.__name__
+    return kernel
+
+
+NUMERIC = tuple(d for d in ALL_DTYPES if d is not bool_)
+FLOATS = FLOATING_DTYPES
+INTS = INTEGER_DTYPES
+
+# op → (kernel, dtypes, runs in float32 for half types)
+TABLE: dict[str, tuple[Kernel, Iterable[DType], bool]] = {}
+
+
+def _add(names: Iterable[str], module: Any, dtypes: Iterable[DType], math: bool = True) -> None:
+    for name in names:
+        TABLE[name] = (getattr(module, name), tuple(dtypes), math)
+
+
+_add(("add", "sub", "mul", "maximum", "minimum"), ew, ALL_DTYPES)
+_add(("div", "pow", "floor_divide", "remainder"), ew, NUMERIC)
+_add(ew.COMPARISON, ew, ALL_DTYPES)
+_add(ew.LOGICAL, ew, (bool_,), math=False)
+_add(ew.BITWISE, ew, (*INTS, bool_), math=False)
+_add(("neg", "abs", "sign", "relu"), ew, NUMERIC)
+_add(ew.UNARY_FLOAT, ew, FLOATS)
+_add(("where", "copy", "cast", "full", "arange", "linspace", "eye"), ew, ALL_DTYPES, math=False)
+_add(("clamp",), ew, NUMERIC)
+_add(("sum", "amax", "amin", "max_dim", "min_dim", "argmax", "argmin"), rd, NUMERIC)
+TABLE["sum"] = (rd.sum, ALL_DTYPES, True)
+_add(("mean", "var", "norm", "logsumexp", "softmax", "log_softmax", "softmax_backward",
+      "log_softmax_backward", "sum_to_shape"), rd, FLOATS)
+_add(("all", "any"), rd, (bool_,), math=False)
+_add(("matmul", "linear", "linear_backward"), la, NUMERIC)
+_add(("index", "index_select", "gather", "tril", "triu", "cat", "embedding"), ix, ALL_DTYPES, math=False)
+_add(("index_put", "scatter_add", "index_add"), ix, ALL_DTYPES, math=False)
+_add(("embedding_backward",), ix, FLOATS)
+_add(("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "dropout", "cross_entropy",
+      "cross_entropy_backward", "sdpa", "sdpa_backward"), nn, FLOATS)
+
+
+def kernel_for(op: str, dtype: DType) -> Kernel:
+    """The CPU kernel of ``op`` for ``dtype``, wrapped as registered (used by the conformance suite)."""
+    fn, dtypes, math = TABLE[op]
+    if dtype not in dtypes:
+        raise KeyError((op, dtype.name))
+    if math and dtype.name in HALF and op not in ("index_put",):
+        return in_float32(fn, dtype)
+    return arrays_out(fn)
+
+
+@hookimpl
+def blutrain_register_kernels(registry: KernelRegistry) -> None:
+    for op, (_, dtypes, _) in TABLE.items():
+        for dt in dtypes:
+            registry.register(op, "cpu", dt, kernel_for(op, dt))
+
+
+__all__ = ["TABLE", "float32", "kernel_for"]

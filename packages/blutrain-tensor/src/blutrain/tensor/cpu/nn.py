@@ -1,0 +1,169 @@
+"""Generic fused kernels of the transformer: norms, dropout, cross-entropy, attention.
+
+Each forward returns what its backward needs and nothing larger: mean/rstd for LayerNorm, the
+log-sum-exp per row for cross-entropy and attention (the probabilities are recomputed in backward,
+as flash attention does, rather than stored).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import functools
+
+import numpy as np
+
+from blutrain.tensor.backend import array_module
+from blutrain.tensor.cpu.reduction import logsumexp
+
+Array = Any
+_quiet = functools.partial(np.errstate, all="ignore")
+
+
+def _rows(x: Array, k: int) -> Array:
+    n = 1
+    for s in x.shape[x.ndim - k:]:
+        n *= s
+    return x.reshape(-1, n)
+
+
+def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int) -> tuple[Array, Array, Array]:
+    xp = array_module(x)
+    rows = _rows(x, k)
+    mean = rows.mean(axis=1, keepdims=True, dtype=x.dtype)
+    xc = rows - mean
+    var = (xc * xc).mean(axis=1, keepdims=True, dtype=x.dtype)
+    rstd = 1 / xp.sqrt(var + eps)
+    y = (xc * rstd).reshape(x.shape)
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    lead = x.shape[: x.ndim - k]
+    return y, mean.reshape(lead), rstd.reshape(lead)
+
+
+def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rstd: Array, k: int,
+                        need_w: bool, need_b: bool) -> tuple[Array, Array | None, Array | None]:
+    rows, g = _rows(x, k), _rows(grad, k)
+    m, r = mean.reshape(-1, 1), rstd.reshape(-1, 1)
+    xhat = (rows - m) * r
+    gw = (g * xhat).sum(axis=0, dtype=x.dtype).reshape(x.shape[x.ndim - k:]) if need_w else None
+    gb = g.sum(axis=0, dtype=x.dtype).reshape(x.shape[x.ndim - k:]) if need_b else None
+    gxhat = g * w.reshape(1, -1) if w is not None else g
+    gx = r * (gxhat - gxhat.mean(axis=1, keepdims=True, dtype=x.dtype)
+              - xhat * (gxhat * xhat).mean(axis=1, keepdims=True, dtype=x.dtype))
+    return gx.reshape(x.shape), gw, gb
+
+
+def rms_norm(x: Array, w: Array | None, eps: float, k: int) -> tuple[Array, Array]:
+    xp = array_module(x)
+    rows = _rows(x, k)
+    rstd = 1 / xp.sqrt((rows * rows).mean(axis=1, keepdims=True, dtype=x.dtype) + eps)
+    y = (rows * rstd).reshape(x.shape)
+    if w is not None:
+        y = y * w
+    return y, rstd.reshape(x.shape[: x.ndim - k])
+
+
+def rms_norm_backward(grad: Array, x: Array, w: Array | None, rstd: Array, k: int,
+                      need_w: bool) -> tuple[Array, Array | None]:
+    rows, g = _rows(x, k), _rows(grad, k)
+    r = rstd.reshape(-1, 1)
+    xhat = rows * r
+    gw = (g * xhat).sum(axis=0, dtype=x.dtype).reshape(x.shape[x.ndim - k:]) if need_w else None
+    gxhat = g * w.reshape(1, -1) if w is not None else g
+    gx = r * (gxhat - xhat * (gxhat * xhat).mean(axis=1, keepdims=True, dtype=x.dtype))
+    return gx.reshape(x.shape), gw
+
+
+def dropout(x: Array, p: float, generator: Any) -> tuple[Array, Array]:
+    from blutrain.tensor.dtype import float32
+
+    xp = array_module(x)
+    keep = generator.uniform(x.shape, float32) >= p
+    scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+    return xp.where(keep, x * scale, 0).astype(x.dtype, copy=False), keep
+
+
+def cross_entropy(logits: Array, target: Array, ignore_index: int, label_smoothing: float,
+                  reduction: str) -> tuple[Array, Array]:
+    xp = array_module(logits)
+    lse = logsumexp(logits, (1,), False)
+    valid = target != ignore_index
+    safe = xp.where(valid, target, 0)
+    picked = xp.take_along_axis(logits, safe.reshape(-1, 1).astype(np.int64), axis=1).reshape(-1)
+    loss = lse - picked
+    if label_smoothing:
+        smooth = lse - logits.mean(axis=1, dtype=logits.dtype)
+        loss = (1 - label_smoothing) * loss + label_smoothing * smooth
+    loss = xp.where(valid, loss, 0).astype(logits.dtype, copy=False)
+    if reduction == "none":
+        return loss, lse
+    total = loss.sum(dtype=logits.dtype)
+    if reduction == "sum":
+        return xp.asarray(total), lse
+    with _quiet():
+        return xp.asarray(total / valid.sum()).astype(logits.dtype), lse
+
+
+def cross_entropy_backward(grad: Array, logits: Array, target: Array, lse: Array, ignore_index: int,
+                           label_smoothing: float, reduction: str) -> Array:
+    """dlogits = softmax − (1−ε)·onehot − ε/C, zero on ignored rows, times the upstream grad."""
+    xp = array_module(logits)
+    n, c = logits.shape
+    valid = target != ignore_index
+    safe = xp.where(valid, target, 0).astype(np.int64)
+    with _quiet():
+        g = xp.exp(logits - lse.reshape(-1, 1))
+    if label_smoothing:
+        g = g - label_smoothing / c
+    rows = xp.arange(n)
+    g[rows, safe] -= 1 - label_smoothing
+    if reduction == "none":
+        scale = xp.where(valid, grad, 0).reshape(-1, 1)
+    elif reduction == "sum":
+        scale = xp.where(valid, grad, 0).reshape(-1, 1)
+    else:
+        count = valid.sum()
+        with _quiet():
+            scale = (xp.where(valid, grad, 0) / count).reshape(-1, 1)
+    return (g * scale).astype(logits.dtype, copy=False)
+
+
+def _scores(q: Array, k: Array, mask: Array | None, causal: bool, scale: float) -> Array:
+    xp = array_module(q)
+    s = xp.matmul(q, xp.swapaxes(k, -1, -2)) * scale
+    if causal:
+        t, u = s.shape[-2], s.shape[-1]
+        s = xp.where(xp.tril(xp.ones((t, u), dtype=bool)), s, -xp.inf)
+    elif mask is not None:
+        s = xp.where(mask, s, -xp.inf) if mask.dtype == bool else s + mask
+    return s
+
+
+def sdpa(q: Array, k: Array, v: Array, mask: Array | None, causal: bool, scale: float) -> tuple[Array, Array]:
+    """softmax(q kᵀ·scale + mask) v, returning the output and the row log-sum-exp."""
+    xp = array_module(q)
+    s = _scores(q, k, mask, causal, scale)
+    lse = logsumexp(s, (s.ndim - 1,), False)
+    with _quiet():
+        p = xp.exp(s - lse[..., None])
+    return xp.matmul(p, v).astype(q.dtype, copy=False), lse.astype(q.dtype, copy=False)
+
+
+def sdpa_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, mask: Array | None,
+                  causal: bool, scale: float) -> tuple[Array, Array, Array]:
+    """Flash-attention backward: P is recomputed from the saved log-sum-exp; D = rowsum(dO ∘ O)."""
+    xp = array_module(q)
+    s = _scores(q, k, mask, causal, scale)
+    with _quiet():
+        p = xp.exp(s - lse[..., None])
+    p = xp.where(xp.isfinite(s), p, 0)
+    dv = xp.matmul(xp.swapaxes(p, -1, -2), grad)
+    dp = xp.matmul(grad, xp.swapaxes(v, -1, -2))
+    d = (grad * out).sum(axis=-1, keepdims=True, dtype=q.dtype)
+    ds = p * (dp - d)
+    dq = xp.matmul(ds, k) * scale
+    dk = xp.matmul(xp.swapaxes(ds, -1, -2), q) * scale
+    return dq.astype(q.dtype, copy=False), dk.astype(q.dtype, copy=False), dv.astype(q.dtype, copy=False)

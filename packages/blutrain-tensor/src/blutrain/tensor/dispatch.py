@@ -1,0 +1,57 @@
+"""Op dispatch: (op, device type, dtype) → kernel, through one flat dict.
+
+This is the per-op hot path, so it is deliberately plain: a dict lookup, with the registry (and
+therefore pluggy) consulted only on the first miss of a key. Autograd plugs in through one function
+slot, :data:`recorder`, set by ``blutrain.autograd`` when it is imported; op functions call it only
+when an input requires grad.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from blutrain.tensor import plugins
+from blutrain.tensor.dtype import DType
+from blutrain.tensor.kernel import Kernel, kernels
+
+if TYPE_CHECKING:
+    from blutrain.tensor.tensor import Tensor
+
+_TABLE: dict[tuple[str, str, DType], Kernel] = {}
+
+# recorder(op, inputs, outputs, attrs) -> None; installed by blutrain.autograd. ``inputs`` may hold
+# Python scalars and None beside tensors; the recorder only links the tensors that require grad.
+Recorder = Callable[[str, "tuple[Any, ...]", "Tensor | tuple[Tensor, ...]", "dict[str, Any]"], None]
+recorder: Recorder | None = None
+
+
+class GradMode(threading.local):
+    """Whether ops record for autograd, per thread (toggled by ``blutrain.autograd.no_grad``)."""
+
+    enabled = True
+
+
+grad_mode = GradMode()
+
+
+def kernel(op: str, device_type: str, dtype: DType) -> Kernel:
+    """The winning kernel for one key; the registry is read only the first time a key is seen."""
+    fn = _TABLE.get((op, device_type, dtype))
+    if fn is None:
+        fn = kernels().lookup(op, device_type, dtype).fn
+        _TABLE[(op, device_type, dtype)] = fn
+    return fn
+
+
+def set_recorder(fn: Recorder | None) -> None:
+    global recorder
+    recorder = fn
+
+
+def _clear() -> None:
+    _TABLE.clear()
+
+
+plugins.on_change(_clear)

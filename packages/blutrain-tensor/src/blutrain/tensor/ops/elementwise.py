@@ -1,0 +1,432 @@
+"""Elementwise ops: arithmetic, comparisons, unary math, where/clamp, casts and copies.
+
+Each function checks its arguments, computes the promoted dtype (PyTorch's rules, see
+:mod:`blutrain.tensor.dtype`), casts tensor operands to it, calls the dispatched kernel on backend
+arrays and wraps the result. Python scalars go to kernels as scalars, which the array modules treat
+as weakly typed, so ``x * 2.0`` stays in x's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blutrain.tensor import dispatch
+from blutrain.tensor.device import Device
+from blutrain.tensor.dtype import (
+    PROMOTION_TABLE,
+    DType,
+    as_dtype,
+    bool_,
+    get_default_dtype,
+    int64,
+    scalar_dtype,
+)
+from blutrain.tensor.errors import (
+    AutogradError,
+    DeviceMismatchError,
+    ShapeError,
+    TensorTypeError,
+)
+from blutrain.tensor.tensor import Scalar, Tensor
+
+_grad_mode = dispatch.grad_mode
+_kernel = dispatch.kernel
+
+COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})
+BITWISE = frozenset({"bitwise_and", "bitwise_or", "bitwise_xor"})
+# Unary ops defined only on floating inputs: integer inputs are promoted to the default float dtype.
+FLOAT_UNARY = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "silu", "gelu",
+                         "log1p", "expm1", "erf"})
+_SCALARS = (bool, int, float)
+_broadcast_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
+
+
+def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...], op: str = "broadcast") -> tuple[int, ...]:
+    """NumPy/PyTorch broadcasting of two shapes, with an error that shows both."""
+    key = (a, b)
+    found = _broadcast_cache.get(key)
+    if found is not None:
+        return found
+    n = max(len(a), len(b))
+    pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(pa, pb, strict=True):
+        if x != y and x != 1 and y != 1:
+            raise ShapeError(f"{op}: shapes {list(a)} and {list(b)} cannot be broadcast together")
+        out.append(y if x == 1 else x)
+    res = tuple(out)
+    if len(_broadcast_cache) < 4096:
+        _broadcast_cache[key] = res
+    return res
+
+
+def _scalar_result(t: DType, value: object, op: str) -> DType:
+    """Promotion of a tensor dtype with a Python scalar: only a higher category changes it."""
+    if isinstance(value, bool):
+        return t
+    if isinstance(value, int):
+        return int64 if t is bool_ else t
+    if isinstance(value, float):
+        return t if t.is_floating else get_default_dtype()
+    raise TensorTypeError(f"{op}: expected a Tensor or a Python bool/int/float, got {type(value).__name__}")
+
+
+def result_type(*operands: Tensor | Scalar) -> DType:
+    """PyTorch's result type: dimensioned tensors, then 0-d tensors, then Python scalars. A later
+    group changes the result only when its category is higher, and then gives its own dtype
+    (for a float scalar, the default float dtype)."""
+    groups: list[DType | None] = [None, None, None]
+    for o in operands:
+        if isinstance(o, Tensor):
+            g, d = (0 if o.ndim else 1), o.dtype
+        else:
+            g, d = 2, scalar_dtype(o)
+        cur = groups[g]
+        groups[g] = d if cur is None else PROMOTION_TABLE[(cur, d)]
+    out: DType | None = None
+    for d in groups:
+        if d is not None and (out is None or d.category > out.category):
+            out = d
+    if out is None:
+        raise TensorTypeError("result_type: expected at least one operand")
+    return out
+
+
+def _binary_dtype(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> tuple[DType, Device]:
+    if isinstance(a, Tensor):
+        if isinstance(b, Tensor):
+            if a.device is not b.device:
+                raise DeviceMismatchError(f"{op}: tensors are on different devices: {a.device} and {b.device}")
+            if a.dtype is b.dtype:
+                return a.dtype, a.device
+            if (a.ndim == 0) == (b.ndim == 0):
+                return PROMOTION_TABLE[(a.dtype, b.dtype)], a.device
+            return result_type(a, b), a.device
+        return _scalar_result(a.dtype, b, op), a.device
+    if isinstance(b, Tensor):
+        return _scalar_result(b.dtype, a, op), b.device
+    raise TensorTypeError(f"{op}: expected at least one Tensor, got {type(a).__name__} and {type(b).__name__}")
+
+
+def _operand(x: Tensor | Scalar, dt: DType) -> Any:
+    if isinstance(x, Tensor):
+        return x._data if x.dtype is dt else x._data.astype(dt.np)
+    return x
+
+
+def binary(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """``a <op> b`` with broadcasting and promotion; records for autograd when needed."""
+    dt, dev = _binary_dtype(op, a, b)
+    if op == "div" or op == "pow" and isinstance(b, float):
+        if not dt.is_floating:
+            dt = get_default_dtype()
+    elif op in LOGICAL:
+        dt = bool_
+    elif op in BITWISE and dt.is_floating:
+        raise TensorTypeError(f"{op}: expected integer or bool tensors, got dtype {dt.name}")
+    if isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape != b.shape:
+        broadcast_shapes(a.shape, b.shape, op)
+    out = _kernel(op, dev.type, dt)(_operand(a, dt), _operand(b, dt))
+    res = Tensor._make(out, bool_ if op in COMPARISONS else dt, dev)
+    if _grad_mode.enabled and ((isinstance(a, Tensor) and a._rg) or (isinstance(b, Tensor) and b._rg)):
+        rec = dispatch.recorder
+        if rec is not None and op not in COMPARISONS:
+            rec(op, (a, b), res, {})
+    return res
+
+
+def unary(op: str, x: Tensor, *args: Any) -> Tensor:
+    """``op(x, *args)`` elementwise; integer inputs of float-only ops become the default float."""
+    if not isinstance(x, Tensor):
+        raise TensorTypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
+    dt = x.dtype
+    data = x._data
+    if op in FLOAT_UNARY and not dt.is_floating:
+        dt = get_default_dtype()
+        data = data.astype(dt.np)
+    elif op == "logical_not" and dt is not bool_:
+        dt, data = bool_, data.astype(bool)
+    out = _kernel(op, x.device.type, dt)(data, *args)
+    res = Tensor._make(out, dt, x.device)
+    if x._rg and _grad_mode.enabled:
+        rec = dispatch.recorder
+        if rec is not None:
+            rec(op, (x,), res, {"args": args} if args else {})
+    return res
+
+
+def _check_inplace(op: str, target: Tensor, *others: Any) -> None:
+    if _grad_mode.enabled and (target._rg or any(isinstance(o, Tensor) and o._rg for o in others)):
+        kind = "a leaf tensor that requires grad" if target.grad_fn is None and target._rg else "a graph"
+        raise AutogradError(
+            f"{op}_: in-place ops on {kind} are not supported while grad mode is on; use the "
+            f"out-of-place {op}() or wrap the update in blutrain.autograd.no_grad()")
+
+
+def _write(target: Tensor, value: Any) -> Tensor:
+    target._data[...] = value
+    target._storage.version += 1
+    return target
+
+
+def inplace(op: str, target: Tensor, other: Tensor | Scalar) -> Tensor:
+    """``target <op>= other``: computes in the promoted dtype, writes back, bumps the version."""
+    _check_inplace(op, target, other)
+    dt, dev = _binary_dtype(op, target, other)
+    if op == "div" and not dt.is_floating:
+        dt = get_default_dtype()
+    if dt.category > target.dtype.category:
+        raise TensorTypeError(f"{op}_: result type {dt.name} cannot be written into a tensor of dtype "
+                              f"{target.dtype.name}")
+    if isinstance(other, Tensor):
+        shape = broadcast_shapes(target.shape, other.shape, op + "_")
+        if shape != target.shape:
+            raise ShapeError(f"{op}_: the result shape {list(shape)} does not fit the target's shape "
+                             f"{list(target.shape)}")
+    out = _kernel(op, dev.type, dt)(_operand(target, dt), _operand(other, dt))
+    return _write(target, out)
+
+
+def assign(target: Tensor, src: Tensor) -> Tensor:
+    """``target.copy_(src)``: broadcasting, casting and moving between devices as needed."""
+    if not isinstance(src, Tensor):
+        raise TensorTypeError(f"copy_: src must be a Tensor, got {type(src).__name__}")
+    _check_inplace("copy", target, src)
+    if src.device is not target.device:
+        src = to_device(src.detach(), target.device)
+    if src.shape != target.shape:
+        shape = broadcast_shapes(target.shape, src.shape, "copy_")
+        if shape != target.shape:
+            raise ShapeError(f"copy_: src of shape {list(src.shape)} does not broadcast to {list(target.shape)}")
+    return _write(target, src._data if src.dtype is target.dtype else src._data.astype(target.dtype.np))
+
+
+def fill_(target: Tensor, value: Scalar | Tensor) -> Tensor:
+    _check_inplace("fill", target, value)
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ShapeError(f"fill_: value must have one element, got shape {list(value.shape)}")
+        value = value.item()
+    return _write(target, value)
+
+
+def copy(x: Tensor) -> Tensor:
+    """A contiguous copy that autograd sees as identity."""
+    out = Tensor._make(_kernel("copy", x.device.type, x.dtype)(x._data), x.dtype, x.device)
+    if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
+        dispatch.recorder("copy", (x,), out, {})
+    return out
+
+
+def cast(x: Tensor, dtype: DType | str) -> Tensor:
+    dt = as_dtype(dtype)
+    out = Tensor._make(_kernel("cast", x.device.type, x.dtype)(x._data, dt.np), dt, x.device)
+    if x._rg and dt.is_floating and _grad_mode.enabled and dispatch.recorder is not None:
+        dispatch.recorder("cast", (x,), out, {"dtype": x.dtype})
+    return out
+
+
+def to_device(x: Tensor, dev: Device) -> Tensor:
+    src_backend, dst_backend = x.device.backend, dev.backend
+    host = src_backend.to_host(x._data)
+    data = dst_backend.from_host(host, dev.index) if dev.type != "cpu" else host.copy() if host is x._data else host
+    out = Tensor._make(data, x.dtype, dev)
+    if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
+        dispatch.recorder("to_device", (x,), out, {"device": x.device})
+    return out
+
+
+def where(condition: Tensor, input: Tensor | Scalar, other: Tensor | Scalar) -> Tensor:
+    """Elements of ``input`` where ``condition`` holds, else of ``other``."""
+    if not isinstance(condition, Tensor) or condition.dtype is not bool_:
+        got = condition.dtype.name if isinstance(condition, Tensor) else type(condition).__name__
+        raise TensorTypeError(f"where: condition must be a bool Tensor, got {got}")
+    dt, dev = _binary_dtype("where", input, other)
+    if condition.device is not dev:
+        raise DeviceMismatchError(f"where: condition is on {condition.device}, values on {dev}")
+    shapes = [condition.shape] + [o.shape for o in (input, other) if isinstance(o, Tensor)]
+    shape = shapes[0]
+    for s in shapes[1:]:
+        shape = broadcast_shapes(shape, s, "where")
+    out = _kernel("where", dev.type, dt)(condition._data, _operand(input, dt), _operand(other, dt))
+    res = Tensor._make(out, dt, dev)
+    if _grad_mode.enabled and any(isinstance(o, Tensor) and o._rg for o in (input, other)):
+        if dispatch.recorder is not None:
+            dispatch.recorder("where", (input, other), res, {"condition": condition})
+    return res
+
+
+def masked_fill(x: Tensor, mask: Tensor, value: Scalar) -> Tensor:
+    """``x`` with ``value`` where ``mask`` is True (mask broadcasts to x)."""
+    if not isinstance(mask, Tensor) or mask.dtype is not bool_:
+        raise TensorTypeError(f"masked_fill: mask must be a bool Tensor, got {getattr(mask, 'dtype', type(mask))}")
+    if isinstance(value, Tensor):
+        value = value.item()
+    if broadcast_shapes(x.shape, mask.shape, "masked_fill") != x.shape:
+        raise ShapeError(f"masked_fill: mask of shape {list(mask.shape)} does not broadcast to {list(x.shape)}")
+    return where(mask, value, x) if not x._rg else _masked_fill_graph(x, mask, value)
+
+
+def _masked_fill_graph(x: Tensor, mask: Tensor, value: Scalar) -> Tensor:
+    out = Tensor._make(_kernel("where", x.device.type, x.dtype)(mask._data, value, x._data), x.dtype, x.device)
+    if _grad_mode.enabled and dispatch.recorder is not None:
+        dispatch.recorder("where", (value, x), out, {"condition": mask})
+    return out
+
+
+def clamp(x: Tensor, min: Scalar | Tensor | None = None, max: Scalar | Tensor | None = None) -> Tensor:
+    if min is None and max is None:
+        raise TensorTypeError("clamp: at least one of min and max must be given")
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        out = x
+        if min is not None:
+            out = binary("maximum", out, min)
+        if max is not None:
+            out = binary("minimum", out, max)
+        return out
+    dt = x.dtype
+    for v in (min, max):
+        if v is not None:
+            dt = _scalar_result(dt, v, "clamp")
+    out_data = _kernel("clamp", x.device.type, dt)(_operand(x, dt), min, max)
+    res = Tensor._make(out_data, dt, x.device)
+    if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
+        dispatch.recorder("clamp", (x,), res, {"min": min, "max": max})
+    return res
+
+
+# -- the functional API ------------------------------------------------------------------------
+def add(input: Tensor | Scalar, other: Tensor | Scalar, *, alpha: Scalar = 1) -> Tensor:
+    return binary("add", input, other if alpha == 1 else other * alpha)
+
+
+def sub(input: Tensor | Scalar, other: Tensor | Scalar, *, alpha: Scalar = 1) -> Tensor:
+    return binary("sub", input, other if alpha == 1 else other * alpha)
+
+
+def mul(input: Tensor | Scalar, other: Tensor | Scalar) -> Tensor:
+    return binary("mul", input, other)
+
+
+def div(input: Tensor | Scalar, other: Tensor | Scalar) -> Tensor:
+    return binary("div", input, other)
+
+
+def pow(input: Tensor | Scalar, exponent: Tensor | Scalar) -> Tensor:
+    return binary("pow", input, exponent)
+
+
+def maximum(input: Tensor, other: Tensor) -> Tensor:
+    return binary("maximum", input, other)
+
+
+def minimum(input: Tensor, other: Tensor) -> Tensor:
+    return binary("minimum", input, other)
+
+
+def eq(input: Tensor, other: Tensor | Scalar) -> Tensor:
+    return binary("eq", input, other)
+
+
+def ne(input: Tensor, other: Tensor | Scalar) -> Tensor:
+    return binary("ne", input, other)
+
+
+def lt(input: Tensor, other: Tensor | Scalar) -> Tensor:
+    return binary("lt", input, other)
+
+
+def le(input: Tensor, other: Tensor | Scalar) -> Tensor:
+    return binary("le", input, other)
+
+
+def gt(input: Tensor, other: Tensor | Scalar) -> Tensor:
+    return binary("gt", input, other)
+
+
+def ge(input: Tensor, other: Tensor | Scalar) -> Tensor:
+    return binary("ge", input, other)
+
+
+def logical_and(input: Tensor, other: Tensor | Scalar) -> Tensor:
+    return binary("logical_and", input, other)
+
+
+def logical_or(input: Tensor, other: Tensor | Scalar) -> Tensor:
+    return binary("logical_or", input, other)
+
+
+def logical_not(input: Tensor) -> Tensor:
+    return unary("logical_not", input)
+
+
+def neg(input: Tensor) -> Tensor:
+    return unary("neg", input)
+
+
+def exp(input: Tensor) -> Tensor:
+    return unary("exp", input)
+
+
+def log(input: Tensor) -> Tensor:
+    return unary("log", input)
+
+
+def log1p(input: Tensor) -> Tensor:
+    return unary("log1p", input)
+
+
+def expm1(input: Tensor) -> Tensor:
+    return unary("expm1", input)
+
+
+def sqrt(input: Tensor) -> Tensor:
+    return unary("sqrt", input)
+
+
+def rsqrt(input: Tensor) -> Tensor:
+    return unary("rsqrt", input)
+
+
+def tanh(input: Tensor) -> Tensor:
+    return unary("tanh", input)
+
+
+def sigmoid(input: Tensor) -> Tensor:
+    return unary("sigmoid", input)
+
+
+def sin(input: Tensor) -> Tensor:
+    return unary("sin", input)
+
+
+def cos(input: Tensor) -> Tensor:
+    return unary("cos", input)
+
+
+def abs(input: Tensor) -> Tensor:
+    return unary("abs", input)
+
+
+def sign(input: Tensor) -> Tensor:
+    return unary("sign", input)
+
+
+def erf(input: Tensor) -> Tensor:
+    return unary("erf", input)
+
+
+def relu(input: Tensor) -> Tensor:
+    return unary("relu", input)
+
+
+def silu(input: Tensor) -> Tensor:
+    return unary("silu", input)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """GELU, exact (``approximate='none'``, through erf) or GPT-2's tanh form (``'tanh'``)."""
+    if approximate not in ("none", "tanh"):
+        raise TensorTypeError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return unary("gelu", input, approximate)

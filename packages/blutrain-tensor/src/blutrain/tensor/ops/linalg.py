@@ -1,0 +1,70 @@
+"""Matrix products: matmul (NumPy/PyTorch broadcasting of batch dims), bmm and linear.
+
+``linear`` is its own op, not matmul plus add, so that a device can run it as one GEMM with a bias
+epilogue (cuBLASLt does).
+"""
+
+from __future__ import annotations
+
+from blutrain.tensor import dispatch
+from blutrain.tensor.errors import DeviceMismatchError, ShapeError, TensorTypeError
+from blutrain.tensor.tensor import Tensor
+
+_grad_mode = dispatch.grad_mode
+_kernel = dispatch.kernel
+
+
+def _check_pair(op: str, a: Tensor, b: Tensor) -> None:
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise TensorTypeError(f"{op}: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
+    if a.device is not b.device:
+        raise DeviceMismatchError(f"{op}: tensors are on different devices: {a.device} and {b.device}")
+    if a.dtype is not b.dtype:
+        raise TensorTypeError(f"{op}: expected both operands to have the same dtype, got {a.dtype.name} and "
+                              f"{b.dtype.name}")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"{op}: both arguments need at least 1 dim, got shapes {list(a.shape)} and {list(b.shape)}")
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Matrix product with broadcast batch dims; 1-D operands are vectors, as in PyTorch."""
+    _check_pair("matmul", a, b)
+    k_a = a.shape[-1]
+    k_b = b.shape[-2] if b.ndim > 1 else b.shape[0]
+    if k_a != k_b:
+        raise ShapeError(f"matmul: shapes {list(a.shape)} and {list(b.shape)} cannot be multiplied "
+                         f"({k_a} != {k_b})")
+    if a.ndim > 2 and b.ndim > 2:
+        from blutrain.tensor.ops.elementwise import broadcast_shapes
+
+        broadcast_shapes(a.shape[:-2], b.shape[:-2], "matmul (batch dims)")
+    out = Tensor._make(_kernel("matmul", a.device.type, a.dtype)(a._data, b._data), a.dtype, a.device)
+    if _grad_mode.enabled and (a._rg or b._rg) and dispatch.recorder is not None:
+        dispatch.recorder("matmul", (a, b), out, {})
+    return out
+
+
+def bmm(a: Tensor, b: Tensor) -> Tensor:
+    """Batched product of (B, n, k) and (B, k, m)."""
+    _check_pair("bmm", a, b)
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise ShapeError(f"bmm: expected (B, n, k) and (B, k, m), got {list(a.shape)} and {list(b.shape)}")
+    return matmul(a, b)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` with weight of shape (out_features, in_features)."""
+    _check_pair("linear", x, weight)
+    if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"linear: input of shape {list(x.shape)} does not fit weight of shape "
+                         f"{list(weight.shape)} (expected input[..., {weight.shape[-1]}])")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype is not x.dtype):
+        raise ShapeError(f"linear: bias must have shape [{weight.shape[0]}] and dtype {x.dtype.name}, got "
+                         f"{list(bias.shape)} {bias.dtype.name}")
+    out_data = _kernel("linear", x.device.type, x.dtype)(x._data, weight._data,
+                                                          None if bias is None else bias._data)
+    out = Tensor._make(out_data, x.dtype, x.device)
+    if _grad_mode.enabled and (x._rg or weight._rg or (bias is not None and bias._rg)):
+        if dispatch.recorder is not None:
+            dispatch.recorder("linear", (x, weight, bias), out, {})
+    return out

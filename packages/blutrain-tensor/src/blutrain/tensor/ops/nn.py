@@ -1,0 +1,213 @@
+"""The neural-network ops a transformer is built from, each one fused kernel forward and backward.
+
+LayerNorm keeps mean and rstd for backward instead of the normalized tensor; cross-entropy keeps the
+log-sum-exp per row instead of the softmax; attention keeps the log-sum-exp per query instead of
+the T×S probability matrix. Those choices set the memory a training step needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from blutrain.tensor import dispatch
+from blutrain.tensor.backend import Generator
+from blutrain.tensor.dtype import bool_
+from blutrain.tensor.errors import (
+    DeviceMismatchError,
+    ShapeError,
+    TensorTypeError,
+    TensorValueError,
+)
+from blutrain.tensor.ops.indexing import _check_bounds, _index_tensor
+from blutrain.tensor.tensor import Tensor
+
+_grad_mode = dispatch.grad_mode
+_kernel = dispatch.kernel
+
+
+def _needs_grad(*ts: Tensor | None) -> bool:
+    return _grad_mode.enabled and dispatch.recorder is not None and any(t is not None and t._rg for t in ts)
+
+
+def _same(op: str, x: Tensor, name: str, other: Tensor | None, shape: tuple[int, ...] | None = None) -> None:
+    if other is None:
+        return
+    if not isinstance(other, Tensor):
+        raise TensorTypeError(f"{op}: {name} must be a Tensor or None, got {type(other).__name__}")
+    if other.device is not x.device:
+        raise DeviceMismatchError(f"{op}: {name} is on {other.device}, input on {x.device}")
+    if other.dtype is not x.dtype:
+        raise TensorTypeError(f"{op}: {name} has dtype {other.dtype.name}, input has {x.dtype.name}")
+    if shape is not None and other.shape != shape:
+        raise ShapeError(f"{op}: {name} must have shape {list(shape)}, got {list(other.shape)}")
+
+
+def _floating(op: str, x: Tensor, name: str = "input") -> None:
+    if not isinstance(x, Tensor):
+        raise TensorTypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating:
+        raise TensorTypeError(f"{op}: {name} must be floating, got dtype {x.dtype.name}")
+
+
+def layer_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Normalize over the trailing ``normalized_shape`` dims, then scale and shift."""
+    _floating("layer_norm", x)
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(ns)
+    if k == 0 or x.shape[x.ndim - k:] != ns:
+        raise ShapeError(f"layer_norm: normalized_shape {list(ns)} does not match the trailing dims of input "
+                         f"shape {list(x.shape)}")
+    _same("layer_norm", x, "weight", weight, ns)
+    _same("layer_norm", x, "bias", bias, ns)
+    out, mean, rstd = _kernel("layer_norm", x.device.type, x.dtype)(
+        x._data, None if weight is None else weight._data, None if bias is None else bias._data, eps, k)
+    res = Tensor._make(out, x.dtype, x.device)
+    if _needs_grad(x, weight, bias):
+        m, r = Tensor._make(mean, x.dtype, x.device), Tensor._make(rstd, x.dtype, x.device)
+        dispatch.recorder("layer_norm", (x, weight, bias), res, {"mean": m, "rstd": r, "k": k})  # type: ignore[misc]
+    return res
+
+
+def rms_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """``x / sqrt(mean(x²) + eps) * weight`` over the trailing dims (eps defaults to the dtype's eps)."""
+    _floating("rms_norm", x)
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(ns)
+    if k == 0 or x.shape[x.ndim - k:] != ns:
+        raise ShapeError(f"rms_norm: normalized_shape {list(ns)} does not match the trailing dims of input "
+                         f"shape {list(x.shape)}")
+    _same("rms_norm", x, "weight", weight, ns)
+    if eps is None:
+        import numpy as np
+
+        eps = float(np.finfo(x.dtype.np).eps) if x.dtype.name != "bfloat16" else 0.0078125
+    out, rstd = _kernel("rms_norm", x.device.type, x.dtype)(
+        x._data, None if weight is None else weight._data, eps, k)
+    res = Tensor._make(out, x.dtype, x.device)
+    if _needs_grad(x, weight):
+        r = Tensor._make(rstd, x.dtype, x.device)
+        dispatch.recorder("rms_norm", (x, weight), res, {"rstd": r, "k": k})  # type: ignore[misc]
+    return res
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, generator: Generator | None = None) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by 1/(1-p) (identity when not training)."""
+    _floating("dropout", x)
+    if not 0.0 <= p <= 1.0:
+        raise TensorValueError(f"dropout: p must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    gen = generator if generator is not None else x.device.backend.generator(x.device.index)
+    out, mask = _kernel("dropout", x.device.type, x.dtype)(x._data, float(p), gen)
+    res = Tensor._make(out, x.dtype, x.device)
+    if _needs_grad(x):
+        dispatch.recorder("dropout", (x,), res, {"mask": Tensor._make(mask, bool_, x.device), "p": p})  # type: ignore[misc]
+    return res
+
+
+def embedding(input: Tensor, weight: Tensor) -> Tensor:
+    """Rows of ``weight`` (num_embeddings, dim) picked by the integer ``input`` (any shape)."""
+    _index_tensor(input, weight, "embedding", "input")
+    if weight.ndim != 2:
+        raise ShapeError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {list(weight.shape)}")
+    _check_bounds("embedding", input, weight.shape[0], 0)
+    out = Tensor._make(_kernel("embedding", weight.device.type, weight.dtype)(weight._data, input._data),
+                       weight.dtype, weight.device)
+    if _needs_grad(weight):
+        dispatch.recorder("embedding", (weight,), out, {"index": input, "num_embeddings": weight.shape[0]})  # type: ignore[misc]
+    return out
+
+
+def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """Softmax cross-entropy of logits ``input`` (N, C) or (N, C, d...) against class indices.
+
+    ``reduction='mean'`` averages over targets that are not ``ignore_index``; label smoothing mixes
+    the one-hot target with the uniform distribution, as in PyTorch.
+    """
+    _floating("cross_entropy", input)
+    if reduction not in ("mean", "sum", "none"):
+        raise TensorValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise TensorValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not isinstance(target, Tensor) or target.dtype.is_floating or target.dtype is bool_:
+        raise TensorTypeError("cross_entropy: target must be an integer Tensor of class indices, got "
+                              f"{getattr(target, 'dtype', type(target).__name__)}")
+    if target.device is not input.device:
+        raise DeviceMismatchError(f"cross_entropy: target is on {target.device}, input on {input.device}")
+    if input.ndim == 1:
+        logits, tgt, extra = input.unsqueeze(0), target.reshape(1), ()
+    else:
+        extra = input.shape[2:]
+        if target.shape != (input.shape[0],) + extra:
+            raise ShapeError(f"cross_entropy: target shape {list(target.shape)} does not match input "
+                             f"{list(input.shape)} (expected {[input.shape[0], *extra]})")
+        logits = input.movedim(1, -1).reshape(-1, input.shape[1]) if extra else input
+        tgt = target.reshape(-1)
+    num_classes = logits.shape[1]
+    if tgt.numel() and tgt.device.type == "cpu":
+        t = tgt._data
+        bad = t[(t != ignore_index) & ((t < 0) | (t >= num_classes))]
+        if bad.size:
+            raise IndexError(f"cross_entropy: target {int(bad[0])} is out of range for {num_classes} classes")
+    loss, lse = _kernel("cross_entropy", input.device.type, input.dtype)(
+        logits._data, tgt._data, ignore_index, float(label_smoothing), reduction)
+    res = Tensor._make(loss, input.dtype, input.device)
+    if _needs_grad(logits):
+        dispatch.recorder("cross_entropy", (logits,), res, {  # type: ignore[misc]
+            "target": tgt, "lse": Tensor._make(lse, input.dtype, input.device), "ignore_index": ignore_index,
+            "label_smoothing": float(label_smoothing), "reduction": reduction})
+    if reduction == "none":
+        if input.ndim == 1:
+            return res.reshape(())
+        if extra:
+            return res.reshape((input.shape[0],) + extra)
+    return res
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None) -> Tensor:
+    """softmax(q kᵀ · scale + mask) v over (..., L, E) queries and (..., S, E) keys.
+
+    A bool ``attn_mask`` marks positions that take part (True) as in PyTorch; a float mask is added
+    to the scores. ``is_causal`` lets query i see keys 0..i (top-left aligned).
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _floating("scaled_dot_product_attention", t, name)
+        if t.ndim < 2:
+            raise ShapeError(f"scaled_dot_product_attention: {name} needs at least 2 dims, got {list(t.shape)}")
+    _same("scaled_dot_product_attention", query, "key", key)
+    _same("scaled_dot_product_attention", query, "value", value)
+    if key.shape[-1] != query.shape[-1] or key.shape[-2] != value.shape[-2] or key.shape[:-2] != query.shape[:-2] \
+            or value.shape[:-2] != query.shape[:-2]:
+        raise ShapeError(f"scaled_dot_product_attention: query {list(query.shape)}, key {list(key.shape)} and "
+                         f"value {list(value.shape)} do not fit (..., L, E), (..., S, E), (..., S, Ev)")
+    if dropout_p != 0.0:
+        raise TensorValueError("scaled_dot_product_attention: dropout_p must be 0.0; attention dropout is not "
+                               f"supported (got {dropout_p})")
+    if attn_mask is not None and is_causal:
+        raise TensorValueError("scaled_dot_product_attention: give either attn_mask or is_causal, not both")
+    mask_data: Any = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor) or attn_mask.device is not query.device:
+            raise TensorTypeError("scaled_dot_product_attention: attn_mask must be a Tensor on the query's device")
+        from blutrain.tensor.ops.elementwise import broadcast_shapes
+
+        scores_shape = query.shape[:-1] + (key.shape[-2],)
+        if broadcast_shapes(scores_shape, attn_mask.shape, "scaled_dot_product_attention") != scores_shape:
+            raise ShapeError(f"scaled_dot_product_attention: attn_mask {list(attn_mask.shape)} does not broadcast "
+                             f"to the scores' shape {list(scores_shape)}")
+        mask_data = attn_mask._data if attn_mask.dtype is bool_ else attn_mask._data.astype(query.dtype.np)
+    sc = float(scale) if scale is not None else query.shape[-1] ** -0.5
+    out, lse = _kernel("sdpa", query.device.type, query.dtype)(query._data, key._data, value._data, mask_data,
+                                                                bool(is_causal), sc)
+    res = Tensor._make(out, query.dtype, query.device)
+    if _needs_grad(query, key, value):
+        dispatch.recorder("sdpa", (query, key, value), res, {  # type: ignore[misc]
+            "lse": Tensor._make(lse, query.dtype, query.device), "mask": mask_data, "causal": bool(is_causal),
+            "scale": sc})
+    return res

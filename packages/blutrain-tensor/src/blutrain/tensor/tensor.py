@@ -1,0 +1,1014 @@
+"""The Tensor: a view (shape, strides, offset) of a storage, with a dtype, a device and autograd state.
+
+The backend array held in ``_data`` *is* the view: NumPy and CuPy arrays already carry shape,
+strides and offset over a shared buffer, so a view op is the array module's own view plus a new
+Tensor that shares the :class:`Storage` (and with it the version counter). Arithmetic, reductions
+and the rest live in :mod:`blutrain.tensor.ops`; this file holds metadata, views and conversions.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from blutrain.tensor import dispatch
+from blutrain.tensor.device import Device, device
+from blutrain.tensor.dtype import DType, as_dtype, from_numpy_dtype
+from blutrain.tensor.errors import (
+    AutogradError,
+    ShapeError,
+    TensorTypeError,
+    TensorValueError,
+)
+
+Scalar = bool | int | float
+
+
+class Storage:
+    """The buffer shared by a tensor and all its views, and their common version counter.
+
+    ``version`` goes up with every in-place write; autograd compares it with the value seen when a
+    tensor was saved for backward, which is how a stale saved tensor is detected.
+    """
+
+    __slots__ = ("array", "device", "version")
+
+    def __init__(self, array: Any, device: Device) -> None:
+        self.array = array
+        self.device = device
+        self.version = 0
+
+
+def _normalize_dim(dim: int, ndim: int, argument: str = "dim") -> int:
+    n = builtins.max(ndim, 1)
+    if not -n <= dim < n:
+        raise TensorValueError(f"{argument}: expected a dimension in [{-n}, {n - 1}], got {dim}")
+    return dim % n if ndim else 0
+
+
+def _shape_arg(shape: tuple[Any, ...], argument: str = "size") -> tuple[int, ...]:
+    """Accept ``f(2, 3)`` and ``f((2, 3))`` as PyTorch does."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    out = []
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            raise TensorTypeError(f"{argument}: expected a sequence of ints, got {shape!r}")
+        out.append(int(s))
+    return tuple(out)
+
+
+class Tensor:
+    """An n-dimensional array on a device, with reverse-mode autograd state."""
+
+    __slots__ = (
+        "__weakref__",
+        "_base",
+        "_data",
+        "_hooks",
+        "_output_nr",
+        "_post_hooks",
+        "_retains_grad",
+        "_rg",
+        "_storage",
+        "device",
+        "dtype",
+        "grad",
+        "grad_fn",
+    )
+
+    _data: Any
+    _storage: Storage
+    _base: Tensor | None
+    dtype: DType
+    device: Device
+    _rg: bool
+    grad: Tensor | None
+    grad_fn: Any
+    _output_nr: int
+    _hooks: list[Callable[[Tensor], Tensor | None]] | None
+    _post_hooks: list[Callable[[Tensor], None]] | None
+    _retains_grad: bool
+
+    __array_priority__ = 1000  # make NumPy defer to Tensor's reflected operators
+
+    def __init__(self, data: Any, *, dtype: DType | str | None = None, device: str | Device | None = None,
+                 requires_grad: bool = False) -> None:
+        """``Tensor(data)`` copies ``data`` (nested lists, scalars, NumPy arrays) like ``tensor()``."""
+        t = as_tensor_data(data, dtype=dtype, device=device)
+        self._init(t._data, t.dtype, t.device, Storage(t._data, t.device), None)
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # -- construction -------------------------------------------------------------------------
+    def _init(self, data: Any, dtype: DType, dev: Device, storage: Storage, base: Tensor | None) -> None:
+        self._data = data
+        self.dtype = dtype
+        self.device = dev
+        self._storage = storage
+        self._base = base
+        self._rg = False
+        self.grad = None
+        self.grad_fn = None
+        self._output_nr = 0
+        self._hooks = None
+        self._post_hooks = None
+        self._retains_grad = False
+
+    @staticmethod
+    def _make(data: Any, dtype: DType, dev: Device) -> Tensor:
+        """Wrap a fresh backend array (a kernel's output) in a Tensor with its own storage."""
+        t = Tensor.__new__(Tensor)
+        t._data = data
+        t.dtype = dtype
+        t.device = dev
+        t._storage = Storage(data, dev)
+        t._base = None
+        t._rg = False
+        t.grad = None
+        t.grad_fn = None
+        t._output_nr = 0
+        t._hooks = None
+        t._post_hooks = None
+        t._retains_grad = False
+        return t
+
+    def _view(self, data: Any) -> Tensor:
+        """A Tensor over ``data``, a view of this tensor's array: same storage, same version counter."""
+        t = Tensor.__new__(Tensor)
+        t._data = data
+        t.dtype = self.dtype
+        t.device = self.device
+        t._storage = self._storage
+        t._base = self._base if self._base is not None else self
+        t._rg = False
+        t.grad = None
+        t.grad_fn = None
+        t._output_nr = 0
+        t._hooks = None
+        t._post_hooks = None
+        t._retains_grad = False
+        return t
+
+    def _view_op(self, op: str, data: Any, attrs: dict[str, Any]) -> Tensor:
+        out = self._view(data)
+        if self._rg and dispatch.recorder is not None:
+            dispatch.recorder(op, (self,), out, attrs)
+        return out
+
+    # -- metadata ------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._data.shape  # type: ignore[no-any-return]
+
+    def size(self, dim: int | None = None) -> tuple[int, ...] | int:
+        if dim is None:
+            return self._data.shape  # type: ignore[no-any-return]
+        return self._data.shape[_normalize_dim(dim, self.ndim)]  # type: ignore[no-any-return]
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim  # type: ignore[no-any-return]
+
+    def dim(self) -> int:
+        return self._data.ndim  # type: ignore[no-any-return]
+
+    def numel(self) -> int:
+        return self._data.size  # type: ignore[no-any-return]
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self.dtype.itemsize
+
+    def stride(self, dim: int | None = None) -> tuple[int, ...] | int:
+        """Strides in elements, as PyTorch reports them."""
+        strides = tuple(s // self.dtype.itemsize for s in self._data.strides)
+        if dim is None:
+            return strides
+        return strides[_normalize_dim(dim, self.ndim)]
+
+    def storage_offset(self) -> int:
+        """Offset of the first element from the start of the storage, in elements."""
+        backend = self.device.backend
+        return (backend.data_ptr(self._data) - backend.data_ptr(self._storage.array)) // self.dtype.itemsize
+
+    def data_ptr(self) -> int:
+        return self.device.backend.data_ptr(self._data)
+
+    def is_contiguous(self) -> bool:
+        return bool(self._data.flags.c_contiguous)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._rg
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Mark a leaf as needing gradients (floating dtypes only)."""
+        if requires_grad:
+            if not self.dtype.is_floating:
+                raise TensorTypeError(
+                    f"requires_grad: only floating tensors can require gradients, got dtype {self.dtype.name}")
+            _ensure_autograd()
+        elif self.grad_fn is not None:
+            raise AutogradError("requires_grad_(False) on a non-leaf tensor; use detach() instead")
+        self._rg = bool(requires_grad)
+        return self
+
+    @property
+    def version(self) -> int:
+        """The storage's version counter: bumped by every in-place write to this tensor or a view."""
+        return self._storage.version
+
+    def _bump_version(self) -> None:
+        self._storage.version += 1
+
+    # -- views ---------------------------------------------------------------------------------
+    def view(self, *shape: Any) -> Tensor:
+        """Same storage, new shape; the strides must allow it (otherwise use reshape)."""
+        if len(shape) == 1 and isinstance(shape[0], DType | str):
+            raise TensorTypeError("view(dtype) is not supported; use to(dtype)")
+        sh = _infer_shape(_shape_arg(shape, "shape"), self.numel(), "view")
+        new = _try_view(self._data, sh)
+        if new is None:
+            raise ShapeError(
+                f"view: shape {list(sh)} is not compatible with the strides {list(self.stride())} of a "  # type: ignore[arg-type]
+                f"tensor of shape {list(self.shape)}; use reshape(), which copies when it must")
+        return self._view_op("view", new, {"shape": self.shape})
+
+    def reshape(self, *shape: Any) -> Tensor:
+        """A view when the strides allow it, otherwise a contiguous copy."""
+        sh = _infer_shape(_shape_arg(shape, "shape"), self.numel(), "reshape")
+        new = _try_view(self._data, sh)
+        if new is None:
+            return self.contiguous().view(sh)
+        return self._view_op("view", new, {"shape": self.shape})
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
+        s = _normalize_dim(start_dim, self.ndim, "start_dim")
+        e = _normalize_dim(end_dim, self.ndim, "end_dim")
+        if s > e:
+            raise TensorValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+        sh = self.shape[:s] + (int(np.prod(self.shape[s:e + 1])),) + self.shape[e + 1:]
+        return self.reshape(sh)
+
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
+        d = _normalize_dim(dim, self.ndim)
+        return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        d0, d1 = _normalize_dim(dim0, self.ndim, "dim0"), _normalize_dim(dim1, self.ndim, "dim1")
+        if d0 == d1:
+            return self._view_op("view", self._data, {"shape": self.shape})
+        perm = list(range(self.ndim))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return self._view_op("permute", self._data.transpose(perm), {"dims": tuple(perm)})
+
+    swapaxes = transpose
+
+    def permute(self, *dims: Any) -> Tensor:
+        ds = _shape_arg(dims, "dims")
+        if len(ds) != self.ndim:
+            raise ShapeError(f"permute: expected {self.ndim} dims for shape {list(self.shape)}, got {list(ds)}")
+        perm = tuple(_normalize_dim(d, self.ndim, "dims") for d in ds)
+        if sorted(perm) != list(range(self.ndim)):
+            raise TensorValueError(f"permute: dims {list(ds)} is not a permutation of 0..{self.ndim - 1}")
+        return self._view_op("permute", self._data.transpose(perm), {"dims": perm})
+
+    def t(self) -> Tensor:
+        if self.ndim > 2:
+            raise ShapeError(f"t: expects a tensor with at most 2 dims, got shape {list(self.shape)}")
+        return self if self.ndim < 2 else self.transpose(0, 1)
+
+    @property
+    def T(self) -> Tensor:
+        return self.permute(*reversed(range(self.ndim)))
+
+    @property
+    def mT(self) -> Tensor:
+        if self.ndim < 2:
+            raise ShapeError(f"mT: expects at least 2 dims, got shape {list(self.shape)}")
+        return self.transpose(-2, -1)
+
+    def movedim(self, source: int, destination: int) -> Tensor:
+        s = _normalize_dim(source, self.ndim, "source")
+        d = _normalize_dim(destination, self.ndim, "destination")
+        perm = [i for i in range(self.ndim) if i != s]
+        perm.insert(d, s)
+        return self.permute(perm)
+
+    def expand(self, *sizes: Any) -> Tensor:
+        """Broadcast to ``sizes`` without copying (-1 keeps a dimension); size-1 dims repeat."""
+        sz = _shape_arg(sizes, "sizes")
+        if len(sz) < self.ndim:
+            raise ShapeError(f"expand: target {list(sz)} has fewer dims than the tensor's shape {list(self.shape)}")
+        lead = len(sz) - self.ndim
+        target = tuple(
+            self.shape[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(sz))
+        for i, s in enumerate(self.shape):
+            if s != 1 and s != target[i + lead]:
+                raise ShapeError(f"expand: cannot expand shape {list(self.shape)} to {list(sz)}")
+        if any(s < 0 for s in target):
+            raise ShapeError(f"expand: -1 is not allowed for a new leading dim, got {list(sz)}")
+        xp = self.device.backend.xp
+        return self._view_op("expand", xp.broadcast_to(self._data, target), {"shape": self.shape})
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return self.expand(other.shape)
+
+    def broadcast_to(self, *shape: Any) -> Tensor:
+        return self.expand(*shape)
+
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
+        if dim is None:
+            new_shape = tuple(s for s in self.shape if s != 1)
+        else:
+            dims = (dim,) if isinstance(dim, int) else tuple(dim)
+            nd = {_normalize_dim(d, self.ndim) for d in dims}
+            new_shape = tuple(s for i, s in enumerate(self.shape) if not (i in nd and s == 1))
+        return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        d = _normalize_dim(dim, self.ndim + 1)
+        new_shape = self.shape[:d] + (1,) + self.shape[d:]
+        return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
+
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+        d = _normalize_dim(dim, self.ndim)
+        size = self.shape[d]
+        if start < 0:
+            start += size
+        if not (0 <= start <= size and 0 <= length and start + length <= size):
+            raise TensorValueError(
+                f"narrow: start {start} and length {length} are out of range for dim {dim} of size {size}")
+        key = (slice(None),) * d + (slice(start, start + length),)
+        return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
+
+    def select(self, dim: int, index: int) -> Tensor:
+        d = _normalize_dim(dim, self.ndim)
+        size = self.shape[d]
+        if not -size <= index < size:
+            raise IndexError(f"select: index {index} is out of range for dim {dim} of size {size}")
+        key = (slice(None),) * d + (index % size,)
+        return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
+
+    def split(self, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+        d = _normalize_dim(dim, self.ndim)
+        size = self.shape[d]
+        if isinstance(split_size_or_sections, int):
+            step = split_size_or_sections
+            if step <= 0:
+                raise TensorValueError(f"split: split_size must be positive, got {step}")
+            sizes = [builtins.min(step, size - i) for i in range(0, size, step)] or [0]
+        else:
+            sizes = list(split_size_or_sections)
+            if sum(sizes) != size:
+                raise ShapeError(f"split: sections {sizes} do not sum to dim {dim} of size {size}")
+        out, start = [], 0
+        for s in sizes:
+            out.append(self.narrow(d, start, s))
+            start += s
+        return tuple(out)
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+        if chunks <= 0:
+            raise TensorValueError(f"chunk: chunks must be positive, got {chunks}")
+        size = self.shape[_normalize_dim(dim, self.ndim)]
+        return self.split(builtins.max(-(-size // chunks), 1), dim)
+
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+        d = _normalize_dim(dim, self.ndim)
+        return tuple(self.select(d, i) for i in range(self.shape[d]))
+
+    def __iter__(self) -> Iterator[Tensor]:
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __getitem__(self, key: Any) -> Tensor:
+        return _ops.indexing.getitem(self, key)
+
+    def __setitem__(self, key: Any, value: Tensor | Scalar) -> None:
+        _ops.indexing.setitem(self, key, value)
+
+    # -- copies and conversions ----------------------------------------------------------------
+    def contiguous(self) -> Tensor:
+        return self if self._data.flags.c_contiguous else _ops.elementwise.copy(self)
+
+    def clone(self) -> Tensor:
+        return _ops.elementwise.copy(self)
+
+    def detach(self) -> Tensor:
+        """The same data (shared storage), cut from the graph."""
+        out = self._view(self._data)
+        return out
+
+    def detach_(self) -> Tensor:
+        self.grad_fn = None
+        self._rg = False
+        return self
+
+    @property
+    def data(self) -> Tensor:
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        if value.shape != self.shape or value.dtype is not self.dtype or value.device is not self.device:
+            self._init(value._data, value.dtype, value.device, value._storage, value._base)
+            return
+        self._data = value._data
+        self._storage = value._storage
+        self._base = value._base
+
+    def to(self, *args: Any, dtype: DType | str | None = None, device: str | Device | None = None,
+           copy: bool = False) -> Tensor:
+        """``to(device)``, ``to(dtype)``, ``to(device, dtype)`` or keywords; no-op when nothing changes."""
+        for a in args:
+            if isinstance(a, DType) or (isinstance(a, str) and a in _DTYPE_NAMES):
+                dtype = a
+            elif isinstance(a, (str, Device)):
+                device = a
+            elif isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
+            else:
+                raise TensorTypeError(f"to: expected a device, a dtype or a tensor, got {a!r}")
+        out = self
+        if device is not None:
+            dev = globals()["device"](device)
+            if dev is not out.device:
+                out = _ops.elementwise.to_device(out, dev)
+        if dtype is not None:
+            dt = as_dtype(dtype)
+            if dt is not out.dtype:
+                out = _ops.elementwise.cast(out, dt)
+        if copy and out is self:
+            out = self.clone()
+        return out
+
+    def cpu(self) -> Tensor:
+        return self.to("cpu")
+
+    def cuda(self, index: int | None = None) -> Tensor:
+        return self.to(device("cuda", index))
+
+    def float(self) -> Tensor:
+        return self.to(dtype="float32")
+
+    def double(self) -> Tensor:
+        return self.to(dtype="float64")
+
+    def half(self) -> Tensor:
+        return self.to(dtype="float16")
+
+    def bfloat16(self) -> Tensor:
+        return self.to(dtype="bfloat16")
+
+    def long(self) -> Tensor:
+        return self.to(dtype="int64")
+
+    def int(self) -> Tensor:
+        return self.to(dtype="int32")
+
+    def bool(self) -> Tensor:
+        return self.to(dtype="bool")
+
+    def type_as(self, other: Tensor) -> Tensor:
+        return self.to(dtype=other.dtype)
+
+    def numpy(self) -> np.ndarray[Any, Any]:
+        """The CPU array, sharing memory as PyTorch's does; a CUDA tensor must be copied first."""
+        if self.device.type != "cpu":
+            raise TensorTypeError(f"numpy: tensor is on {self.device}; call .cpu() first")
+        if self._rg:
+            raise AutogradError("numpy: tensor requires grad; call .detach().numpy()")
+        return self._data  # type: ignore[no-any-return]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
+        host = self.device.backend.to_host(self._data)
+        return host if dtype is None else host.astype(dtype)
+
+    def item(self) -> Scalar:
+        if self.numel() != 1:
+            raise TensorValueError(f"item: only a one-element tensor converts to a scalar, got shape {list(self.shape)}")
+        return self.device.backend.to_host(self._data).reshape(()).item()  # type: ignore[no-any-return]
+
+    def tolist(self) -> Any:
+        return self.device.backend.to_host(self._data).tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return builtins.int(self.item())
+
+    def __bool__(self) -> bool:
+        return builtins.bool(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.is_floating or self.numel() != 1:
+            raise TypeError("only one-element integer tensors can be used as an index")
+        return builtins.int(self.item())
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._rg:
+            raise AutogradError("__dlpack__: tensor requires grad; export .detach() instead")
+        return self._data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._data.__dlpack_device__()  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        host = self.device.backend.to_host(self._data)
+        if self.dtype.name == "bfloat16":
+            host = host.astype(np.float32)
+        body = np.array2string(host, separator=", ", precision=4, prefix="tensor(")
+        extras = []
+        if self.device.type != "cpu":
+            extras.append(f"device='{self.device}'")
+        if self.dtype.name not in ("float32", "int64", "bool"):
+            extras.append(f"dtype={self.dtype!r}")
+        if self.grad_fn is not None:
+            extras.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+        elif self._rg:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    __hash__ = object.__hash__
+
+    # -- autograd entry points (implemented by blutrain.autograd) --------------------------------
+    def backward(self, gradient: Tensor | None = None, retain_graph: bool = False,
+                 create_graph: bool = False, inputs: Sequence[Tensor] | None = None) -> None:
+        _ensure_autograd().backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph,
+                                    inputs=inputs)
+
+    def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> Callable[[], None]:
+        """Call ``hook(grad)`` when this tensor's gradient is computed; it may return a new grad."""
+        if not self._rg:
+            raise AutogradError("register_hook: the tensor does not require grad")
+        if self._hooks is None:
+            self._hooks = []
+        self._hooks.append(hook)
+        if self.grad_fn is not None:
+            self.grad_fn.add_tensor_hook(self._output_nr, hook)
+        hooks = self._hooks
+
+        def remove() -> None:
+            if hook in hooks:
+                hooks.remove(hook)
+            if self.grad_fn is not None:
+                self.grad_fn.remove_tensor_hook(self._output_nr, hook)
+        return remove
+
+    def register_post_accumulate_grad_hook(self, hook: Callable[[Tensor], None]) -> Callable[[], None]:
+        """Call ``hook(tensor)`` after a leaf's ``.grad`` has been accumulated (gradient ready)."""
+        if self.grad_fn is not None:
+            raise AutogradError("register_post_accumulate_grad_hook: only leaf tensors have this hook")
+        if not self._rg:
+            raise AutogradError("register_post_accumulate_grad_hook: the tensor does not require grad")
+        if self._post_hooks is None:
+            self._post_hooks = []
+        self._post_hooks.append(hook)
+        hooks = self._post_hooks
+        return lambda: hooks.remove(hook) if hook in hooks else None
+
+    def retain_grad(self) -> None:
+        """Keep ``.grad`` on a non-leaf after backward (leaves always keep it)."""
+        if not self._rg:
+            raise AutogradError("retain_grad: the tensor does not require grad")
+        if self.grad_fn is None or self._retains_grad:
+            return
+        self._retains_grad = True
+        self.grad_fn.retain_output_grad(self._output_nr, self)
+
+    @property
+    def retains_grad(self) -> bool:
+        return self._retains_grad
+
+    # -- operators (bodies in blutrain.tensor.ops) ---------------------------------------------
+    def __add__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("add", self, other)
+
+    def __radd__(self, other: Scalar) -> Tensor:
+        return _ew.binary("add", other, self)
+
+    def __sub__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("sub", self, other)
+
+    def __rsub__(self, other: Scalar) -> Tensor:
+        return _ew.binary("sub", other, self)
+
+    def __mul__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("mul", self, other)
+
+    def __rmul__(self, other: Scalar) -> Tensor:
+        return _ew.binary("mul", other, self)
+
+    def __truediv__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("div", self, other)
+
+    def __rtruediv__(self, other: Scalar) -> Tensor:
+        return _ew.binary("div", other, self)
+
+    def __floordiv__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("floor_divide", self, other)
+
+    def __mod__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("remainder", self, other)
+
+    def __pow__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("pow", self, other)
+
+    def __rpow__(self, other: Scalar) -> Tensor:
+        return _ew.binary("pow", other, self)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return _ops.linalg.matmul(self, other)
+
+    def __rmatmul__(self, other: Tensor) -> Tensor:
+        return _ops.linalg.matmul(other, self)
+
+    def __neg__(self) -> Tensor:
+        return _ew.unary("neg", self)
+
+    def __pos__(self) -> Tensor:
+        return self
+
+    def __abs__(self) -> Tensor:
+        return _ew.unary("abs", self)
+
+    def __invert__(self) -> Tensor:
+        return _ew.unary("logical_not" if self.dtype.name == "bool" else "bitwise_not", self)
+
+    def __and__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("logical_and" if self.dtype.name == "bool" else "bitwise_and", self, other)
+
+    def __or__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("logical_or" if self.dtype.name == "bool" else "bitwise_or", self, other)
+
+    def __xor__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("logical_xor" if self.dtype.name == "bool" else "bitwise_xor", self, other)
+
+    def __eq__(self, other: object) -> Tensor:  # type: ignore[override]
+        return _ew.binary("eq", self, other)  # type: ignore[arg-type]
+
+    def __ne__(self, other: object) -> Tensor:  # type: ignore[override]
+        return _ew.binary("ne", self, other)  # type: ignore[arg-type]
+
+    def __lt__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("lt", self, other)
+
+    def __le__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("le", self, other)
+
+    def __gt__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("gt", self, other)
+
+    def __ge__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("ge", self, other)
+
+    # in-place arithmetic (bumps the version counter)
+    def __iadd__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.inplace("add", self, other)
+
+    def __isub__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.inplace("sub", self, other)
+
+    def __imul__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.inplace("mul", self, other)
+
+    def __itruediv__(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.inplace("div", self, other)
+
+    def add_(self, other: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
+        return _ew.inplace("add", self, other if alpha == 1 else other * alpha)
+
+    def sub_(self, other: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
+        return _ew.inplace("sub", self, other if alpha == 1 else other * alpha)
+
+    def mul_(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.inplace("mul", self, other)
+
+    def div_(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.inplace("div", self, other)
+
+    def pow_(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.inplace("pow", self, other)
+
+    def clamp_(self, min: Scalar | None = None, max: Scalar | None = None) -> Tensor:
+        return _ew.assign(self, _ew.clamp(self.detach(), min, max))
+
+    def zero_(self) -> Tensor:
+        return _ew.fill_(self, 0)
+
+    def fill_(self, value: Scalar | Tensor) -> Tensor:
+        return _ew.fill_(self, value)
+
+    def copy_(self, src: Tensor) -> Tensor:
+        return _ew.assign(self, src)
+
+    def uniform_(self, a: float = 0.0, b: float = 1.0) -> Tensor:
+        return _ops.factory.uniform_(self, a, b)
+
+    def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+        return _ops.factory.normal_(self, mean, std)
+
+    def masked_fill_(self, mask: Tensor, value: Scalar) -> Tensor:
+        return _ew.assign(self, _ops.elementwise.masked_fill(self.detach(), mask, value))
+
+    # methods mirroring the functional API
+    def add(self, other: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
+        return _ew.binary("add", self, other if alpha == 1 else other * alpha)
+
+    def sub(self, other: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
+        return _ew.binary("sub", self, other if alpha == 1 else other * alpha)
+
+    def mul(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("mul", self, other)
+
+    def div(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("div", self, other)
+
+    def pow(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("pow", self, other)
+
+    def maximum(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("maximum", self, other)
+
+    def minimum(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("minimum", self, other)
+
+    def eq(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("eq", self, other)
+
+    def ne(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("ne", self, other)
+
+    def lt(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("lt", self, other)
+
+    def le(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("le", self, other)
+
+    def gt(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("gt", self, other)
+
+    def ge(self, other: Tensor | Scalar) -> Tensor:
+        return _ew.binary("ge", self, other)
+
+    def neg(self) -> Tensor:
+        return _ew.unary("neg", self)
+
+    def exp(self) -> Tensor:
+        return _ew.unary("exp", self)
+
+    def log(self) -> Tensor:
+        return _ew.unary("log", self)
+
+    def sqrt(self) -> Tensor:
+        return _ew.unary("sqrt", self)
+
+    def rsqrt(self) -> Tensor:
+        return _ew.unary("rsqrt", self)
+
+    def tanh(self) -> Tensor:
+        return _ew.unary("tanh", self)
+
+    def sigmoid(self) -> Tensor:
+        return _ew.unary("sigmoid", self)
+
+    def abs(self) -> Tensor:
+        return _ew.unary("abs", self)
+
+    def sin(self) -> Tensor:
+        return _ew.unary("sin", self)
+
+    def cos(self) -> Tensor:
+        return _ew.unary("cos", self)
+
+    def relu(self) -> Tensor:
+        return _ew.unary("relu", self)
+
+    def square(self) -> Tensor:
+        return _ew.binary("mul", self, self)
+
+    def reciprocal(self) -> Tensor:
+        return _ew.binary("div", 1.0, self)
+
+    def clamp(self, min: Scalar | Tensor | None = None, max: Scalar | Tensor | None = None) -> Tensor:
+        return _ew.clamp(self, min, max)
+
+    clip = clamp
+
+    def masked_fill(self, mask: Tensor, value: Scalar) -> Tensor:
+        return _ew.masked_fill(self, mask, value)
+
+    def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool = False,
+            dtype: DType | str | None = None) -> Tensor:
+        return _ops.reduction.sum(self, dim, keepdim, dtype=dtype)
+
+    def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        return _ops.reduction.mean(self, dim, keepdim)
+
+    def max(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        return _ops.reduction.max(self, dim, keepdim)
+
+    def min(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        return _ops.reduction.min(self, dim, keepdim)
+
+    def amax(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        return _ops.reduction.amax(self, dim, keepdim)
+
+    def amin(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        return _ops.reduction.amin(self, dim, keepdim)
+
+    def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        return _ops.reduction.argmax(self, dim, keepdim)
+
+    def argmin(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+        return _ops.reduction.argmin(self, dim, keepdim)
+
+    def var(self, dim: int | Sequence[int] | None = None, correction: int = 1, keepdim: bool = False,
+            unbiased: bool | None = None) -> Tensor:
+        return _ops.reduction.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+
+    def std(self, dim: int | Sequence[int] | None = None, correction: int = 1, keepdim: bool = False,
+            unbiased: bool | None = None) -> Tensor:
+        return _ops.reduction.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+
+    def norm(self, p: float = 2.0, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+        return _ops.reduction.norm(self, p, dim, keepdim)
+
+    def logsumexp(self, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
+        return _ops.reduction.logsumexp(self, dim, keepdim)
+
+    def softmax(self, dim: int) -> Tensor:
+        return _ops.reduction.softmax(self, dim)
+
+    def log_softmax(self, dim: int) -> Tensor:
+        return _ops.reduction.log_softmax(self, dim)
+
+    def all(self) -> Tensor:
+        return _ops.reduction.all(self)
+
+    def any(self) -> Tensor:
+        return _ops.reduction.any(self)
+
+    def matmul(self, other: Tensor) -> Tensor:
+        return _ops.linalg.matmul(self, other)
+
+    def bmm(self, other: Tensor) -> Tensor:
+        return _ops.linalg.bmm(self, other)
+
+    def index_select(self, dim: int, index: Tensor) -> Tensor:
+        return _ops.indexing.index_select(self, dim, index)
+
+    def gather(self, dim: int, index: Tensor) -> Tensor:
+        return _ops.indexing.gather(self, dim, index)
+
+    def scatter_add(self, dim: int, index: Tensor, src: Tensor) -> Tensor:
+        return _ops.indexing.scatter_add(self, dim, index, src)
+
+    def index_add(self, dim: int, index: Tensor, source: Tensor, alpha: Scalar = 1) -> Tensor:
+        return _ops.indexing.index_add(self, dim, index, source, alpha=alpha)
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        return _ops.indexing.tril(self, diagonal)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        return _ops.indexing.triu(self, diagonal)
+
+    def repeat(self, *sizes: Any) -> Tensor:
+        return _ops.shape.repeat(self, _shape_arg(sizes, "sizes"))
+
+
+_DTYPE_NAMES = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+                "float64", "half", "float", "double", "long", "int", "bf16", "fp16", "fp32", "fp64"}
+
+
+def _infer_shape(shape: tuple[int, ...], numel: int, op: str) -> tuple[int, ...]:
+    if shape.count(-1) > 1:
+        raise ShapeError(f"{op}: only one dimension can be -1, got {list(shape)}")
+    if -1 in shape:
+        known = int(np.prod([s for s in shape if s != -1]))
+        if known == 0 or numel % known:
+            raise ShapeError(f"{op}: shape {list(shape)} is invalid for a tensor of {numel} elements")
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+    if any(s < 0 for s in shape) or int(np.prod(shape)) != numel:
+        raise ShapeError(f"{op}: shape {list(shape)} is invalid for a tensor of {numel} elements")
+    return shape
+
+
+def _try_view(data: Any, shape: tuple[int, ...]) -> Any:
+    """A view of ``data`` with ``shape``, or None when the strides make a copy necessary."""
+    if data.flags.c_contiguous:
+        return data.reshape(shape)
+    try:
+        new = data.view()
+        new.shape = shape  # NumPy/CuPy raise instead of copying when strides do not allow it
+        return new
+    except AttributeError:
+        return None
+
+
+_autograd_module: Any = None
+
+
+def _ensure_autograd() -> Any:
+    """Autograd is a separate distribution; it is imported the first time a tensor needs it."""
+    global _autograd_module
+    if _autograd_module is None:
+        import importlib
+
+        try:
+            _autograd_module = importlib.import_module("blutrain.autograd")
+        except ImportError as exc:
+            raise AutogradError("gradients need the blutrain-autograd package: pip install blutrain-autograd") from exc
+    return _autograd_module
+
+
+def as_tensor_data(data: Any, *, dtype: DType | str | None = None, device: str | Device | None = None) -> Tensor:
+    """Build a new Tensor (copying) from nested lists, scalars, NumPy arrays or another Tensor."""
+    dev = globals()["device"](device) if device is not None else None
+    dt = as_dtype(dtype) if dtype is not None else None
+    if isinstance(data, Tensor):
+        out = data.detach().to(device=dev, dtype=dt)
+        return out.clone() if out._storage is data._storage else out
+    from blutrain.tensor.dtype import get_default_dtype
+
+    if isinstance(data, np.ndarray):
+        host = np.array(data, copy=True)
+    else:
+        host = np.asarray(data)
+        if host.dtype == object:
+            raise TensorTypeError(f"tensor: cannot build a tensor from {type(data).__name__} {data!r}")
+        if dt is None and host.dtype.kind == "f":
+            host = host.astype(get_default_dtype().np)
+        if dt is None and host.dtype.kind in "iu":
+            host = host.astype(np.int64)
+    if dt is None:
+        dt = from_numpy_dtype(host.dtype)
+    host = np.ascontiguousarray(host.astype(dt.np, copy=False))
+    dev = dev if dev is not None else globals()["device"]("cpu")
+    arr = dev.backend.from_host(host, dev.index) if dev.type != "cpu" else host
+    return Tensor._make(arr, dt, dev)
+
+
+def from_numpy(array: np.ndarray[Any, Any]) -> Tensor:
+    """A CPU tensor sharing memory with ``array`` (as ``torch.from_numpy``)."""
+    if not isinstance(array, np.ndarray):
+        raise TensorTypeError(f"from_numpy: expected a numpy.ndarray, got {type(array).__name__}")
+    if any(s < 0 for s in array.strides):
+        raise TensorValueError("from_numpy: arrays with negative strides are not supported; copy the array first")
+    return Tensor._make(array, from_numpy_dtype(array.dtype), device("cpu"))
+
+
+def from_dlpack(obj: Any) -> Tensor:
+    """Zero-copy import of any object with ``__dlpack__`` (NumPy, CuPy, PyTorch, JAX...)."""
+    from blutrain.tensor.backend import backends
+
+    if not hasattr(obj, "__dlpack_device__"):
+        raise TensorTypeError(f"from_dlpack: {type(obj).__name__} does not implement __dlpack_device__")
+    dev_type, dev_index = obj.__dlpack_device__()
+    for name, backend in backends().items():
+        if backend.dlpack_device_type == dev_type:
+            arr = backend.xp.from_dlpack(obj)
+            dev = device(name, builtins.int(dev_index) if name != "cpu" else 0)
+            return Tensor._make(arr, from_numpy_dtype(arr.dtype), dev)
+    raise TensorValueError(f"from_dlpack: no installed backend handles DLPack device type {dev_type}")
+
+
+from blutrain.tensor import ops as _ops  # noqa: E402  (ops need the Tensor class defined above)
+from blutrain.tensor.ops import elementwise as _ew  # noqa: E402

@@ -1,0 +1,41 @@
+"""The ``blutrain`` command: one subcommand per module under blutrain.cli."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from blutrain.tensor.errors import BluTrainError
+
+from blutrain.cli import plugins_command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blutrain", description="BluTrain: train GPT-2-class models.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    plugins_command.add_command(sub)
+    from blutrain.cli import train_command
+
+    train_command.add_commands(sub)
+    from blutrain.data.prepare import add_prepare_command
+
+    add_prepare_command(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except BluTrainError as exc:
+        print(f"blutrain {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""``blutrain train`` and ``blutrain generate``.
+
+Flags override the ``--config`` TOML file, which overrides the defaults of
+:class:`blutrain.train.TrainConfig`; every flag defaults to "not given" so that precedence holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("preset", str, "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"),
+    ("data", str, "a shard directory (from `blutrain prepare`) or a glob of .bin shards; default: built-in corpus"),
+    ("tokenizer", str, "byte or gpt2 (for --data given as a glob)"),
+    ("device", str, "auto, cpu, cuda or cuda:N"),
+    ("dtype", str, "fp32, tf32 or bf16"),
+    ("batch-size", int, "micro-batch size"),
+    ("seq-len", int, "sequence length"),
+    ("total-batch-tokens", int, "tokens per optimizer step (gradient accumulation); 0 = one micro-batch"),
+    ("max-steps", int, "optimizer steps"),
+    ("optimizer", str, "any registered optimizer (see `blutrain plugins`)"),
+    ("lr", float, "peak learning rate"),
+    ("weight-decay", float, "weight decay of 2-D parameters"),
+    ("warmup-steps", int, "linear warm-up steps before cosine decay"),
+    ("clip", float, "global gradient-norm clip (0 = off)"),
+    ("eval-every", int, "validation every N steps (0 = only at the end)"),
+    ("checkpoint-every", int, "checkpoint every N steps (0 = only at the end)"),
+    ("out", str, "output directory"),
+    ("resume", str, "checkpoint to resume from"),
+    ("seed", int, "random seed"),
+)
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("train", help="train a GPT model (default: the tiny preset on the built-in corpus)",
+                       description="Train GPT-2. With no arguments: the tiny preset on the interpreter's own "
+                                   "standard library, on the CPU or a GPU if one is available.")
+    p.add_argument("--config", type=Path, help="a TOML file of TrainConfig fields")
+    for flag, kind, text in _FLAGS:
+        p.add_argument(f"--{flag}", type=kind, default=None, help=text)
+    p.set_defaults(func=run_train)
+
+    g = sub.add_parser("generate", help="continue a prompt with a trained checkpoint")
+    g.add_argument("--checkpoint", type=Path, required=True)
+    g.add_argument("--prompt", default="")
+    g.add_argument("--max-new-tokens", type=int, default=200)
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="auto")
+    g.set_defaults(func=run_generate)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from blutrain.train import TrainConfig
+
+    cfg = TrainConfig.from_toml(args.config) if args.config else TrainConfig()
+    for flag, _, _ in _FLAGS:
+        name = flag.replace("-", "_")
+        value = getattr(args, name)
+        if value is not None:
+            setattr(cfg, name, value)
+    return cfg
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from blutrain.train import Trainer
+
+    trainer = Trainer(build_config(args))
+    result = trainer.run()
+    print("\n--- sample ---")
+    print(trainer.sample(trainer.cfg.prompt, trainer.cfg.sample_tokens))
+    print("--------------")
+    out = Path(trainer.cfg.out)
+    print(f"wrote {out / 'metrics.jsonl'}, {out / 'config.toml'}, {result['checkpoint']}"
+          + (f", {result['plot']}" if result.get("plot") else ""))
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    import blutrain.tensor as bt
+    from blutrain.data import get_tokenizer
+    from blutrain.models.gpt2 import GPT2, GPT2Config
+    from blutrain.train.checkpoint import load_checkpoint
+    from blutrain.train.trainer import resolve_device
+
+    device = resolve_device(args.device)
+    state = load_checkpoint(args.checkpoint, device=device)
+    model = GPT2(GPT2Config(**state["config"]["model"])).to(device)
+    model.load_state_dict(state["model"])
+    tok = get_tokenizer(state["config"]["train"].get("tokenizer", "byte"))
+    ids = tok.encode(args.prompt) or [tok.eot_token]
+    idx = bt.tensor([ids], dtype="int64", device=device)
+    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    print(tok.decode(out[0].tolist()))
+    return 0

@@ -1,0 +1,1 @@
+"""blutrain.nn"""

@@ -1,0 +1,20 @@
+"""blutrain.train: the trainer, its config, checkpoints and the training-event hook spec.
+
+The trainer pulls in the model, data and optimizer packages; it is imported on first use so that
+loading this package's hook specifications (which every plugin load does) stays cheap.
+"""
+
+from typing import Any
+
+from blutrain.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from blutrain.train.config import ConfigError, TrainConfig
+
+__all__ = ["CheckpointError", "ConfigError", "TrainConfig", "Trainer", "load_checkpoint", "save_checkpoint"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Trainer":
+        from blutrain.train.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'blutrain.train' has no attribute {name!r}")

@@ -1,0 +1,112 @@
+"""The trainer's typed configuration: defaults, a TOML file (``--config``), then CLI flags on top."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from blutrain.tensor.errors import BluTrainError
+
+
+class ConfigError(BluTrainError, ValueError):
+    """A configuration value or file is invalid; the message names the key."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on. Field names are the CLI flags with ``-`` for ``_``."""
+
+    preset: str = "tiny"
+    data: str | None = None  # a shard directory or glob; None → the built-in stdlib corpus
+    tokenizer: str = "byte"
+    device: str = "auto"
+    dtype: str = "fp32"
+    batch_size: int = 16
+    seq_len: int = 128
+    total_batch_tokens: int = 0  # 0 → one micro-batch per step (no accumulation)
+    max_steps: int = 300
+    optimizer: str = "adamw"
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    warmup_steps: int = 30
+    clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 8
+    checkpoint_every: int = 0  # 0 → only at the end
+    out: str = "runs/latest"
+    resume: str | None = None
+    seed: int = 1337
+    sample_tokens: int = 200
+    prompt: str = "def "
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        positive = ("batch_size", "seq_len", "max_steps", "eval_batches")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("total_batch_tokens", "warmup_steps", "eval_every", "checkpoint_every", "sample_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.dtype not in ("fp32", "tf32", "bf16"):
+            raise ConfigError(f"dtype must be fp32, tf32 or bf16, got {self.dtype!r}")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be positive, got {self.lr}")
+        micro = self.batch_size * self.seq_len
+        if self.total_batch_tokens and self.total_batch_tokens % micro:
+            raise ConfigError(f"total_batch_tokens ({self.total_batch_tokens}) must be a multiple of batch_size × "
+                              f"seq_len ({micro})")
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return max(self.total_batch_tokens // (self.batch_size * self.seq_len), 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def to_toml(self) -> str:
+        lines = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                inner = ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items())
+                lines.append(f"{f.name} = {{ {inner} }}")
+            else:
+                lines.append(f"{f.name} = {json.dumps(value)}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
+        known = {f.name: f for f in fields(cls)}
+        cfg = cls()
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ConfigError(f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
+            default = getattr(cfg, name)
+            if default is not None and not isinstance(value, type(default)) and not (
+                    isinstance(default, float) and isinstance(value, int)):
+                raise ConfigError(f"{source}: {key} must be {type(default).__name__}, got {value!r}")
+            setattr(cfg, name, float(value) if isinstance(default, float) else value)
+        return cfg
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> TrainConfig:
+        p = Path(path)
+        try:
+            values = tomllib.loads(p.read_text())
+        except OSError as exc:
+            raise ConfigError(f"--config {p}: cannot read: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"--config {p}: invalid TOML: {exc}") from None
+        return cls.from_dict(values, str(p))

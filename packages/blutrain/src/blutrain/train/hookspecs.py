@@ -1,0 +1,19 @@
+"""Hook specification owned by ``blutrain.train``: training events for loggers and profilers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("blutrain")
+
+
+@hookspec
+def blutrain_on_train_event(event: str, state: dict[str, Any]) -> None:
+    """Called by the trainer at most once per step for each event.
+
+    Events: ``"train_start"``, ``"step_end"`` (state: step, loss, lr, grad_norm, tokens_per_s),
+    ``"eval_end"`` (step, val_loss), ``"checkpoint_saved"`` (step, path), ``"train_end"``.
+    ``state`` is a plain dict; implementations must not mutate it. Every implementation is called.
+    """
