@@ -341,3 +341,52 @@ def test_function_provider_refuses_cross_stream_use_because_it_has_no_events() -
 def test_function_provider_rejects_a_null_function_address() -> None:
     with pytest.raises(ValueError, match=r"alloc_address.*got 0"):
         FunctionProvider(0, 1)
+
+
+def test_a_free_that_runs_inside_a_provider_call_leaves_the_allocator_consistent() -> None:
+    """A Python provider can run arbitrary code (a __del__ freeing another block, another thread):
+    the allocator calls it only while its own books are in order."""
+
+    class Reentrant(PythonHostProvider):
+        def __init__(self) -> None:
+            super().__init__()
+            self.on_alloc: list[int] = []
+            self.on_query: list[int] = []
+            self.allocator: CachingAllocator | None = None
+
+        def alloc(self, size: int) -> int:
+            assert self.allocator is not None
+            while self.on_alloc:
+                self.allocator.free(self.on_alloc.pop())
+            return super().alloc(size)
+
+        def query_event(self, event: object) -> bool:
+            assert self.allocator is not None
+            while self.on_query:
+                ptr = self.on_query.pop()
+                self.allocator.record_stream(ptr, 9)
+                self.allocator.free(ptr)  # records another event while the allocator walks its events
+            return True
+
+    provider = Reentrant()
+    allocator = CachingAllocator(provider)
+    provider.allocator = allocator
+    small = [allocator.malloc(4 * KiB) for _ in range(3)]
+    provider.on_alloc = small[:2]
+    big = allocator.malloc(12 * MiB)  # a new segment: the provider frees two small blocks meanwhile
+    allocator.record_stream(big, 5)
+    allocator.free(big)
+    provider.on_query = [small[2]]
+    allocator.malloc(100)  # walks the events; the provider frees (and records) another block meanwhile
+    allocator.malloc(100)  # the event recorded meanwhile completes now
+    snapshot = allocator.memory_snapshot()
+    for segment in snapshot:
+        assert sum(b.size for b in segment.blocks) == segment.size
+        assert all(b.state is not BlockState.PENDING_EVENT for b in segment.blocks)
+    stats = allocator.stats()
+    assert stats.allocation_count == 2
+    assert stats.free_count == 4
+    assert stats.pending_bytes == 0
+    assert stats.allocated_bytes == sum(
+        b.size for s in snapshot for b in s.blocks if b.state is BlockState.ALLOCATED
+    )

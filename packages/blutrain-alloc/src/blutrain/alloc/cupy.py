@@ -157,11 +157,19 @@ class CupyAllocator:
     """
 
     def __init__(self, *, record_stacks: bool = False, trace_capacity: int = 0) -> None:
-        self._cupy = _import_cupy()
+        cupy = _import_cupy()
+        self._cupy = cupy
         self._record_stacks = record_stacks
         self._trace_capacity = trace_capacity
         self._allocators: dict[int, CachingAllocator] = {}
         self._lock = threading.Lock()
+        # Bound once: __call__ runs for every CuPy array, and attribute chains cost host time there.
+        self._get_device = cupy.cuda.runtime.getDevice
+        self._stream_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None) or (
+            lambda: cupy.cuda.get_current_stream().ptr
+        )
+        self._unowned_memory = cupy.cuda.memory.UnownedMemory
+        self._memory_pointer = cupy.cuda.MemoryPointer
 
     def allocator(self, device_id: int | None = None) -> CachingAllocator:
         """The CachingAllocator of ``device_id`` (default: the current device)."""
@@ -181,14 +189,13 @@ class CupyAllocator:
         return allocator
 
     def __call__(self, size: int) -> Any:
-        cupy = self._cupy
-        device_id = int(cupy.cuda.runtime.getDevice())
+        device_id = self._get_device()
         if size == 0:  # as CuPy's own pool does: a null pointer that owns nothing
-            return cupy.cuda.MemoryPointer(cupy.cuda.memory.UnownedMemory(0, 0, None, device_id), 0)
+            return self._memory_pointer(self._unowned_memory(0, 0, None, device_id), 0)
         allocator = self._allocators.get(device_id) or self.allocator(device_id)
-        ptr = allocator.malloc(size, cupy.cuda.get_current_stream().ptr)
-        memory = cupy.cuda.memory.UnownedMemory(ptr, size, _DeviceBlock(allocator, ptr), device_id)
-        return cupy.cuda.MemoryPointer(memory, 0)
+        ptr = allocator.malloc(size, self._stream_ptr())
+        memory = self._unowned_memory(ptr, size, _DeviceBlock(allocator, ptr), device_id)
+        return self._memory_pointer(memory, 0)
 
     def record_stream(self, memory: Any, stream: Any) -> None:
         """Marks the block under ``memory`` (a cupy.ndarray or MemoryPointer from this allocator) as used on
