@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 UV = shutil.which("uv")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(UV is None, reason="uv is not on PATH")]
 
-MEMBERS = sorted(p.name for d in ("packages", "plugins") for p in (ROOT / d).iterdir() if (p / "pyproject.toml").exists())
+MEMBERS = sorted(
+    p.name for d in ("packages", "plugins") for p in (ROOT / d).iterdir() if (p / "pyproject.toml").exists()
+)
 
 
 def _run(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = True,

@@ -6,9 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from blutrain.tensor.errors import BluTrainError
-
 from blutrain.cli import plugins_command
+from blutrain.tensor.errors import BluTrainError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from blutrain.tensor import Tensor
 from blutrain.tensor.errors import BluTrainError
 from blutrain.tensor.serialization import SerializationError, load_file, load_metadata, save_file

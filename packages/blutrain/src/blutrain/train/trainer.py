@@ -23,7 +23,6 @@ from blutrain.models.gpt2 import GPT2, GPT2Config
 from blutrain.optim import clip_grad_norm_, create
 from blutrain.optim.schedule import warmup_cosine
 from blutrain.tensor import plugins
-
 from blutrain.train.checkpoint import load_checkpoint, save_checkpoint
 from blutrain.train.config import ConfigError, TrainConfig
 
@@ -86,7 +85,8 @@ class Trainer:
         bt.manual_seed(cfg.seed)
         self.data = resolve_data(cfg)
         overrides = dict(cfg.model_overrides)
-        overrides.setdefault("vocab_size", self.data.vocab_size) if cfg.preset == "tiny" else None
+        if cfg.preset == "tiny":
+            overrides.setdefault("vocab_size", self.data.vocab_size)
         self.model_config = GPT2Config.preset(cfg.preset, **overrides)
         if cfg.seq_len > self.model_config.block_size:
             raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's block_size {self.model_config.block_size}")
@@ -124,7 +124,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
         self.step = int(state["trainer"]["step"])
-        self.val_history = [tuple(v) for v in state["trainer"].get("val_history", [])]  # type: ignore[misc]
+        self.val_history = [tuple(v) for v in state["trainer"].get("val_history", [])]
         dev = bt.device(self.device)
         rng = state["rng"].get(str(dev))
         if rng is not None:

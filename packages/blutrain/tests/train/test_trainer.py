@@ -1,0 +1,171 @@
+"""The trainer: resumable bit for bit, optimizers by name, checkpoints that detect damage."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import blutrain.tensor as bt
+from blutrain.data import get_tokenizer, prepare, write_shard
+from blutrain.tensor import plugins
+from blutrain.tensor.plugins import hookimpl
+from blutrain.train import CheckpointError, ConfigError, TrainConfig, Trainer, load_checkpoint
+
+SMALL_MODEL = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32, "dropout": 0.1}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Byte-level shards of a few real stdlib files: small, real text."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = [stdlib / name for name in ("functools.py", "textwrap.py", "shlex.py", "fnmatch.py")]
+    out = tmp_path_factory.mktemp("data")
+    prepare(files, out, get_tokenizer("byte"), val_fraction=0.1)
+    return out
+
+
+def _config(dataset: Path, out: Path, **changes: Any) -> TrainConfig:
+    cfg = TrainConfig(preset="tiny", data=str(dataset), device="cpu", batch_size=4, seq_len=16, max_steps=6,
+                      lr=3e-3, warmup_steps=2, eval_every=0, eval_batches=2, out=str(out), seed=7,
+                      model_overrides=dict(SMALL_MODEL))
+    for key, value in changes.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit(dataset: Path, tmp_path: Path) -> None:
+    Trainer(_config(dataset, tmp_path / "full")).run()
+    Trainer(_config(dataset, tmp_path / "part", max_steps=3)).run()
+    resumed = _config(dataset, tmp_path / "part", resume=str(tmp_path / "part" / "final.safetensors"))
+    Trainer(resumed).run()
+    full, part = _losses(tmp_path / "full"), _losses(tmp_path / "part")
+    assert len(full) == len(part) == 6
+    assert full == part  # exact float equality: same data, same RNG draws, same optimizer state
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_each_builtin_optimizer_lowers_the_loss(dataset: Path, tmp_path: Path, optimizer: str) -> None:
+    lr = 3e-3 if optimizer == "adamw" else 0.3
+    cfg = _config(dataset, tmp_path, optimizer=optimizer, max_steps=25, lr=lr, warmup_steps=0)
+    cfg.model_overrides["dropout"] = 0.0
+    Trainer(cfg).run()
+    losses = _losses(tmp_path)
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.3
+
+
+class _SignSGD:
+    """A third-party optimizer: steps by the sign of the gradient."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, **_: Any) -> None:
+        self.param_groups = [dict(g, lr=lr) for g in params] if isinstance(params, list) and params and \
+            isinstance(params[0], dict) else [{"params": list(params), "lr": lr}]
+        self.steps = 0
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for g in self.param_groups:
+            for p in g["params"]:
+                p.grad = None
+
+    def step(self) -> None:
+        from blutrain.autograd import no_grad
+
+        self.steps += 1
+        with no_grad():
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.sub_(bt.sign(p.grad) * g["lr"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = state["steps"]
+
+
+class _SignSGDPlugin:
+    @hookimpl
+    def blutrain_register_optimizers(self, registry: Any) -> None:
+        registry.register("signsgd", _SignSGD)
+
+
+def test_third_party_optimizer_is_selectable_by_name(dataset: Path, tmp_path: Path) -> None:
+    plugins.register(_SignSGDPlugin(), "signsgd-test")
+    try:
+        trainer = Trainer(_config(dataset, tmp_path, optimizer="signsgd", max_steps=2, lr=1e-3))
+        assert isinstance(trainer.optimizer, _SignSGD)
+        trainer.run()
+        assert trainer.optimizer.steps == 2
+    finally:
+        plugins.unregister("signsgd-test")
+
+
+def test_unknown_optimizer_lists_the_installed_ones(dataset: Path, tmp_path: Path) -> None:
+    with pytest.raises(LookupError, match=r"no optimizer 'lion'; installed: adamw \(blutrain-optim-adamw"):
+        Trainer(_config(dataset, tmp_path, optimizer="lion"))
+
+
+def test_checkpoint_with_one_flipped_byte_fails_naming_the_damage(dataset: Path, tmp_path: Path) -> None:
+    result = Trainer(_config(dataset, tmp_path, max_steps=1)).run()
+    path = Path(result["checkpoint"])
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 0x01  # a byte inside the last tensor's data
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"tensor '.*' fails its SHA-256 check"):
+        load_checkpoint(path)
+
+
+def test_truncated_checkpoint_fails_clearly(dataset: Path, tmp_path: Path) -> None:
+    result = Trainer(_config(dataset, tmp_path, max_steps=1)).run()
+    path = Path(result["checkpoint"])
+    path.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(CheckpointError, match=r"not a readable checkpoint"):
+        load_checkpoint(path)
+
+
+def test_truncated_shard_fails_before_training_naming_the_file(tmp_path: Path) -> None:
+    shard = tmp_path / "train_000000.bin"
+    write_shard(shard, np.arange(5000, dtype=np.uint16) % 256)
+    shard.write_bytes(shard.read_bytes()[:-10])
+    cfg = _config(tmp_path, tmp_path / "out")
+    cfg.data = str(shard)
+    with pytest.raises(ValueError, match=r"train_000000\.bin"):
+        Trainer(cfg)
+
+
+def test_run_writes_metrics_config_checkpoint_and_plot(dataset: Path, tmp_path: Path) -> None:
+    result = Trainer(_config(dataset, tmp_path, max_steps=2, eval_every=1)).run()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    assert {"step", "loss", "lr", "grad_norm", "tok_per_s"} <= set(lines[0])
+    assert "val_loss" in lines[0]
+    assert (tmp_path / "config.toml").read_text().startswith('preset = "tiny"')
+    assert Path(result["checkpoint"]).exists()
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_toml_config_is_overridden_by_flags(tmp_path: Path) -> None:
+    from blutrain.cli import build_parser
+    from blutrain.cli.train_command import build_config
+
+    toml = tmp_path / "run.toml"
+    toml.write_text('preset = "tiny"\nlr = 0.01\nmax_steps = 50\n')
+    args = build_parser().parse_args(["train", "--config", str(toml), "--lr", "0.002"])
+    cfg = build_config(args)
+    assert (cfg.lr, cfg.max_steps) == (0.002, 50)
+
+
+def test_unknown_config_key_is_named(tmp_path: Path) -> None:
+    toml = tmp_path / "bad.toml"
+    toml.write_text("learning_rate = 0.1\n")
+    with pytest.raises(ConfigError, match="unknown key 'learning_rate'"):
+        TrainConfig.from_toml(toml)
