@@ -1,0 +1,29 @@
+"""The "adamw" optimizer plugin: the AdamW class and its CPU multi-tensor kernel, registered by hooks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from blutrain.tensor import float32, float64
+from blutrain.tensor.plugins import hookimpl
+from blutrain_optim_adamw.adamw import KERNEL, AdamW
+from blutrain_optim_adamw.kernel import adamw_multi_tensor
+
+if TYPE_CHECKING:
+    from blutrain.optim import OptimizerRegistry
+    from blutrain.tensor import KernelRegistry
+
+
+@hookimpl
+def blutrain_register_optimizers(registry: OptimizerRegistry) -> None:
+    registry.register("adamw", AdamW)
+
+
+@hookimpl
+def blutrain_register_kernels(registry: KernelRegistry) -> None:
+    # float32 and float64 parameters; half-precision parameters want fp32 master weights, which is
+    # the mixed-precision policy's job, not this kernel's.
+    registry.register(KERNEL, "cpu", (float32, float64), adamw_multi_tensor)
+
+
+__all__ = ["AdamW", "adamw_multi_tensor", "blutrain_register_kernels", "blutrain_register_optimizers"]

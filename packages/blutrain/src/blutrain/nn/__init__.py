@@ -1,1 +1,16 @@
-"""blutrain.nn"""
+"""blutrain.nn: modules (parameters, buffers, submodules, state dicts, hooks) and the layers of GPT-2."""
+
+from blutrain.nn import functional, init
+from blutrain.nn.activation import GELU, Dropout
+from blutrain.nn.attention import CausalSelfAttention
+from blutrain.nn.container import ModuleList, Sequential
+from blutrain.nn.embedding import Embedding
+from blutrain.nn.errors import ModuleError, StateDictError
+from blutrain.nn.linear import Linear
+from blutrain.nn.module import LoadResult, Module, RemovableHandle
+from blutrain.nn.normalization import LayerNorm
+from blutrain.nn.parameter import Parameter
+
+__all__ = ["GELU", "CausalSelfAttention", "Dropout", "Embedding", "LayerNorm", "Linear", "LoadResult",
+           "Module", "ModuleError", "ModuleList", "Parameter", "RemovableHandle", "Sequential",
+           "StateDictError", "functional", "init"]

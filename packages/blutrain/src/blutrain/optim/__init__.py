@@ -1,5 +1,18 @@
-"""blutrain.optim: optimizers are plugins; this package holds their registry and hook spec."""
+"""blutrain.optim: the optimizer contract, registry, LR schedules and gradient clipping.
 
+Optimizers themselves are plugins (``blutrain-optim-adamw``, ``blutrain-optim-sgd``, or yours):
+they register a class through ``blutrain_register_optimizers`` and are built by name with
+:func:`create`.
+"""
+
+from blutrain.optim.clip import clip_grad_norm_
+from blutrain.optim.errors import OptimizerError
+from blutrain.optim.groups import weight_decay_groups
+from blutrain.optim.multi_tensor import group_by_device_dtype, multi_tensor_apply
+from blutrain.optim.optimizer import Optimizer, OptimizerProtocol, ParamGroup, Params
 from blutrain.optim.registry import OptimizerRegistry, create, optimizers
+from blutrain.optim.schedule import constant, warmup_cosine
 
-__all__ = ["OptimizerRegistry", "create", "optimizers"]
+__all__ = ["Optimizer", "OptimizerError", "OptimizerProtocol", "OptimizerRegistry", "ParamGroup", "Params",
+           "clip_grad_norm_", "constant", "create", "group_by_device_dtype", "multi_tensor_apply",
+           "optimizers", "warmup_cosine", "weight_decay_groups"]

@@ -17,5 +17,6 @@ def blutrain_register_optimizers(registry: OptimizerRegistry) -> None:
     """Add optimizer classes by name with ``registry.register("adamw", AdamW)``.
 
     The class is constructed as ``cls(params, **hyperparameters)`` and must implement
-    :class:`blutrain.optim.Optimizer`. Called once, when the registry is first needed.
+    :class:`blutrain.optim.OptimizerProtocol` (subclassing :class:`blutrain.optim.Optimizer` is the
+    easy way). Called once, when the registry is first needed; every implementation is called.
     """

@@ -20,8 +20,7 @@ from blutrain.autograd import no_grad
 from blutrain.data import TokenLoader, get_tokenizer, stdlib_corpus
 from blutrain.data.prepare import PrepareReport
 from blutrain.models.gpt2 import GPT2, GPT2Config
-from blutrain.optim import clip_grad_norm_, create
-from blutrain.optim.schedule import warmup_cosine
+from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
 from blutrain.tensor import plugins
 from blutrain.train.checkpoint import load_checkpoint, save_checkpoint
 from blutrain.train.config import ConfigError, TrainConfig
@@ -94,10 +93,10 @@ class Trainer:
             raise ConfigError(f"the data's vocabulary ({self.data.vocab_size}) is larger than the model's "
                               f"({self.model_config.vocab_size})")
         self.model = GPT2(self.model_config).to(self.device)
-        decay = [p for p in self.model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        self.optimizer = create(cfg.optimizer, groups, lr=cfg.lr)
+        groups = weight_decay_groups(self.model.parameters(), cfg.weight_decay)
+        # nanoGPT's Adam betas; other optimizers take their own defaults
+        extra = {"betas": (0.9, 0.95)} if cfg.optimizer == "adamw" else {}
+        self.optimizer = create(cfg.optimizer, groups, lr=cfg.lr, **extra)
         self.loader = TokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len, seed=cfg.seed,
                                   vocab_size=self.data.vocab_size)
         self.step = 0

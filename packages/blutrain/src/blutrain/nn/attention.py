@@ -1,0 +1,51 @@
+"""Causal multi-head self-attention as in GPT-2: QKV projection, fused attention, output projection."""
+
+from __future__ import annotations
+
+from blutrain.nn.activation import Dropout
+from blutrain.nn.errors import ModuleError
+from blutrain.nn.linear import Linear
+from blutrain.nn.module import Module
+from blutrain.tensor import Tensor, scaled_dot_product_attention
+from blutrain.tensor.errors import ShapeError
+
+
+class CausalSelfAttention(Module):
+    """``c_attn`` (n_embd → 3·n_embd: q, k, v in that order), causal attention per head, ``c_proj``.
+
+    The attention itself is one ``scaled_dot_product_attention(is_causal=True)`` op, which keeps the
+    per-query log-sum-exp for backward instead of the T×T probabilities. ``dropout`` applies to the
+    output projection (residual dropout); the attention kernel does not support dropout on the
+    probabilities, so there is none there.
+    """
+
+    def __init__(self, n_embd: int, n_head: int, bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        if n_head <= 0 or n_embd % n_head:
+            raise ModuleError(f"CausalSelfAttention: n_embd ({n_embd}) must be a positive multiple of n_head "
+                              f"({n_head})")
+        self.n_embd = n_embd
+        self.n_head = n_head
+        self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = Linear(n_embd, n_embd, bias=bias)
+        self.resid_dropout = Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != 3 or x.shape[2] != self.n_embd:
+            raise ShapeError(f"CausalSelfAttention: input must be (B, T, {self.n_embd}), got {list(x.shape)}")
+        B, T, C = x.shape
+        hs = C // self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.reshape(B, T, self.n_head, hs).transpose(1, 2)
+        k = k.reshape(B, T, self.n_head, hs).transpose(1, 2)
+        v = v.reshape(B, T, self.n_head, hs).transpose(1, 2)
+        y = scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        out: Tensor = self.resid_dropout(self.c_proj(y))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"n_embd={self.n_embd}, n_head={self.n_head}"
+
+
+__all__ = ["CausalSelfAttention"]

@@ -1,0 +1,53 @@
+"""Linear: y = x Wᵀ + b, one dispatched ``linear`` op (a GEMM with a bias epilogue where fused)."""
+
+from __future__ import annotations
+
+import math
+
+from blutrain.nn import init
+from blutrain.nn.errors import ModuleError
+from blutrain.nn.module import Module
+from blutrain.nn.parameter import Parameter
+from blutrain.tensor import DType, Tensor, empty, linear
+from blutrain.tensor.device import Device
+
+
+def _positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModuleError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class Linear(Module):
+    """``weight`` (out_features, in_features), ``bias`` (out_features) or None.
+
+    Initialised as PyTorch's: uniform in ±1/sqrt(in_features) for both (models such as GPT-2
+    re-initialise explicitly).
+    """
+
+    weight: Parameter
+    bias: Parameter | None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 device: str | Device | None = None, dtype: DType | str | None = None) -> None:
+        super().__init__()
+        self.in_features = _positive("Linear: in_features", in_features)
+        self.out_features = _positive("Linear: out_features", out_features)
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight = Parameter(init.uniform_(empty(out_features, in_features, device=device, dtype=dtype),
+                                              -bound, bound))
+        if bias:
+            bias_t = empty(out_features, device=device, dtype=dtype)
+            self.bias = Parameter(init.uniform_(bias_t, -bound, bound))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+__all__ = ["Linear"]

@@ -1,0 +1,46 @@
+"""Global-norm gradient clipping."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from blutrain.autograd import no_grad
+from blutrain.optim.errors import OptimizerError
+from blutrain.tensor import Tensor, clamp, norm, stack, zeros
+
+
+def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, eps: float = 1e-6) -> Tensor:
+    """Scale every ``.grad`` in place so that their global L2 norm is at most ``max_norm``; return
+    the norm before clipping as a 0-d tensor on the gradients' device.
+
+    The norm is the L2 norm of the per-tensor norms, computed on the device; the scale factor
+    ``min(1, max_norm / (norm + eps))`` stays on the device too and is applied to every gradient
+    unconditionally, so this function never waits for the device. The one host sync is the
+    caller's, when it reads the returned norm (``float(norm)`` for logging). A non-finite norm makes
+    every gradient non-finite, as in PyTorch; check the returned value to skip such a step.
+    """
+    if not isinstance(max_norm, (int, float)) or not max_norm > 0 or not math.isfinite(max_norm):
+        raise OptimizerError(f"clip_grad_norm_: max_norm must be a finite number > 0, got {max_norm!r}")
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        dev = params[0].device if params else None
+        return zeros((), device=dev)
+    with no_grad():
+        dt = grads[0].dtype
+        for g in grads:
+            if g.device is not grads[0].device:
+                raise OptimizerError(f"clip_grad_norm_: gradients are on {grads[0].device} and {g.device}; "
+                                     "clip each device's gradients separately")
+            if g.dtype.itemsize > dt.itemsize:
+                dt = g.dtype
+        per_tensor = [norm(g.detach()).to(dtype=dt) for g in grads]
+        total = norm(stack(per_tensor))
+        coef = clamp(max_norm / (total + eps), max=1.0)
+        for g in grads:
+            g.detach().mul_(coef if coef.dtype is g.dtype else coef.to(dtype=g.dtype))
+    return total
+
+
+__all__ = ["clip_grad_norm_"]
