@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from blutrain.tensor.errors import AutogradError
-from blutrain.tensor.tensor import Tensor
-
 from blutrain.autograd import engine
 from blutrain.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from blutrain.autograd.rules import RULES, Rule
+from blutrain.tensor.errors import AutogradError
+from blutrain.tensor.tensor import Tensor
 
 
 def _rng_states(args: tuple[Any, ...]) -> list[tuple[Any, dict[str, Any]]]:
@@ -47,6 +46,11 @@ def _save(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str,
 
 
 def _backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    if engine.partial_pass():
+        # the recomputed segment back-propagates into every parameter it uses, which a pass asked
+        # for some inputs' gradients only must not do (PyTorch's reentrant checkpoint refuses too)
+        raise AutogradError("checkpoint: a checkpointed segment cannot be differentiated by grad() or by "
+                            "backward(inputs=...); call backward() without inputs")
     fn = node.attrs["fn"]
     saved_rng = [(d, d.backend.generator(d.index).get_state()) for d, _ in node.attrs["rng"]]
     for d, state in node.attrs["rng"]:

@@ -30,6 +30,7 @@ from blutrain.tensor.errors import (
     NotRegisteredError,
     PluginError,
     ShapeError,
+    TensorIndexError,
     TensorTypeError,
     TensorValueError,
 )
@@ -124,8 +125,8 @@ from blutrain.tensor.registry import Provider, Registry
 from blutrain.tensor.serialization import load_file, save_file
 from blutrain.tensor.tensor import Storage, Tensor, from_dlpack, from_numpy
 
-bool = bool_  # noqa: A001  (PyTorch's spelling: blutrain.tensor.bool)
-float = float32  # noqa: A001
+bool = bool_
+float = float32
 half = float16
 double = float64
 long = int64
@@ -133,7 +134,7 @@ long = int64
 __all__ = [
     "ALL_DTYPES", "FLOATING_DTYPES", "AutogradError", "Backend", "BackendRegistry", "BluTrainError", "DType",
     "Device", "DeviceMismatchError", "Generator", "KernelNotFoundError", "KernelRegistry", "NotRegisteredError",
-    "PluginError", "Provider", "Registry", "ShapeError", "Storage", "Tensor", "TensorTypeError",
+    "PluginError", "Provider", "Registry", "ShapeError", "Storage", "Tensor", "TensorIndexError", "TensorTypeError",
     "TensorValueError", "abs", "add", "amax", "amin", "arange", "argmax", "argmin", "array_module", "as_dtype",
     "backends", "bfloat16", "bmm", "bool", "bool_", "cat", "clamp", "cos", "cross_entropy", "device", "div",
     "double", "dropout", "embedding", "empty", "empty_like", "eq", "erf", "exp", "expm1", "eye", "float",

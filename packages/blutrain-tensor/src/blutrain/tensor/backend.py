@@ -71,7 +71,7 @@ class BackendRegistry(Registry[Backend]):
     def __init__(self) -> None:
         super().__init__("device backend")
 
-    def register(self, name: str | Backend, obj: Backend | None = None) -> None:  # type: ignore[override]
+    def register(self, name: str | Backend, obj: Backend | None = None) -> None:
         """``register(backend)`` (its ``name`` is the device type) or ``register(name, backend)``."""
         if obj is None:
             if isinstance(name, str):

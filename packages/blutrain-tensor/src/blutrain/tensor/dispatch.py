@@ -19,7 +19,9 @@ from blutrain.tensor.kernel import Kernel, kernels
 if TYPE_CHECKING:
     from blutrain.tensor.tensor import Tensor
 
-_TABLE: dict[tuple[str, str, DType], Kernel] = {}
+# (op, device type, dtype) → kernel: the one dict the per-op path reads. Filled lazily from the
+# kernel registry, emptied (never replaced, so modules may hold a reference) when plugins change.
+TABLE: dict[tuple[str, str, DType], Kernel] = {}
 
 # recorder(op, inputs, outputs, attrs) -> None; installed by blutrain.autograd. ``inputs`` may hold
 # Python scalars and None beside tensors; the recorder only links the tensors that require grad.
@@ -38,10 +40,10 @@ grad_mode = GradMode()
 
 def kernel(op: str, device_type: str, dtype: DType) -> Kernel:
     """The winning kernel for one key; the registry is read only the first time a key is seen."""
-    fn = _TABLE.get((op, device_type, dtype))
+    fn = TABLE.get((op, device_type, dtype))
     if fn is None:
         fn = kernels().lookup(op, device_type, dtype).fn
-        _TABLE[(op, device_type, dtype)] = fn
+        TABLE[(op, device_type, dtype)] = fn
     return fn
 
 
@@ -51,7 +53,7 @@ def set_recorder(fn: Recorder | None) -> None:
 
 
 def _clear() -> None:
-    _TABLE.clear()
+    TABLE.clear()
 
 
 plugins.on_change(_clear)

@@ -27,12 +27,12 @@ class DType:
     __slots__ = ("is_floating", "is_signed", "itemsize", "name", "np", "rank")
 
     def __init__(self, name: str, np_dtype: Any, is_floating: bool, is_signed: bool, rank: int) -> None:
-        self.name = name
+        self.name: str = name
         self.np: np.dtype[Any] = np.dtype(np_dtype)
-        self.itemsize = self.np.itemsize
-        self.is_floating = is_floating
-        self.is_signed = is_signed
-        self.rank = rank  # position in the promotion lattice, used only to order the table
+        self.itemsize: int = int(self.np.itemsize)
+        self.is_floating: bool = is_floating
+        self.is_signed: bool = is_signed
+        self.rank: int = rank  # position in the promotion lattice, used only to order the table
 
     @property
     def category(self) -> int:
@@ -134,7 +134,8 @@ def as_dtype(value: object, argument: str = "dtype") -> DType:
         found = _BY_NAME.get(value)
         if found is not None:
             return found
-        raise TensorTypeError(f"{argument}: unknown dtype {value!r}; expected one of {', '.join(d.name for d in ALL_DTYPES)}")
+        known = ", ".join(d.name for d in ALL_DTYPES)
+        raise TensorTypeError(f"{argument}: unknown dtype {value!r}; expected one of {known}")
     try:
         npd = np.dtype(value)  # type: ignore[call-overload]
     except TypeError:

@@ -36,6 +36,10 @@ class DeviceMismatchError(BluTrainError, RuntimeError):
     """Tensors on different devices met in one op; the message shows both devices."""
 
 
+class TensorIndexError(BluTrainError, IndexError):
+    """An index is out of range for the dimension it indexes; the message shows index and size."""
+
+
 class KernelNotFoundError(NotRegisteredError):
     """No kernel is registered for an (op, device, dtype); the message lists the providers."""
 

@@ -252,9 +252,9 @@ def fill(hook_name: str, reg: Registry[Any]) -> None:
     caller = getattr(pm.hook, hook_name, None)
     if caller is None or caller.spec is None:
         raise PluginError(f"no hook specification {hook_name!r} is installed")
-    # pluggy's own call order is last-registered-first; call in registration order instead, so
-    # built-ins come first and error messages read naturally.
-    for impl in reversed(caller.get_hookimpls()):
+    # pluggy's own call order is last-registered-first; get_hookimpls() lists registration order,
+    # so built-ins come first and error messages read naturally.
+    for impl in caller.get_hookimpls():
         name = pm.get_name(impl.plugin) or repr(impl.plugin)
         info = _state.infos.get(name, PluginInfo(name, "", "", "unknown"))
         reg.current_provider = info.provider
@@ -263,7 +263,8 @@ def fill(hook_name: str, reg: Registry[Any]) -> None:
         except PluginError:
             raise
         except Exception as exc:
-            raise PluginError(f"plugin {name!r} ({info.distribution} {info.version}) failed in {hook_name}: {exc}") from exc
+            where = f"plugin {name!r} ({info.distribution} {info.version})"
+            raise PluginError(f"{where} failed in {hook_name}: {exc}") from exc
         finally:
             reg.current_provider = Provider("direct", "", "")
     for name, entries in reg.by_provider().items():

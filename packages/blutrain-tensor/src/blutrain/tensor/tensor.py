@@ -9,22 +9,32 @@ and the rest live in :mod:`blutrain.tensor.ops`; this file holds metadata, views
 from __future__ import annotations
 
 import builtins
+import math
+
+# In Tensor's signatures, ``int``/``float``/``bool`` would name its methods of those names (as in
+# PyTorch's stubs, which use the same aliases).
+from builtins import bool as _bool
+from builtins import float as _float
+from builtins import int as _int
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from blutrain.tensor import dispatch
+from blutrain.tensor.backend import array_module
 from blutrain.tensor.device import Device, device
 from blutrain.tensor.dtype import DType, as_dtype, from_numpy_dtype
 from blutrain.tensor.errors import (
     AutogradError,
     ShapeError,
+    TensorIndexError,
     TensorTypeError,
     TensorValueError,
 )
 
 Scalar = bool | int | float
+_new_object = object.__new__
 
 
 class Storage:
@@ -96,7 +106,7 @@ class Tensor:
     __array_priority__ = 1000  # make NumPy defer to Tensor's reflected operators
 
     def __init__(self, data: Any, *, dtype: DType | str | None = None, device: str | Device | None = None,
-                 requires_grad: bool = False) -> None:
+                 requires_grad: _bool = False) -> None:
         """``Tensor(data)`` copies ``data`` (nested lists, scalars, NumPy arrays) like ``tensor()``."""
         t = as_tensor_data(data, dtype=dtype, device=device)
         self._init(t._data, t.dtype, t.device, Storage(t._data, t.device), None)
@@ -120,8 +130,11 @@ class Tensor:
 
     @staticmethod
     def _make(data: Any, dtype: DType, dev: Device) -> Tensor:
-        """Wrap a fresh backend array (a kernel's output) in a Tensor with its own storage."""
-        t = Tensor.__new__(Tensor)
+        """Wrap a fresh backend array (a kernel's output) in a Tensor with its own storage.
+
+        Called once per op: plain attribute stores, no __init__ (Tensor.__init__ copies its input).
+        """
+        t: Tensor = _new_object(Tensor)
         t._data = data
         t.dtype = dtype
         t.device = dev
@@ -161,74 +174,75 @@ class Tensor:
 
     # -- metadata ------------------------------------------------------------------------------
     @property
-    def shape(self) -> tuple[int, ...]:
+    def shape(self) -> tuple[_int, ...]:
         return self._data.shape  # type: ignore[no-any-return]
 
-    def size(self, dim: int | None = None) -> tuple[int, ...] | int:
+    def size(self, dim: _int | None = None) -> tuple[_int, ...] | _int:
         if dim is None:
             return self._data.shape  # type: ignore[no-any-return]
         return self._data.shape[_normalize_dim(dim, self.ndim)]  # type: ignore[no-any-return]
 
     @property
-    def ndim(self) -> int:
+    def ndim(self) -> _int:
         return self._data.ndim  # type: ignore[no-any-return]
 
-    def dim(self) -> int:
+    def dim(self) -> _int:
         return self._data.ndim  # type: ignore[no-any-return]
 
-    def numel(self) -> int:
+    def numel(self) -> _int:
         return self._data.size  # type: ignore[no-any-return]
 
-    def element_size(self) -> int:
+    def element_size(self) -> _int:
         return self.dtype.itemsize
 
     @property
-    def itemsize(self) -> int:
+    def itemsize(self) -> _int:
         return self.dtype.itemsize
 
     @property
-    def nbytes(self) -> int:
+    def nbytes(self) -> _int:
         return self.numel() * self.dtype.itemsize
 
-    def stride(self, dim: int | None = None) -> tuple[int, ...] | int:
+    def stride(self, dim: _int | None = None) -> tuple[_int, ...] | _int:
         """Strides in elements, as PyTorch reports them."""
-        strides = tuple(s // self.dtype.itemsize for s in self._data.strides)
+        strides: tuple[_int, ...] = tuple(s // self.dtype.itemsize for s in self._data.strides)
         if dim is None:
             return strides
         return strides[_normalize_dim(dim, self.ndim)]
 
-    def storage_offset(self) -> int:
+    def storage_offset(self) -> _int:
         """Offset of the first element from the start of the storage, in elements."""
         backend = self.device.backend
-        return (backend.data_ptr(self._data) - backend.data_ptr(self._storage.array)) // self.dtype.itemsize
+        offset: _int = backend.data_ptr(self._data) - backend.data_ptr(self._storage.array)
+        return offset // self.dtype.itemsize
 
-    def data_ptr(self) -> int:
+    def data_ptr(self) -> _int:
         return self.device.backend.data_ptr(self._data)
 
-    def is_contiguous(self) -> bool:
+    def is_contiguous(self) -> _bool:
         return bool(self._data.flags.c_contiguous)
 
     @property
-    def is_leaf(self) -> bool:
+    def is_leaf(self) -> _bool:
         return self.grad_fn is None
 
     @property
-    def is_cuda(self) -> bool:
+    def is_cuda(self) -> _bool:
         return self.device.type == "cuda"
 
     @property
-    def is_floating_point(self) -> bool:
+    def is_floating_point(self) -> _bool:
         return self.dtype.is_floating
 
     @property
-    def requires_grad(self) -> bool:
+    def requires_grad(self) -> _bool:
         return self._rg
 
     @requires_grad.setter
-    def requires_grad(self, value: bool) -> None:
+    def requires_grad(self, value: _bool) -> None:
         self.requires_grad_(value)
 
-    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+    def requires_grad_(self, requires_grad: _bool = True) -> Tensor:
         """Mark a leaf as needing gradients (floating dtypes only)."""
         if requires_grad:
             if not self.dtype.is_floating:
@@ -241,7 +255,7 @@ class Tensor:
         return self
 
     @property
-    def version(self) -> int:
+    def version(self) -> _int:
         """The storage's version counter: bumped by every in-place write to this tensor or a view."""
         return self._storage.version
 
@@ -269,21 +283,21 @@ class Tensor:
             return self.contiguous().view(sh)
         return self._view_op("view", new, {"shape": self.shape})
 
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    def flatten(self, start_dim: _int = 0, end_dim: _int = -1) -> Tensor:
         if self.ndim == 0:
             return self.reshape(1)
         s = _normalize_dim(start_dim, self.ndim, "start_dim")
         e = _normalize_dim(end_dim, self.ndim, "end_dim")
         if s > e:
             raise TensorValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
-        sh = self.shape[:s] + (int(np.prod(self.shape[s:e + 1])),) + self.shape[e + 1:]
+        sh = (*self.shape[:s], math.prod(self.shape[s:e + 1]), *self.shape[e + 1:])
         return self.reshape(sh)
 
-    def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
+    def unflatten(self, dim: _int, sizes: Sequence[_int]) -> Tensor:
         d = _normalize_dim(dim, self.ndim)
         return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
 
-    def transpose(self, dim0: int, dim1: int) -> Tensor:
+    def transpose(self, dim0: _int, dim1: _int) -> Tensor:
         d0, d1 = _normalize_dim(dim0, self.ndim, "dim0"), _normalize_dim(dim1, self.ndim, "dim1")
         if d0 == d1:
             return self._view_op("view", self._data, {"shape": self.shape})
@@ -317,7 +331,7 @@ class Tensor:
             raise ShapeError(f"mT: expects at least 2 dims, got shape {list(self.shape)}")
         return self.transpose(-2, -1)
 
-    def movedim(self, source: int, destination: int) -> Tensor:
+    def movedim(self, source: _int, destination: _int) -> Tensor:
         s = _normalize_dim(source, self.ndim, "source")
         d = _normalize_dim(destination, self.ndim, "destination")
         perm = [i for i in range(self.ndim) if i != s]
@@ -346,7 +360,7 @@ class Tensor:
     def broadcast_to(self, *shape: Any) -> Tensor:
         return self.expand(*shape)
 
-    def squeeze(self, dim: int | Sequence[int] | None = None) -> Tensor:
+    def squeeze(self, dim: _int | Sequence[_int] | None = None) -> Tensor:
         if dim is None:
             new_shape = tuple(s for s in self.shape if s != 1)
         else:
@@ -355,31 +369,32 @@ class Tensor:
             new_shape = tuple(s for i, s in enumerate(self.shape) if not (i in nd and s == 1))
         return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
 
-    def unsqueeze(self, dim: int) -> Tensor:
+    def unsqueeze(self, dim: _int) -> Tensor:
         d = _normalize_dim(dim, self.ndim + 1)
-        new_shape = self.shape[:d] + (1,) + self.shape[d:]
+        new_shape = (*self.shape[:d], 1, *self.shape[d:])
         return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
 
-    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+    def narrow(self, dim: _int, start: _int, length: _int) -> Tensor:
         d = _normalize_dim(dim, self.ndim)
         size = self.shape[d]
         if start < 0:
             start += size
-        if not (0 <= start <= size and 0 <= length and start + length <= size):
+        if not (0 <= start <= size and length >= 0 and start + length <= size):
             raise TensorValueError(
                 f"narrow: start {start} and length {length} are out of range for dim {dim} of size {size}")
         key = (slice(None),) * d + (slice(start, start + length),)
         return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
 
-    def select(self, dim: int, index: int) -> Tensor:
+    def select(self, dim: _int, index: _int) -> Tensor:
         d = _normalize_dim(dim, self.ndim)
         size = self.shape[d]
         if not -size <= index < size:
-            raise IndexError(f"select: index {index} is out of range for dim {dim} of size {size}")
-        key = (slice(None),) * d + (index % size,)
+            raise TensorIndexError(f"select: index {index} is out of range for dim {dim} of size {size}")
+        # the trailing Ellipsis makes NumPy return a 0-d view, not a scalar copy, for 1-d tensors
+        key = (slice(None),) * d + (index % size, Ellipsis)
         return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
 
-    def split(self, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    def split(self, split_size_or_sections: _int | Sequence[_int], dim: _int = 0) -> tuple[Tensor, ...]:
         d = _normalize_dim(dim, self.ndim)
         size = self.shape[d]
         if isinstance(split_size_or_sections, int):
@@ -397,13 +412,13 @@ class Tensor:
             start += s
         return tuple(out)
 
-    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    def chunk(self, chunks: _int, dim: _int = 0) -> tuple[Tensor, ...]:
         if chunks <= 0:
             raise TensorValueError(f"chunk: chunks must be positive, got {chunks}")
         size = self.shape[_normalize_dim(dim, self.ndim)]
         return self.split(builtins.max(-(-size // chunks), 1), dim)
 
-    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+    def unbind(self, dim: _int = 0) -> tuple[Tensor, ...]:
         d = _normalize_dim(dim, self.ndim)
         return tuple(self.select(d, i) for i in range(self.shape[d]))
 
@@ -412,7 +427,7 @@ class Tensor:
             raise TypeError("iteration over a 0-d tensor")
         return iter(self.unbind(0))
 
-    def __len__(self) -> int:
+    def __len__(self) -> _int:
         if self.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
@@ -431,8 +446,14 @@ class Tensor:
         return _ops.elementwise.copy(self)
 
     def detach(self) -> Tensor:
-        """The same data (shared storage), cut from the graph."""
+        """The same data (shared storage and version counter), cut from the graph.
+
+        The result does not point back at ``self`` as its base: autograd saves outputs detached,
+        and a saved tensor referring to the output that refers to the node would be a cycle that
+        only the garbage collector could free.
+        """
         out = self._view(self._data)
+        out._base = self._base
         return out
 
     def detach_(self) -> Tensor:
@@ -446,15 +467,18 @@ class Tensor:
 
     @data.setter
     def data(self, value: Tensor) -> None:
-        if value.shape != self.shape or value.dtype is not self.dtype or value.device is not self.device:
-            self._init(value._data, value.dtype, value.device, value._storage, value._base)
-            return
+        """Point this tensor at ``value``'s storage (any shape, dtype, device), keeping its identity and
+        autograd state (requires_grad, .grad, hooks), as ``p.data = ...`` does in PyTorch."""
+        if not isinstance(value, Tensor):
+            raise TensorTypeError(f"data: expected a Tensor, got {type(value).__name__}")
         self._data = value._data
+        self.dtype = value.dtype
+        self.device = value.device
         self._storage = value._storage
         self._base = value._base
 
     def to(self, *args: Any, dtype: DType | str | None = None, device: str | Device | None = None,
-           copy: bool = False) -> Tensor:
+           copy: _bool = False) -> Tensor:
         """``to(device)``, ``to(dtype)``, ``to(device, dtype)`` or keywords; no-op when nothing changes."""
         for a in args:
             if isinstance(a, DType) or (isinstance(a, str) and a in _DTYPE_NAMES):
@@ -481,7 +505,7 @@ class Tensor:
     def cpu(self) -> Tensor:
         return self.to("cpu")
 
-    def cuda(self, index: int | None = None) -> Tensor:
+    def cuda(self, index: _int | None = None) -> Tensor:
         return self.to(device("cuda", index))
 
     def float(self) -> Tensor:
@@ -522,32 +546,38 @@ class Tensor:
 
     def item(self) -> Scalar:
         if self.numel() != 1:
-            raise TensorValueError(f"item: only a one-element tensor converts to a scalar, got shape {list(self.shape)}")
+            raise TensorValueError(
+                f"item: only a one-element tensor converts to a scalar, got shape {list(self.shape)}")
         return self.device.backend.to_host(self._data).reshape(()).item()  # type: ignore[no-any-return]
 
     def tolist(self) -> Any:
         return self.device.backend.to_host(self._data).tolist()
 
-    def __float__(self) -> float:
+    def __float__(self) -> _float:
         return float(self.item())
 
-    def __int__(self) -> int:
+    def __int__(self) -> _int:
         return builtins.int(self.item())
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> _bool:
         return builtins.bool(self.item())
 
-    def __index__(self) -> int:
+    def __index__(self) -> _int:
         if self.dtype.is_floating or self.numel() != 1:
-            raise TypeError("only one-element integer tensors can be used as an index")
+            raise TensorTypeError(f"__index__: only one-element integer tensors can be used as an index, got "
+                                  f"dtype {self.dtype.name} and shape {list(self.shape)}")
         return builtins.int(self.item())
 
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rg:
             raise AutogradError("__dlpack__: tensor requires grad; export .detach() instead")
-        return self._data.__dlpack__(*args, **kwargs)
+        try:
+            return self._data.__dlpack__(*args, **kwargs)
+        except BufferError as exc:
+            raise TensorTypeError(f"__dlpack__: a {self.dtype.name} tensor on {self.device} cannot be exported "
+                                  f"({exc}); convert it first, e.g. .float()") from None
 
-    def __dlpack_device__(self) -> tuple[int, int]:
+    def __dlpack_device__(self) -> tuple[_int, _int]:
         return self._data.__dlpack_device__()  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
@@ -561,7 +591,7 @@ class Tensor:
         if self.dtype.name not in ("float32", "int64", "bool"):
             extras.append(f"dtype={self.dtype!r}")
         if self.grad_fn is not None:
-            extras.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+            extras.append(f"grad_fn=<{self.grad_fn.name()}>")
         elif self._rg:
             extras.append("requires_grad=True")
         return "tensor(" + body + "".join(", " + e for e in extras) + ")"
@@ -569,8 +599,8 @@ class Tensor:
     __hash__ = object.__hash__
 
     # -- autograd entry points (implemented by blutrain.autograd) --------------------------------
-    def backward(self, gradient: Tensor | None = None, retain_graph: bool = False,
-                 create_graph: bool = False, inputs: Sequence[Tensor] | None = None) -> None:
+    def backward(self, gradient: Tensor | None = None, retain_graph: _bool = False,
+                 create_graph: _bool = False, inputs: Sequence[Tensor] | None = None) -> None:
         _ensure_autograd().backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph,
                                     inputs=inputs)
 
@@ -614,7 +644,7 @@ class Tensor:
         self.grad_fn.retain_output_grad(self._output_nr, self)
 
     @property
-    def retains_grad(self) -> bool:
+    def retains_grad(self) -> _bool:
         return self._retains_grad
 
     # -- operators (bodies in blutrain.tensor.ops) ---------------------------------------------
@@ -645,8 +675,14 @@ class Tensor:
     def __floordiv__(self, other: Tensor | Scalar) -> Tensor:
         return _ew.binary("floor_divide", self, other)
 
+    def __rfloordiv__(self, other: Scalar) -> Tensor:
+        return _ew.binary("floor_divide", other, self)
+
     def __mod__(self, other: Tensor | Scalar) -> Tensor:
         return _ew.binary("remainder", self, other)
+
+    def __rmod__(self, other: Scalar) -> Tensor:
+        return _ew.binary("remainder", other, self)
 
     def __pow__(self, other: Tensor | Scalar) -> Tensor:
         return _ew.binary("pow", self, other)
@@ -673,19 +709,32 @@ class Tensor:
         return _ew.unary("logical_not" if self.dtype.name == "bool" else "bitwise_not", self)
 
     def __and__(self, other: Tensor | Scalar) -> Tensor:
-        return _ew.binary("logical_and" if self.dtype.name == "bool" else "bitwise_and", self, other)
+        return _ew.bitwise("and", self, other)
+
+    def __rand__(self, other: Scalar) -> Tensor:
+        return _ew.bitwise("and", other, self)
 
     def __or__(self, other: Tensor | Scalar) -> Tensor:
-        return _ew.binary("logical_or" if self.dtype.name == "bool" else "bitwise_or", self, other)
+        return _ew.bitwise("or", self, other)
+
+    def __ror__(self, other: Scalar) -> Tensor:
+        return _ew.bitwise("or", other, self)
 
     def __xor__(self, other: Tensor | Scalar) -> Tensor:
-        return _ew.binary("logical_xor" if self.dtype.name == "bool" else "bitwise_xor", self, other)
+        return _ew.bitwise("xor", self, other)
+
+    def __rxor__(self, other: Scalar) -> Tensor:
+        return _ew.bitwise("xor", other, self)
 
     def __eq__(self, other: object) -> Tensor:  # type: ignore[override]
-        return _ew.binary("eq", self, other)  # type: ignore[arg-type]
+        if not isinstance(other, (Tensor, builtins.bool, builtins.int, builtins.float)):
+            return NotImplemented  # ``t == None`` is False, as in PyTorch
+        return _ew.binary("eq", self, other)
 
     def __ne__(self, other: object) -> Tensor:  # type: ignore[override]
-        return _ew.binary("ne", self, other)  # type: ignore[arg-type]
+        if not isinstance(other, (Tensor, builtins.bool, builtins.int, builtins.float)):
+            return NotImplemented
+        return _ew.binary("ne", self, other)
 
     def __lt__(self, other: Tensor | Scalar) -> Tensor:
         return _ew.binary("lt", self, other)
@@ -728,10 +777,10 @@ class Tensor:
         return _ew.inplace("pow", self, other)
 
     def clamp_(self, min: Scalar | None = None, max: Scalar | None = None) -> Tensor:
-        return _ew.assign(self, _ew.clamp(self.detach(), min, max))
+        return _ew.assign(self, _ew.clamp(self.detach(), min, max), "clamp_")
 
     def zero_(self) -> Tensor:
-        return _ew.fill_(self, 0)
+        return _ew.fill_(self, 0, "zero_")
 
     def fill_(self, value: Scalar | Tensor) -> Tensor:
         return _ew.fill_(self, value)
@@ -739,14 +788,14 @@ class Tensor:
     def copy_(self, src: Tensor) -> Tensor:
         return _ew.assign(self, src)
 
-    def uniform_(self, a: float = 0.0, b: float = 1.0) -> Tensor:
+    def uniform_(self, a: _float = 0.0, b: _float = 1.0) -> Tensor:
         return _ops.factory.uniform_(self, a, b)
 
-    def normal_(self, mean: float = 0.0, std: float = 1.0) -> Tensor:
+    def normal_(self, mean: _float = 0.0, std: _float = 1.0) -> Tensor:
         return _ops.factory.normal_(self, mean, std)
 
     def masked_fill_(self, mask: Tensor, value: Scalar) -> Tensor:
-        return _ew.assign(self, _ops.elementwise.masked_fill(self.detach(), mask, value))
+        return _ew.assign(self, _ops.elementwise.masked_fill(self.detach(), mask, value), "masked_fill_")
 
     # methods mirroring the functional API
     def add(self, other: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
@@ -835,49 +884,49 @@ class Tensor:
     def masked_fill(self, mask: Tensor, value: Scalar) -> Tensor:
         return _ew.masked_fill(self, mask, value)
 
-    def sum(self, dim: int | Sequence[int] | None = None, keepdim: bool = False,
+    def sum(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False,
             dtype: DType | str | None = None) -> Tensor:
         return _ops.reduction.sum(self, dim, keepdim, dtype=dtype)
 
-    def mean(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    def mean(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
         return _ops.reduction.mean(self, dim, keepdim)
 
-    def max(self, dim: int | None = None, keepdim: bool = False) -> Any:
+    def max(self, dim: _int | None = None, keepdim: _bool = False) -> Any:
         return _ops.reduction.max(self, dim, keepdim)
 
-    def min(self, dim: int | None = None, keepdim: bool = False) -> Any:
+    def min(self, dim: _int | None = None, keepdim: _bool = False) -> Any:
         return _ops.reduction.min(self, dim, keepdim)
 
-    def amax(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    def amax(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
         return _ops.reduction.amax(self, dim, keepdim)
 
-    def amin(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    def amin(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
         return _ops.reduction.amin(self, dim, keepdim)
 
-    def argmax(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    def argmax(self, dim: _int | None = None, keepdim: _bool = False) -> Tensor:
         return _ops.reduction.argmax(self, dim, keepdim)
 
-    def argmin(self, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    def argmin(self, dim: _int | None = None, keepdim: _bool = False) -> Tensor:
         return _ops.reduction.argmin(self, dim, keepdim)
 
-    def var(self, dim: int | Sequence[int] | None = None, correction: int = 1, keepdim: bool = False,
-            unbiased: bool | None = None) -> Tensor:
+    def var(self, dim: _int | Sequence[_int] | None = None, correction: _int = 1, keepdim: _bool = False,
+            unbiased: _bool | None = None) -> Tensor:
         return _ops.reduction.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
 
-    def std(self, dim: int | Sequence[int] | None = None, correction: int = 1, keepdim: bool = False,
-            unbiased: bool | None = None) -> Tensor:
+    def std(self, dim: _int | Sequence[_int] | None = None, correction: _int = 1, keepdim: _bool = False,
+            unbiased: _bool | None = None) -> Tensor:
         return _ops.reduction.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
 
-    def norm(self, p: float = 2.0, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    def norm(self, p: _float = 2.0, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
         return _ops.reduction.norm(self, p, dim, keepdim)
 
-    def logsumexp(self, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
+    def logsumexp(self, dim: _int | Sequence[_int], keepdim: _bool = False) -> Tensor:
         return _ops.reduction.logsumexp(self, dim, keepdim)
 
-    def softmax(self, dim: int) -> Tensor:
+    def softmax(self, dim: _int) -> Tensor:
         return _ops.reduction.softmax(self, dim)
 
-    def log_softmax(self, dim: int) -> Tensor:
+    def log_softmax(self, dim: _int) -> Tensor:
         return _ops.reduction.log_softmax(self, dim)
 
     def all(self) -> Tensor:
@@ -892,22 +941,22 @@ class Tensor:
     def bmm(self, other: Tensor) -> Tensor:
         return _ops.linalg.bmm(self, other)
 
-    def index_select(self, dim: int, index: Tensor) -> Tensor:
+    def index_select(self, dim: _int, index: Tensor) -> Tensor:
         return _ops.indexing.index_select(self, dim, index)
 
-    def gather(self, dim: int, index: Tensor) -> Tensor:
+    def gather(self, dim: _int, index: Tensor) -> Tensor:
         return _ops.indexing.gather(self, dim, index)
 
-    def scatter_add(self, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    def scatter_add(self, dim: _int, index: Tensor, src: Tensor) -> Tensor:
         return _ops.indexing.scatter_add(self, dim, index, src)
 
-    def index_add(self, dim: int, index: Tensor, source: Tensor, alpha: Scalar = 1) -> Tensor:
+    def index_add(self, dim: _int, index: Tensor, source: Tensor, alpha: Scalar = 1) -> Tensor:
         return _ops.indexing.index_add(self, dim, index, source, alpha=alpha)
 
-    def tril(self, diagonal: int = 0) -> Tensor:
+    def tril(self, diagonal: _int = 0) -> Tensor:
         return _ops.indexing.tril(self, diagonal)
 
-    def triu(self, diagonal: int = 0) -> Tensor:
+    def triu(self, diagonal: _int = 0) -> Tensor:
         return _ops.indexing.triu(self, diagonal)
 
     def repeat(self, *sizes: Any) -> Tensor:
@@ -935,12 +984,36 @@ def _try_view(data: Any, shape: tuple[int, ...]) -> Any:
     """A view of ``data`` with ``shape``, or None when the strides make a copy necessary."""
     if data.flags.c_contiguous:
         return data.reshape(shape)
-    try:
-        new = data.view()
-        new.shape = shape  # NumPy/CuPy raise instead of copying when strides do not allow it
-        return new
-    except AttributeError:
+    strides = _view_strides(data.shape, data.strides, shape)
+    if strides is None:
         return None
+    return array_module(data).lib.stride_tricks.as_strided(data, shape, strides)
+
+
+def _view_strides(old_shape: tuple[int, ...], old_strides: tuple[int, ...],
+                  shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Strides (bytes) that give ``shape`` over the same memory, or None if there are none.
+
+    PyTorch's rule (``computeStride``): the old dims split into chunks that are contiguous with each
+    other; a new shape is a view only if it regroups each chunk on its own, never across chunks.
+    """
+    new = [0] * len(shape)
+    view_d = len(shape) - 1
+    chunk_stride = old_strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
+                new[view_d] = view_numel * chunk_stride
+                view_numel *= shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_stride = old_strides[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(new) if view_d == -1 else None
 
 
 _autograd_module: Any = None
@@ -969,9 +1042,12 @@ def as_tensor_data(data: Any, *, dtype: DType | str | None = None, device: str |
     from blutrain.tensor.dtype import get_default_dtype
 
     if isinstance(data, np.ndarray):
-        host = np.array(data, copy=True)
+        host = data
     else:
-        host = np.asarray(data)
+        try:
+            host = np.asarray(data)
+        except ValueError as exc:  # ragged nested lists
+            raise TensorValueError(f"tensor: {type(data).__name__} data must be rectangular: {exc}") from None
         if host.dtype == object:
             raise TensorTypeError(f"tensor: cannot build a tensor from {type(data).__name__} {data!r}")
         if dt is None and host.dtype.kind == "f":
@@ -980,7 +1056,8 @@ def as_tensor_data(data: Any, *, dtype: DType | str | None = None, device: str |
             host = host.astype(np.int64)
     if dt is None:
         dt = from_numpy_dtype(host.dtype)
-    host = np.ascontiguousarray(host.astype(dt.np, copy=False))
+    # always a fresh C-ordered copy; np.array, since np.ascontiguousarray turns 0-d into shape (1,)
+    host = np.array(host, dtype=dt.np, order="C", copy=True)
     dev = dev if dev is not None else globals()["device"]("cpu")
     arr = dev.backend.from_host(host, dev.index) if dev.type != "cpu" else host
     return Tensor._make(arr, dt, dev)

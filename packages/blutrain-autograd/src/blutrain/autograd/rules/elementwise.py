@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from blutrain.autograd.rules import derivative, save_nothing, save_output, sum_to
 from blutrain.tensor import dispatch
 from blutrain.tensor.ops import elementwise as ew
 from blutrain.tensor.tensor import Tensor
-
-from blutrain.autograd.rules import derivative, save_nothing, save_output, sum_to
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -18,6 +17,11 @@ def _shape(x: Any) -> tuple[int, ...]:
 
 
 def _save_shapes(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
+    # only the shapes, to sum broadcast gradients back; spelled out because add and sub are the
+    # most frequent recorded ops
+    if len(inputs) == 2:
+        a, b = inputs
+        return (a.shape if isinstance(a, Tensor) else (), b.shape if isinstance(b, Tensor) else ())
     return tuple(_shape(x) for x in inputs)
 
 
@@ -175,9 +179,21 @@ def _abs(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     return (grads[0] * ew.unary("sign", node.saved[0]),)
 
 
-@derivative("sign", "floor_divide", "remainder", save=save_nothing)
+@derivative("sign", "floor_divide", save=_save_shapes)
 def _zero(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
-    return tuple((grads[0] * 0) if need else None for need in node.needs)
+    # piecewise constant: the derivative is zero wherever it exists
+    return tuple(sum_to(grads[0] * 0, shape) if need else None for need, shape in zip(node.needs, node.saved,
+                                                                                      strict=True))
+
+
+@derivative("remainder")
+def _remainder(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    # a - b * floor(a / b): d/da = 1, d/db = -floor(a / b)
+    g = grads[0]
+    a, b = node.saved
+    ga = sum_to(g, _shape(a)) if node.needs[0] else None
+    gb = sum_to(-g * ew.binary("floor_divide", a, b), _shape(b)) if node.needs[1] else None
+    return ga, gb
 
 
 @derivative("relu", save=save_output)

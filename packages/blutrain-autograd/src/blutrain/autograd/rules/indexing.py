@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from blutrain.autograd.rules import derivative, no_double_backward, save_nothing
 from blutrain.tensor.ops import factory
 from blutrain.tensor.ops import indexing as ix
 from blutrain.tensor.tensor import Tensor
-
-from blutrain.autograd.rules import derivative, no_double_backward, save_nothing
 
 
 @derivative("index", save=save_nothing)

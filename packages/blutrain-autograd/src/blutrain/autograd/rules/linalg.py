@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from blutrain.autograd.rules import derivative, no_double_backward, save_inputs, sum_to
 from blutrain.tensor import dispatch
 from blutrain.tensor.ops.linalg import matmul
 from blutrain.tensor.tensor import Tensor
-
-from blutrain.autograd.rules import derivative, no_double_backward, save_inputs, sum_to
 
 
 @derivative("matmul", save=save_inputs)
@@ -25,7 +24,7 @@ def _matmul(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     if b.ndim == 1:
         g2 = g2.unsqueeze(-1)
     if node.needs[0]:
-        ga = sum_to(matmul(g2, b2.mT), a2.shape if a2.ndim >= 2 else a2.shape)
+        ga = sum_to(matmul(g2, b2.mT), a2.shape)
         ga = ga.reshape(a.shape)
     if node.needs[1]:
         gb = sum_to(matmul(a2.mT, g2), b2.shape)
@@ -37,7 +36,7 @@ def _matmul(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
 def _linear(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     no_double_backward("linear", create_graph)
     g: Tensor = grads[0]
-    x, w, b = node.saved
+    x, w, _ = node.saved
     gx, gw, gb = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
         g._data, x._data, w._data, node.needs[0], node.needs[1], node.needs[2])
     return tuple(None if d is None else Tensor._make(d, x.dtype, x.device) for d in (gx, gw, gb))

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from blutrain.autograd.rules import derivative, no_double_backward, save_inputs, save_nothing
 from blutrain.tensor import dispatch
 from blutrain.tensor.tensor import Tensor
-
-from blutrain.autograd.rules import derivative, no_double_backward, save_inputs, save_nothing
 
 
 def _wrap(data: Any, like: Tensor) -> Tensor | None:
@@ -21,7 +20,7 @@ def _wrap(data: Any, like: Tensor) -> Tensor | None:
 
 
 def _save_ln(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
-    x, w, b = inputs
+    x, w, _ = inputs
     return (x, w, attrs["mean"], attrs["rstd"])
 
 

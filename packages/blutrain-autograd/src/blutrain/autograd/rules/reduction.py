@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from blutrain.autograd.rules import derivative, no_double_backward, save_nothing, save_output
 from blutrain.tensor import dispatch
 from blutrain.tensor.ops import elementwise as ew
 from blutrain.tensor.ops import reduction as rd
 from blutrain.tensor.tensor import Tensor
-
-from blutrain.autograd.rules import derivative, no_double_backward, save_nothing, save_output
 
 
 def _unsqueeze_reduced(g: Tensor, dims: tuple[int, ...] | None, keepdim: bool, ndim: int) -> Tensor:

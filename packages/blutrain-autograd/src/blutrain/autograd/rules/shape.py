@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from blutrain.autograd.rules import derivative, save_nothing, sum_to
 from blutrain.tensor.ops import factory
 from blutrain.tensor.tensor import Tensor
-
-from blutrain.autograd.rules import derivative, save_nothing, sum_to
 
 
 @derivative("view", save=save_nothing)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -62,10 +63,10 @@ class PhiloxGenerator:
 class NumpyBackend:
     """Device type "cpu"."""
 
-    name = "cpu"
-    xp = np
-    array_type = np.ndarray
-    dlpack_device_type = _DLPACK_CPU
+    name: str = "cpu"
+    xp: ModuleType = np
+    array_type: type = np.ndarray
+    dlpack_device_type: int = _DLPACK_CPU
 
     def __init__(self) -> None:
         self._generator = PhiloxGenerator(0)
@@ -101,6 +102,11 @@ class NumpyBackend:
         self._generator.seed(seed)
 
 
+# One instance for the process: registries are rebuilt when plugins change, and the generator's
+# state (what manual_seed set) must survive that.
+BACKEND = NumpyBackend()
+
+
 @hookimpl
 def blutrain_register_backends(registry: BackendRegistry) -> None:
-    registry.register(NumpyBackend())
+    registry.register(BACKEND)

@@ -7,10 +7,9 @@ sigmoid never evaluates exp of a positive number, so it cannot overflow.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
-
-import functools
 
 import numpy as np
 
@@ -238,7 +237,8 @@ def full(shape: tuple[int, ...], value: float, dtype: Any) -> Array:
 
 
 def arange(start: float, end: float, step: float, dtype: Any) -> Array:
-    return np.arange(start, end, step, dtype=np.float64 if np.dtype(dtype).kind == "f" else np.int64).astype(dtype)
+    exact = np.int64 if np.dtype(dtype).kind in "iub" else np.float64  # bfloat16 is kind "V"
+    return np.arange(start, end, step, dtype=exact).astype(dtype)
 
 
 def linspace(start: float, end: float, steps: int, dtype: Any) -> Array:

@@ -76,7 +76,7 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array:
     xp = array_module(grad)
     dim = grad.shape[-1]
     flat_idx = idx.reshape(-1)
-    rows = grad.reshape(-1, dim)
+    rows = grad.reshape(flat_idx.size, dim)  # explicit sizes: -1 cannot be inferred when dim is 0
     out = xp.zeros((num_embeddings, dim), dtype=grad.dtype)
     if flat_idx.size == 0:
         return out

@@ -64,15 +64,33 @@ def _down(v: Any, dtype: np.dtype[Any]) -> Any:
     return _fix(v)
 
 
-def in_float32(fn: Kernel, dtype: DType) -> Kernel:
-    """Run a half-precision kernel in float32 and round its floating outputs back to ``dtype``."""
+def in_float32(fn: Kernel, dtype: DType, keep: tuple[int, ...] = ()) -> Kernel:
+    """Run a half-precision kernel in float32 and round its floating outputs back to ``dtype``.
+
+    Outputs listed in ``keep`` (per-row statistics that only backward reads: mean, rstd, log-sum-exp)
+    stay float32, as PyTorch keeps them, so backward does not start from rounded statistics.
+    """
     target = dtype.np
 
     def kernel(*args: Any) -> Any:
-        return _down(fn(*[_up(a) for a in args]), target)
+        out = fn(*[_up(a) for a in args])
+        if not keep:
+            return _down(out, target)
+        return tuple(_fix(o) if i in keep else _down(o, target) for i, o in enumerate(out))
 
     kernel.__name__ = fn.__name__
     return kernel
+
+
+def _index_put_in_float32(a: Any, key: tuple[Any, ...], value: Any, accumulate: bool) -> None:
+    """Accumulating into a half array one addend at a time would round after every addend; sum in
+    float32 and round once. (Plain assignment needs no arithmetic and writes in place directly.)"""
+    if not accumulate:
+        ix.index_put(a, key, value, False)
+        return
+    wide = a.astype(np.float32)
+    ix.index_put(wide, key, _up(value), True)
+    a[...] = wide.astype(a.dtype)
 
 
 NUMERIC = tuple(d for d in ALL_DTYPES if d is not bool_)
@@ -88,26 +106,33 @@ def _add(names: Iterable[str], module: Any, dtypes: Iterable[DType], math: bool 
         TABLE[name] = (getattr(module, name), tuple(dtypes), math)
 
 
-_add(("add", "sub", "mul", "maximum", "minimum"), ew, ALL_DTYPES)
-_add(("div", "pow", "floor_divide", "remainder"), ew, NUMERIC)
+_add(("add", "mul", "maximum", "minimum"), ew, ALL_DTYPES)
+_add(("sub", "pow", "floor_divide", "remainder"), ew, NUMERIC)
+_add(("div",), ew, FLOATS)  # true division of integers runs in the default float dtype
 _add(ew.COMPARISON, ew, ALL_DTYPES)
 _add(ew.LOGICAL, ew, (bool_,), math=False)
-_add(ew.BITWISE, ew, (*INTS, bool_), math=False)
+_add(ew.BITWISE, ew, INTS, math=False)  # `&`, `|`, `^`, `~` on bool tensors are the logical ops
 _add(("neg", "abs", "sign", "relu"), ew, NUMERIC)
 _add(ew.UNARY_FLOAT, ew, FLOATS)
-_add(("where", "copy", "cast", "full", "arange", "linspace", "eye"), ew, ALL_DTYPES, math=False)
+_add(("where", "copy", "cast", "full", "eye"), ew, ALL_DTYPES, math=False)
+_add(("arange", "linspace"), ew, NUMERIC, math=False)
 _add(("clamp",), ew, NUMERIC)
-_add(("sum", "amax", "amin", "max_dim", "min_dim", "argmax", "argmin"), rd, NUMERIC)
-TABLE["sum"] = (rd.sum, ALL_DTYPES, True)
+_add(("sum", "amax", "amin", "max_dim", "min_dim", "argmax", "argmin"), rd, ALL_DTYPES)
 _add(("mean", "var", "norm", "logsumexp", "softmax", "log_softmax", "softmax_backward",
-      "log_softmax_backward", "sum_to_shape"), rd, FLOATS)
+      "log_softmax_backward"), rd, FLOATS)
 _add(("all", "any"), rd, (bool_,), math=False)
-_add(("matmul", "linear", "linear_backward"), la, NUMERIC)
-_add(("index", "index_select", "gather", "tril", "triu", "cat", "embedding"), ix, ALL_DTYPES, math=False)
-_add(("index_put", "scatter_add", "index_add"), ix, ALL_DTYPES, math=False)
+_add(("matmul", "linear"), la, NUMERIC)
+_add(("linear_backward",), la, FLOATS)
+_add(("index", "index_select", "gather", "tril", "triu", "cat", "embedding", "index_put"), ix, ALL_DTYPES,
+     math=False)
+_add(("scatter_add", "index_add"), ix, ALL_DTYPES)
 _add(("embedding_backward",), ix, FLOATS)
 _add(("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "dropout", "cross_entropy",
       "cross_entropy_backward", "sdpa", "sdpa_backward"), nn, FLOATS)
+
+# outputs of forward kernels that are statistics for backward: kept in float32 for half inputs
+STATISTICS: dict[str, tuple[int, ...]] = {"layer_norm": (1, 2), "rms_norm": (1,), "cross_entropy": (1,),
+                                          "sdpa": (1,)}
 
 
 def kernel_for(op: str, dtype: DType) -> Kernel:
@@ -115,8 +140,11 @@ def kernel_for(op: str, dtype: DType) -> Kernel:
     fn, dtypes, math = TABLE[op]
     if dtype not in dtypes:
         raise KeyError((op, dtype.name))
-    if math and dtype.name in HALF and op not in ("index_put",):
-        return in_float32(fn, dtype)
+    if dtype.name in HALF:
+        if op == "index_put":
+            return _index_put_in_float32
+        if math:
+            return in_float32(fn, dtype, STATISTICS.get(op, ()))
     return arrays_out(fn)
 
 

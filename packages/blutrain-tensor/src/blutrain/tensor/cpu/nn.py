@@ -7,9 +7,9 @@ as flash attention does, rather than stored).
 
 from __future__ import annotations
 
-from typing import Any
-
 import functools
+import math
+from typing import Any
 
 import numpy as np
 
@@ -21,19 +21,23 @@ _quiet = functools.partial(np.errstate, all="ignore")
 
 
 def _rows(x: Array, k: int) -> Array:
-    n = 1
-    for s in x.shape[x.ndim - k:]:
-        n *= s
-    return x.reshape(-1, n)
+    """``x`` as (rows, features) with the trailing ``k`` dims as features (explicit sizes: 0-size works)."""
+    return x.reshape(math.prod(x.shape[: x.ndim - k]), math.prod(x.shape[x.ndim - k:]))
+
+
+def _row_mean(a: Array) -> Array:
+    """Mean of each row as sum / count: with 0 features this is 0/0 = NaN under _quiet, where
+    ndarray.mean would warn."""
+    return a.sum(axis=1, keepdims=True, dtype=a.dtype) / a.shape[1]
 
 
 def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int) -> tuple[Array, Array, Array]:
     xp = array_module(x)
     rows = _rows(x, k)
-    mean = rows.mean(axis=1, keepdims=True, dtype=x.dtype)
-    xc = rows - mean
-    var = (xc * xc).mean(axis=1, keepdims=True, dtype=x.dtype)
-    rstd = 1 / xp.sqrt(var + eps)
+    with _quiet():
+        mean = _row_mean(rows)
+        xc = rows - mean
+        rstd = 1 / xp.sqrt(_row_mean(xc * xc) + eps)
     y = (xc * rstd).reshape(x.shape)
     if w is not None:
         y = y * w
@@ -45,21 +49,23 @@ def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int) -
 
 def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rstd: Array, k: int,
                         need_w: bool, need_b: bool) -> tuple[Array, Array | None, Array | None]:
+    """dx = rstd · (ĝ − mean(ĝ) − x̂ · mean(ĝ ∘ x̂)) with ĝ = dy ∘ w; dw = Σ dy ∘ x̂; db = Σ dy."""
     rows, g = _rows(x, k), _rows(grad, k)
     m, r = mean.reshape(-1, 1), rstd.reshape(-1, 1)
     xhat = (rows - m) * r
     gw = (g * xhat).sum(axis=0, dtype=x.dtype).reshape(x.shape[x.ndim - k:]) if need_w else None
     gb = g.sum(axis=0, dtype=x.dtype).reshape(x.shape[x.ndim - k:]) if need_b else None
     gxhat = g * w.reshape(1, -1) if w is not None else g
-    gx = r * (gxhat - gxhat.mean(axis=1, keepdims=True, dtype=x.dtype)
-              - xhat * (gxhat * xhat).mean(axis=1, keepdims=True, dtype=x.dtype))
+    with _quiet():
+        gx = r * (gxhat - _row_mean(gxhat) - xhat * _row_mean(gxhat * xhat))
     return gx.reshape(x.shape), gw, gb
 
 
 def rms_norm(x: Array, w: Array | None, eps: float, k: int) -> tuple[Array, Array]:
     xp = array_module(x)
     rows = _rows(x, k)
-    rstd = 1 / xp.sqrt((rows * rows).mean(axis=1, keepdims=True, dtype=x.dtype) + eps)
+    with _quiet():
+        rstd = 1 / xp.sqrt(_row_mean(rows * rows) + eps)
     y = (rows * rstd).reshape(x.shape)
     if w is not None:
         y = y * w
@@ -68,12 +74,14 @@ def rms_norm(x: Array, w: Array | None, eps: float, k: int) -> tuple[Array, Arra
 
 def rms_norm_backward(grad: Array, x: Array, w: Array | None, rstd: Array, k: int,
                       need_w: bool) -> tuple[Array, Array | None]:
+    """dx = rstd · (ĝ − x̂ · mean(ĝ ∘ x̂)) with ĝ = dy ∘ w; dw = Σ dy ∘ x̂."""
     rows, g = _rows(x, k), _rows(grad, k)
     r = rstd.reshape(-1, 1)
     xhat = rows * r
     gw = (g * xhat).sum(axis=0, dtype=x.dtype).reshape(x.shape[x.ndim - k:]) if need_w else None
     gxhat = g * w.reshape(1, -1) if w is not None else g
-    gx = r * (gxhat - xhat * (gxhat * xhat).mean(axis=1, keepdims=True, dtype=x.dtype))
+    with _quiet():
+        gx = r * (gxhat - xhat * _row_mean(gxhat * xhat))
     return gx.reshape(x.shape), gw
 
 
@@ -120,9 +128,7 @@ def cross_entropy_backward(grad: Array, logits: Array, target: Array, lse: Array
         g = g - label_smoothing / c
     rows = xp.arange(n)
     g[rows, safe] -= 1 - label_smoothing
-    if reduction == "none":
-        scale = xp.where(valid, grad, 0).reshape(-1, 1)
-    elif reduction == "sum":
+    if reduction == "none" or reduction == "sum":
         scale = xp.where(valid, grad, 0).reshape(-1, 1)
     else:
         count = valid.sum()

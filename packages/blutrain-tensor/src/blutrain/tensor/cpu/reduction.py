@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import functools
+import math
+from typing import Any
 
 import numpy as np
 
@@ -23,10 +23,15 @@ def sum(a: Array, axes: tuple[int, ...] | None, keepdim: bool) -> Array:
     return _arr(xp, xp.sum(a, axis=axes, keepdims=keepdim, dtype=a.dtype))
 
 
+def _count(a: Array, axes: tuple[int, ...] | None) -> int:
+    return int(a.size) if axes is None else math.prod(a.shape[i] for i in axes)
+
+
 def mean(a: Array, axes: tuple[int, ...] | None, keepdim: bool) -> Array:
+    # sum / count rather than xp.mean: an empty reduction is 0/0 = NaN quietly, not a warning
     xp = array_module(a)
     with _quiet():
-        return _arr(xp, xp.mean(a, axis=axes, keepdims=keepdim, dtype=a.dtype))
+        return _arr(xp, xp.sum(a, axis=axes, keepdims=keepdim, dtype=a.dtype) / _count(a, axes))
 
 
 def amax(a: Array, axes: tuple[int, ...] | None, keepdim: bool) -> Array:
@@ -62,16 +67,22 @@ def argmin(a: Array, axis: int | None, keepdim: bool) -> Array:
 
 
 def var(a: Array, axes: tuple[int, ...] | None, correction: int, keepdim: bool) -> Array:
+    """Two passes (mean, then squared deviations), as xp.var, divided by max(count − correction, 0):
+    inf or NaN when nothing is left, without xp.var's warning."""
     xp = array_module(a)
+    n = _count(a, axes)
     with _quiet():
-        return _arr(xp, xp.var(a, axis=axes, ddof=correction, keepdims=keepdim, dtype=a.dtype))
+        xc = a - xp.sum(a, axis=axes, keepdims=True, dtype=a.dtype) / n
+        out = xp.sum(xc * xc, axis=axes, keepdims=keepdim, dtype=a.dtype) / max(n - correction, 0)
+    return _arr(xp, out)
 
 
 def norm(a: Array, p: float, axes: tuple[int, ...] | None, keepdim: bool) -> Array:
     xp = array_module(a)
     mag = xp.abs(a)
     if p == float("inf"):
-        out = xp.max(mag, axis=axes, keepdims=keepdim) if a.size else xp.zeros((), a.dtype)
+        # the max of no magnitudes is 0; a sum over the same axes gives that with the right shape
+        out = xp.max(mag, axis=axes, keepdims=keepdim) if a.size else xp.sum(mag, axis=axes, keepdims=keepdim)
     elif p == 2.0:
         out = xp.sqrt(xp.sum(mag * mag, axis=axes, keepdims=keepdim, dtype=a.dtype))
     elif p == 1.0:
@@ -95,22 +106,34 @@ def logsumexp(a: Array, axes: tuple[int, ...] | None, keepdim: bool) -> Array:
 
 def softmax(a: Array, axis: int) -> Array:
     xp = array_module(a)
+    if a.ndim == 0:
+        return softmax(a.reshape(1), 0).reshape(())
+    if a.size == 0:
+        return a.copy()
     with _quiet():
         e = xp.exp(a - xp.max(a, axis=axis, keepdims=True))
         return e / xp.sum(e, axis=axis, keepdims=True)
 
 
 def log_softmax(a: Array, axis: int) -> Array:
-    return a - logsumexp(a, (axis % max(a.ndim, 1),), True)
+    if a.ndim == 0:
+        return log_softmax(a.reshape(1), 0).reshape(())
+    return a - logsumexp(a, (axis % a.ndim,), True)
 
 
 def softmax_backward(grad: Array, out: Array, axis: int) -> Array:
+    """dx = y ∘ (dy − Σ dy∘y), the softmax Jacobian applied without forming it."""
     xp = array_module(out)
+    if out.ndim == 0:
+        return softmax_backward(grad.reshape(1), out.reshape(1), 0).reshape(())
     return out * (grad - xp.sum(grad * out, axis=axis, keepdims=True))
 
 
 def log_softmax_backward(grad: Array, out: Array, axis: int) -> Array:
+    """dx = dy − exp(y) Σ dy, from the saved output y = log_softmax(x)."""
     xp = array_module(out)
+    if out.ndim == 0:
+        return log_softmax_backward(grad.reshape(1), out.reshape(1), 0).reshape(())
     return grad - xp.exp(out) * xp.sum(grad, axis=axis, keepdims=True)
 
 
@@ -122,12 +145,3 @@ def all(a: Array) -> Array:
 def any(a: Array) -> Array:
     xp = array_module(a)
     return _arr(xp, xp.any(a))
-
-
-def sum_to_shape(a: Array, shape: tuple[int, ...]) -> Array:
-    """Sum a broadcast gradient back to ``shape`` (leading dims, then size-1 dims)."""
-    xp = array_module(a)
-    lead = a.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and a.shape[i + lead] != 1)
-    out = xp.sum(a, axis=axes, keepdims=True, dtype=a.dtype) if axes else a
-    return _arr(xp, out.reshape(shape))

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from blutrain.tensor import dispatch
 from blutrain.tensor.device import Device
 from blutrain.tensor.dtype import (
+    INTEGER_DTYPES,
     PROMOTION_TABLE,
     DType,
     as_dtype,
@@ -26,11 +29,13 @@ from blutrain.tensor.errors import (
     DeviceMismatchError,
     ShapeError,
     TensorTypeError,
+    TensorValueError,
 )
 from blutrain.tensor.tensor import Scalar, Tensor
 
 _grad_mode = dispatch.grad_mode
 _kernel = dispatch.kernel
+_table = dispatch.TABLE  # read directly on the hottest path; _kernel fills it on a miss
 
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})
@@ -61,12 +66,24 @@ def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...], op: str = "broadcas
     return res
 
 
+# Value range of each integer dtype: a Python int operand must fit the tensor's dtype, since the
+# array modules refuse (NumPy 2) or wrap silently otherwise.
+_INT_RANGE: dict[DType, tuple[int, int]] = {d: (int(np.iinfo(d.np).min), int(np.iinfo(d.np).max))
+                                            for d in INTEGER_DTYPES}
+
+
 def _scalar_result(t: DType, value: object, op: str) -> DType:
     """Promotion of a tensor dtype with a Python scalar: only a higher category changes it."""
     if isinstance(value, bool):
         return t
     if isinstance(value, int):
-        return int64 if t is bool_ else t
+        if t is bool_:
+            return int64
+        bounds = _INT_RANGE.get(t)
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            raise TensorValueError(f"{op}: the scalar {value} is out of range for a tensor of dtype {t.name} "
+                                   f"([{bounds[0]}, {bounds[1]}]); convert the tensor first, e.g. .long()")
+        return t
     if isinstance(value, float):
         return t if t.is_floating else get_default_dtype()
     raise TensorTypeError(f"{op}: expected a Tensor or a Python bool/int/float, got {type(value).__name__}")
@@ -85,9 +102,9 @@ def result_type(*operands: Tensor | Scalar) -> DType:
         cur = groups[g]
         groups[g] = d if cur is None else PROMOTION_TABLE[(cur, d)]
     out: DType | None = None
-    for d in groups:
-        if d is not None and (out is None or d.category > out.category):
-            out = d
+    for found in groups:
+        if found is not None and (out is None or found.category > out.category):
+            out = found
     if out is None:
         raise TensorTypeError("result_type: expected at least one operand")
     return out
@@ -115,25 +132,68 @@ def _operand(x: Tensor | Scalar, dt: DType) -> Any:
     return x
 
 
-def binary(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
-    """``a <op> b`` with broadcasting and promotion; records for autograd when needed."""
-    dt, dev = _binary_dtype(op, a, b)
-    if op == "div" or op == "pow" and isinstance(b, float):
-        if not dt.is_floating:
-            dt = get_default_dtype()
-    elif op in LOGICAL:
-        dt = bool_
-    elif op in BITWISE and dt.is_floating:
+def _special_dtype(op: str, dt: DType, b: Tensor | Scalar) -> DType:
+    """The compute dtype of the binary ops that do not simply use the promoted dtype."""
+    if op == "div":
+        return dt if dt.is_floating else get_default_dtype()
+    if op == "pow":
+        if not dt.is_floating and _negative(b):
+            raise TensorValueError(f"pow: integers to negative integer powers are not allowed (exponent "
+                                   f"{b if not isinstance(b, Tensor) else 'tensor'} for dtype {dt.name}); use a "
+                                   "floating base")
+        return dt
+    if op in LOGICAL:
+        return bool_
+    if dt.is_floating:  # bitwise
         raise TensorTypeError(f"{op}: expected integer or bool tensors, got dtype {dt.name}")
-    if isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape != b.shape:
-        broadcast_shapes(a.shape, b.shape, op)
-    out = _kernel(op, dev.type, dt)(_operand(a, dt), _operand(b, dt))
-    res = Tensor._make(out, bool_ if op in COMPARISONS else dt, dev)
-    if _grad_mode.enabled and ((isinstance(a, Tensor) and a._rg) or (isinstance(b, Tensor) and b._rg)):
+    return dt
+
+
+def _negative(b: Tensor | Scalar) -> bool:
+    if isinstance(b, Tensor):  # a host-side check only where reading the values is free
+        return b.device.type == "cpu" and b.numel() > 0 and bool((b._data < 0).any())
+    return isinstance(b, int) and b < 0
+
+
+_SPECIAL = frozenset({"div", "pow", *LOGICAL, *BITWISE})
+
+
+def binary(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """``a <op> b`` with broadcasting and promotion; records for autograd when needed.
+
+    This is the hot path of ``a + b``: one promotion, one dict lookup for the kernel, one call.
+    """
+    dt, dev = _binary_dtype(op, a, b)
+    if op in _SPECIAL:
+        dt = _special_dtype(op, dt, b)
+    needs_grad = False
+    if isinstance(a, Tensor):
+        xa = a._data if a.dtype is dt else a._data.astype(dt.np)
+        needs_grad = a._rg
+    else:
+        xa = a
+    if isinstance(b, Tensor):
+        xb = b._data if b.dtype is dt else b._data.astype(dt.np)
+        needs_grad = needs_grad or b._rg
+        if isinstance(a, Tensor) and xa.shape != xb.shape:
+            broadcast_shapes(xa.shape, xb.shape, op)
+    else:
+        xb = b
+    fn = _table.get((op, dev.type, dt))
+    if fn is None:
+        fn = _kernel(op, dev.type, dt)
+    res = Tensor._make(fn(xa, xb), bool_ if op in COMPARISONS else dt, dev)
+    if needs_grad and _grad_mode.enabled and op not in COMPARISONS:
         rec = dispatch.recorder
-        if rec is not None and op not in COMPARISONS:
+        if rec is not None:
             rec(op, (a, b), res, {})
     return res
+
+
+def bitwise(kind: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """``&``, ``|``, ``^``: the logical op when the operands promote to bool, else the bitwise one."""
+    dt, _ = _binary_dtype(kind, a, b)
+    return binary(("logical_" if dt is bool_ else "bitwise_") + kind, a, b)
 
 
 def unary(op: str, x: Tensor, *args: Any) -> Tensor:
@@ -147,8 +207,10 @@ def unary(op: str, x: Tensor, *args: Any) -> Tensor:
         data = data.astype(dt.np)
     elif op == "logical_not" and dt is not bool_:
         dt, data = bool_, data.astype(bool)
-    out = _kernel(op, x.device.type, dt)(data, *args)
-    res = Tensor._make(out, dt, x.device)
+    fn = _table.get((op, x.device.type, dt))
+    if fn is None:
+        fn = _kernel(op, x.device.type, dt)
+    res = Tensor._make(fn(data, *args), dt, x.device)
     if x._rg and _grad_mode.enabled:
         rec = dispatch.recorder
         if rec is not None:
@@ -157,14 +219,30 @@ def unary(op: str, x: Tensor, *args: Any) -> Tensor:
 
 
 def _check_inplace(op: str, target: Tensor, *others: Any) -> None:
+    """Autograd records no in-place op: one on a tensor in a graph (or fed from one) is refused while
+    grad mode is on, with the two ways out. ``op`` is the user-facing name (``add_``, ``setitem``)."""
     if _grad_mode.enabled and (target._rg or any(isinstance(o, Tensor) and o._rg for o in others)):
-        kind = "a leaf tensor that requires grad" if target.grad_fn is None and target._rg else "a graph"
+        if not target._rg:
+            kind = "a tensor that does not require grad, from one that does"
+        elif target.grad_fn is None:
+            kind = "a leaf tensor that requires grad"
+        else:
+            kind = "a tensor that is part of an autograd graph"
         raise AutogradError(
-            f"{op}_: in-place ops on {kind} are not supported while grad mode is on; use the "
-            f"out-of-place {op}() or wrap the update in blutrain.autograd.no_grad()")
+            f"{op}: in-place ops on {kind} are not recorded by autograd; use the out-of-place form, or wrap "
+            "the update in blutrain.autograd.no_grad()")
 
 
-def _write(target: Tensor, value: Any) -> Tensor:
+def check_writable(op: str, target: Tensor) -> None:
+    """In-place writes need memory of their own: an expanded view repeats one element many times."""
+    if not target._data.flags.writeable:
+        raise TensorValueError(
+            f"{op}: the target of shape {list(target.shape)} and strides {list(target.stride())} cannot be "  # type: ignore[arg-type]
+            "written in place (an expanded view, or a read-only array); clone() it first")
+
+
+def _write(op: str, target: Tensor, value: Any) -> Tensor:
+    check_writable(op, target)
     target._data[...] = value
     target._storage.version += 1
     return target
@@ -172,7 +250,7 @@ def _write(target: Tensor, value: Any) -> Tensor:
 
 def inplace(op: str, target: Tensor, other: Tensor | Scalar) -> Tensor:
     """``target <op>= other``: computes in the promoted dtype, writes back, bumps the version."""
-    _check_inplace(op, target, other)
+    _check_inplace(op + "_", target, other)
     dt, dev = _binary_dtype(op, target, other)
     if op == "div" and not dt.is_floating:
         dt = get_default_dtype()
@@ -184,31 +262,37 @@ def inplace(op: str, target: Tensor, other: Tensor | Scalar) -> Tensor:
         if shape != target.shape:
             raise ShapeError(f"{op}_: the result shape {list(shape)} does not fit the target's shape "
                              f"{list(target.shape)}")
+    check_writable(op + "_", target)
     out = _kernel(op, dev.type, dt)(_operand(target, dt), _operand(other, dt))
-    return _write(target, out)
+    return _write(op + "_", target, out)
 
 
-def assign(target: Tensor, src: Tensor) -> Tensor:
+def assign(target: Tensor, src: Tensor, op: str = "copy_") -> Tensor:
     """``target.copy_(src)``: broadcasting, casting and moving between devices as needed."""
     if not isinstance(src, Tensor):
-        raise TensorTypeError(f"copy_: src must be a Tensor, got {type(src).__name__}")
-    _check_inplace("copy", target, src)
+        raise TensorTypeError(f"{op}: src must be a Tensor, got {type(src).__name__}")
+    _check_inplace(op, target, src)
     if src.device is not target.device:
         src = to_device(src.detach(), target.device)
     if src.shape != target.shape:
-        shape = broadcast_shapes(target.shape, src.shape, "copy_")
+        shape = broadcast_shapes(target.shape, src.shape, op)
         if shape != target.shape:
-            raise ShapeError(f"copy_: src of shape {list(src.shape)} does not broadcast to {list(target.shape)}")
-    return _write(target, src._data if src.dtype is target.dtype else src._data.astype(target.dtype.np))
+            raise ShapeError(f"{op}: src of shape {list(src.shape)} does not broadcast to {list(target.shape)}")
+    return _write(op, target, src._data if src.dtype is target.dtype else src._data.astype(target.dtype.np))
 
 
-def fill_(target: Tensor, value: Scalar | Tensor) -> Tensor:
-    _check_inplace("fill", target, value)
+def fill_(target: Tensor, value: Scalar | Tensor, op: str = "fill_") -> Tensor:
+    _check_inplace(op, target, value)
     if isinstance(value, Tensor):
         if value.numel() != 1:
-            raise ShapeError(f"fill_: value must have one element, got shape {list(value.shape)}")
+            raise ShapeError(f"{op}: value must have one element, got shape {list(value.shape)}")
         value = value.item()
-    return _write(target, value)
+    if not isinstance(value, (bool, int, float)):
+        raise TensorTypeError(f"{op}: value must be a Python scalar or a one-element Tensor, got "
+                              f"{type(value).__name__}")
+    if isinstance(value, float) and not target.dtype.is_floating:
+        raise TensorTypeError(f"{op}: cannot write the float {value} into a tensor of dtype {target.dtype.name}")
+    return _write(op, target, value)
 
 
 def copy(x: Tensor) -> Tensor:
@@ -242,7 +326,10 @@ def where(condition: Tensor, input: Tensor | Scalar, other: Tensor | Scalar) -> 
     if not isinstance(condition, Tensor) or condition.dtype is not bool_:
         got = condition.dtype.name if isinstance(condition, Tensor) else type(condition).__name__
         raise TensorTypeError(f"where: condition must be a bool Tensor, got {got}")
-    dt, dev = _binary_dtype("where", input, other)
+    if isinstance(input, Tensor) or isinstance(other, Tensor):
+        dt, dev = _binary_dtype("where", input, other)
+    else:
+        dt, dev = result_type(input, other), condition.device
     if condition.device is not dev:
         raise DeviceMismatchError(f"where: condition is on {condition.device}, values on {dev}")
     shapes = [condition.shape] + [o.shape for o in (input, other) if isinstance(o, Tensor)]
@@ -251,26 +338,32 @@ def where(condition: Tensor, input: Tensor | Scalar, other: Tensor | Scalar) -> 
         shape = broadcast_shapes(shape, s, "where")
     out = _kernel("where", dev.type, dt)(condition._data, _operand(input, dt), _operand(other, dt))
     res = Tensor._make(out, dt, dev)
-    if _grad_mode.enabled and any(isinstance(o, Tensor) and o._rg for o in (input, other)):
-        if dispatch.recorder is not None:
-            dispatch.recorder("where", (input, other), res, {"condition": condition})
+    if (_grad_mode.enabled and dispatch.recorder is not None
+            and any(isinstance(o, Tensor) and o._rg for o in (input, other))):
+        dispatch.recorder("where", (input, other), res, {"condition": condition})
     return res
 
 
-def masked_fill(x: Tensor, mask: Tensor, value: Scalar) -> Tensor:
-    """``x`` with ``value`` where ``mask`` is True (mask broadcasts to x)."""
+def masked_fill(x: Tensor, mask: Tensor, value: Scalar | Tensor) -> Tensor:
+    """``x`` with ``value`` where ``mask`` is True (mask broadcasts to x); the dtype stays x's."""
+    if not isinstance(x, Tensor):
+        raise TensorTypeError(f"masked_fill: input must be a Tensor, got {type(x).__name__}")
     if not isinstance(mask, Tensor) or mask.dtype is not bool_:
         raise TensorTypeError(f"masked_fill: mask must be a bool Tensor, got {getattr(mask, 'dtype', type(mask))}")
+    if mask.device is not x.device:
+        raise DeviceMismatchError(f"masked_fill: mask is on {mask.device}, input on {x.device}")
     if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ShapeError(f"masked_fill: value must be a scalar or a one-element tensor, got shape "
+                             f"{list(value.shape)}")
         value = value.item()
+    if isinstance(value, float) and not x.dtype.is_floating:
+        raise TensorTypeError(f"masked_fill: cannot fill a tensor of dtype {x.dtype.name} with the float {value}")
     if broadcast_shapes(x.shape, mask.shape, "masked_fill") != x.shape:
         raise ShapeError(f"masked_fill: mask of shape {list(mask.shape)} does not broadcast to {list(x.shape)}")
-    return where(mask, value, x) if not x._rg else _masked_fill_graph(x, mask, value)
-
-
-def _masked_fill_graph(x: Tensor, mask: Tensor, value: Scalar) -> Tensor:
-    out = Tensor._make(_kernel("where", x.device.type, x.dtype)(mask._data, value, x._data), x.dtype, x.device)
-    if _grad_mode.enabled and dispatch.recorder is not None:
+    fill = x._data.dtype.type(value)  # a value of x's dtype: the result keeps x's dtype
+    out = Tensor._make(_kernel("where", x.device.type, x.dtype)(mask._data, fill, x._data), x.dtype, x.device)
+    if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("where", (value, x), out, {"condition": mask})
     return out
 

@@ -39,6 +39,9 @@ def full(size: Any, fill_value: Scalar, *, dtype: DType | str | None = None, dev
     shape = _shape_arg((size,) if isinstance(size, int) else tuple(size))
     if any(s < 0 for s in shape):
         raise TensorValueError(f"full: sizes must be non-negative, got {list(shape)}")
+    if not isinstance(fill_value, (bool, int, float)):
+        raise TensorTypeError(f"full: fill_value must be a Python bool, int or float, got "
+                              f"{type(fill_value).__name__}")
     if dtype is None and isinstance(fill_value, bool):
         dtype = "bool"
     elif dtype is None and isinstance(fill_value, int):
@@ -87,7 +90,8 @@ def linspace(start: float, end: float, steps: int, *, dtype: DType | str | None 
     return _finish(Tensor._make(_kernel("linspace", dev.type, dt)(start, end, steps, dt.np), dt, dev), requires_grad)
 
 
-def eye(n: int, m: int | None = None, *, dtype: DType | str | None = None, device: str | Device | None = None) -> Tensor:
+def eye(n: int, m: int | None = None, *, dtype: DType | str | None = None,
+        device: str | Device | None = None) -> Tensor:
     dt, dev = _resolve(dtype, device)
     return Tensor._make(_kernel("eye", dev.type, dt)(n, n if m is None else m, dt.np), dt, dev)
 
@@ -171,9 +175,10 @@ def manual_seed(seed: int) -> None:
 
 
 def uniform_(x: Tensor, a: float, b: float) -> Tensor:
-    from blutrain.tensor.ops.elementwise import _check_inplace
+    from blutrain.tensor.ops.elementwise import _check_inplace, check_writable
 
-    _check_inplace("uniform", x)
+    _check_inplace("uniform_", x)
+    check_writable("uniform_", x)
     sample = x.device.backend.generator(x.device.index).uniform(x.shape, x.dtype)
     x._data[...] = sample * (b - a) + a
     x._storage.version += 1
@@ -181,9 +186,10 @@ def uniform_(x: Tensor, a: float, b: float) -> Tensor:
 
 
 def normal_(x: Tensor, mean: float, std: float) -> Tensor:
-    from blutrain.tensor.ops.elementwise import _check_inplace
+    from blutrain.tensor.ops.elementwise import _check_inplace, check_writable
 
-    _check_inplace("normal", x)
+    _check_inplace("normal_", x)
+    check_writable("normal_", x)
     sample = x.device.backend.generator(x.device.index).normal(x.shape, x.dtype)
     x._data[...] = sample * std + mean
     x._storage.version += 1

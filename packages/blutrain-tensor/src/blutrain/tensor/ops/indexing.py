@@ -15,6 +15,7 @@ from blutrain.tensor.dtype import bool_, int64
 from blutrain.tensor.errors import (
     DeviceMismatchError,
     ShapeError,
+    TensorIndexError,
     TensorTypeError,
     TensorValueError,
 )
@@ -63,35 +64,48 @@ def _parse_key(x: Tensor, key: Any) -> tuple[tuple[Any, ...], bool]:
     return tuple(out), advanced
 
 
+def _is_mask(item: Any) -> bool:
+    return hasattr(item, "dtype") and item.dtype.kind == "b"
+
+
 def _check_int_ranges(x: Tensor, items: list[Any]) -> None:
+    """Integer indices in range, masks of the shape they cover: checked here so that the error names
+    the dim and sizes instead of coming from the array module."""
     dim = 0
     for pos, item in enumerate(items):
         if item is Ellipsis:
-            rest = sum(1 for i in items[pos + 1:] if i is not None)
+            rest = sum(other.ndim if _is_mask(other) else 1 for other in items[pos + 1:] if other is not None)
             dim = x.ndim - rest
             continue
         if item is None:
             continue
         if isinstance(item, int) and not isinstance(item, bool):
             if dim >= x.ndim:
-                raise IndexError(f"index: too many indices for a tensor of shape {list(x.shape)}")
+                raise TensorIndexError(f"index: too many indices for a tensor of shape {list(x.shape)}")
             size = x.shape[dim]
             if not -size <= item < size:
-                raise IndexError(f"index {item} is out of range for dim {dim} of size {size}")
-        elif hasattr(item, "dtype") and item.dtype != bool and item.size and x.device.type == "cpu":
+                raise TensorIndexError(f"index {item} is out of range for dim {dim} of size {size}")
+        elif _is_mask(item):
+            covered = x.shape[dim:dim + item.ndim]
+            if tuple(item.shape) != covered:
+                raise ShapeError(f"index: a bool mask of shape {list(item.shape)} must match the dims it indexes, "
+                                 f"{list(covered)} (dims {dim}..{dim + item.ndim - 1} of shape {list(x.shape)})")
+        elif hasattr(item, "dtype") and item.size and x.device.type == "cpu":
             size = x.shape[dim] if dim < x.ndim else 0
             lo, hi = int(item.min()), int(item.max())
             if lo < -size or hi >= size:
                 bad = hi if hi >= size else lo
-                raise IndexError(f"index {bad} is out of range for dim {dim} of size {size}")
-        dim += item.ndim if hasattr(item, "ndim") and getattr(item, "dtype", None) == bool else 1
+                raise TensorIndexError(f"index {bad} is out of range for dim {dim} of size {size}")
+        dim += item.ndim if _is_mask(item) else 1  # a mask spans its dims
     if dim > x.ndim:
-        raise IndexError(f"index: too many indices for a tensor of shape {list(x.shape)}")
+        raise TensorIndexError(f"index: too many indices for a tensor of shape {list(x.shape)}")
 
 
 def getitem(x: Tensor, key: Any) -> Tensor:
     items, advanced = _parse_key(x, key)
     if not advanced:
+        if Ellipsis not in items:
+            items += (Ellipsis,)  # NumPy returns a scalar copy, not a 0-d view, for a full integer key
         return x._view_op("slice", x._data[items], {"shape": x.shape, "key": items})
     out = Tensor._make(_kernel("index", x.device.type, x.dtype)(x._data, items), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
@@ -101,7 +115,8 @@ def getitem(x: Tensor, key: Any) -> Tensor:
 
 def setitem(x: Tensor, key: Any, value: Tensor | Scalar) -> None:
     """``x[key] = value`` in place (bumps the version counter)."""
-    ew._check_inplace("setitem", x, value)
+    ew._check_inplace("setitem (x[key] = value)", x, value)
+    ew.check_writable("setitem (x[key] = value)", x)
     items, _ = _parse_key(x, key)
     if isinstance(value, Tensor):
         if value.device is not x.device:
@@ -121,7 +136,12 @@ def setitem(x: Tensor, key: Any, value: Tensor | Scalar) -> None:
 
 def index_put_(x: Tensor, indices: tuple[Tensor, ...], values: Tensor, accumulate: bool = False) -> Tensor:
     """``x[indices] = values`` (or ``+=`` with accumulate, summing repeated indices)."""
-    ew._check_inplace("index_put", x, values)
+    ew._check_inplace("index_put_", x, values)
+    ew.check_writable("index_put_", x)
+    if not isinstance(values, Tensor):
+        raise TensorTypeError(f"index_put_: values must be a Tensor, got {type(values).__name__}")
+    if values.device is not x.device:
+        raise DeviceMismatchError(f"index_put_: values are on {values.device}, target on {x.device}")
     items, _ = _parse_key(x, tuple(indices))
     _kernel("index_put", x.device.type, x.dtype)(x._data, items, values._data.astype(x.dtype.np), accumulate)
     x._storage.version += 1
@@ -140,7 +160,8 @@ def _check_bounds(op: str, index: Tensor, size: int, dim: int) -> None:
     if index.numel() and index.device.type == "cpu":
         lo, hi = int(index._data.min()), int(index._data.max())
         if lo < 0 or hi >= size:
-            raise IndexError(f"{op}: index {hi if hi >= size else lo} is out of range for dim {dim} of size {size}")
+            bad = hi if hi >= size else lo
+            raise TensorIndexError(f"{op}: index {bad} is out of range for dim {dim} of size {size}")
 
 
 def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:

@@ -64,7 +64,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     out_data = _kernel("linear", x.device.type, x.dtype)(x._data, weight._data,
                                                           None if bias is None else bias._data)
     out = Tensor._make(out_data, x.dtype, x.device)
-    if _grad_mode.enabled and (x._rg or weight._rg or (bias is not None and bias._rg)):
-        if dispatch.recorder is not None:
-            dispatch.recorder("linear", (x, weight, bias), out, {})
+    needs_grad = x._rg or weight._rg or (bias is not None and bias._rg)
+    if needs_grad and _grad_mode.enabled and dispatch.recorder is not None:
+        dispatch.recorder("linear", (x, weight, bias), out, {})
     return out

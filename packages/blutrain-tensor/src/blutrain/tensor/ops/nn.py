@@ -12,10 +12,11 @@ from typing import Any
 
 from blutrain.tensor import dispatch
 from blutrain.tensor.backend import Generator
-from blutrain.tensor.dtype import bool_
+from blutrain.tensor.dtype import bool_, from_numpy_dtype
 from blutrain.tensor.errors import (
     DeviceMismatchError,
     ShapeError,
+    TensorIndexError,
     TensorTypeError,
     TensorValueError,
 )
@@ -43,6 +44,12 @@ def _same(op: str, x: Tensor, name: str, other: Tensor | None, shape: tuple[int,
         raise ShapeError(f"{op}: {name} must have shape {list(shape)}, got {list(other.shape)}")
 
 
+def _statistic(data: Any, like: Tensor) -> Tensor:
+    """Wrap a per-row statistic a forward kernel returned for backward; its dtype is the kernel's
+    choice (float32 for half inputs, as PyTorch keeps them)."""
+    return Tensor._make(data, from_numpy_dtype(data.dtype), like.device)
+
+
 def _floating(op: str, x: Tensor, name: str = "input") -> None:
     if not isinstance(x, Tensor):
         raise TensorTypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
@@ -65,7 +72,7 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor 
         x._data, None if weight is None else weight._data, None if bias is None else bias._data, eps, k)
     res = Tensor._make(out, x.dtype, x.device)
     if _needs_grad(x, weight, bias):
-        m, r = Tensor._make(mean, x.dtype, x.device), Tensor._make(rstd, x.dtype, x.device)
+        m, r = _statistic(mean, x), _statistic(rstd, x)
         dispatch.recorder("layer_norm", (x, weight, bias), res, {"mean": m, "rstd": r, "k": k})  # type: ignore[misc]
     return res
 
@@ -88,7 +95,7 @@ def rms_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | 
         x._data, None if weight is None else weight._data, eps, k)
     res = Tensor._make(out, x.dtype, x.device)
     if _needs_grad(x, weight):
-        r = Tensor._make(rstd, x.dtype, x.device)
+        r = _statistic(rstd, x)
         dispatch.recorder("rms_norm", (x, weight), res, {"rstd": r, "k": k})  # type: ignore[misc]
     return res
 
@@ -138,11 +145,12 @@ def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, re
                               f"{getattr(target, 'dtype', type(target).__name__)}")
     if target.device is not input.device:
         raise DeviceMismatchError(f"cross_entropy: target is on {target.device}, input on {input.device}")
+    extra: tuple[int, ...] = ()
     if input.ndim == 1:
-        logits, tgt, extra = input.unsqueeze(0), target.reshape(1), ()
+        logits, tgt = input.unsqueeze(0), target.reshape(1)
     else:
         extra = input.shape[2:]
-        if target.shape != (input.shape[0],) + extra:
+        if target.shape != (input.shape[0], *extra):
             raise ShapeError(f"cross_entropy: target shape {list(target.shape)} does not match input "
                              f"{list(input.shape)} (expected {[input.shape[0], *extra]})")
         logits = input.movedim(1, -1).reshape(-1, input.shape[1]) if extra else input
@@ -152,19 +160,19 @@ def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, re
         t = tgt._data
         bad = t[(t != ignore_index) & ((t < 0) | (t >= num_classes))]
         if bad.size:
-            raise IndexError(f"cross_entropy: target {int(bad[0])} is out of range for {num_classes} classes")
+            raise TensorIndexError(f"cross_entropy: target {int(bad[0])} is out of range for {num_classes} classes")
     loss, lse = _kernel("cross_entropy", input.device.type, input.dtype)(
         logits._data, tgt._data, ignore_index, float(label_smoothing), reduction)
     res = Tensor._make(loss, input.dtype, input.device)
     if _needs_grad(logits):
         dispatch.recorder("cross_entropy", (logits,), res, {  # type: ignore[misc]
-            "target": tgt, "lse": Tensor._make(lse, input.dtype, input.device), "ignore_index": ignore_index,
+            "target": tgt, "lse": _statistic(lse, input), "ignore_index": ignore_index,
             "label_smoothing": float(label_smoothing), "reduction": reduction})
     if reduction == "none":
         if input.ndim == 1:
             return res.reshape(())
         if extra:
-            return res.reshape((input.shape[0],) + extra)
+            return res.reshape((input.shape[0], *extra))
     return res
 
 
@@ -197,7 +205,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             raise TensorTypeError("scaled_dot_product_attention: attn_mask must be a Tensor on the query's device")
         from blutrain.tensor.ops.elementwise import broadcast_shapes
 
-        scores_shape = query.shape[:-1] + (key.shape[-2],)
+        scores_shape = (*query.shape[:-1], key.shape[-2])
         if broadcast_shapes(scores_shape, attn_mask.shape, "scaled_dot_product_attention") != scores_shape:
             raise ShapeError(f"scaled_dot_product_attention: attn_mask {list(attn_mask.shape)} does not broadcast "
                              f"to the scores' shape {list(scores_shape)}")
@@ -208,6 +216,6 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     res = Tensor._make(out, query.dtype, query.device)
     if _needs_grad(query, key, value):
         dispatch.recorder("sdpa", (query, key, value), res, {  # type: ignore[misc]
-            "lse": Tensor._make(lse, query.dtype, query.device), "mask": mask_data, "causal": bool(is_causal),
+            "lse": _statistic(lse, query), "mask": mask_data, "causal": bool(is_causal),
             "scale": sc})
     return res

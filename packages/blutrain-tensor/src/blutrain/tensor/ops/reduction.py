@@ -71,7 +71,7 @@ def mean(x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = Fals
 
 def _extreme(op: str, x: Tensor, dim: int | Sequence[int] | None, keepdim: bool) -> Tensor:
     dims = normalize_dims(dim, x.ndim, op)
-    if x.numel() == 0 and (dims is None or any(x.shape[d] == 0 for d in dims)):
+    if x.numel() == 0 and (dims is None or builtins.any(x.shape[d] == 0 for d in dims)):
         raise TensorValueError(f"{op}: cannot reduce an empty dimension of a tensor of shape {list(x.shape)}")
     out = Tensor._make(_kernel(op, x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
     return _record(op, x, out, {"dims": dims, "keepdim": keepdim})
@@ -122,8 +122,9 @@ def _arg(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
     if dim is not None:
         dims = normalize_dims(dim, x.ndim, op)
         axis = dims[0] if dims else None
-    if x.numel() == 0:
-        raise TensorValueError(f"{op}: cannot reduce an empty tensor of shape {list(x.shape)}")
+    if (x.numel() == 0 and axis is None) or (axis is not None and x.shape[axis] == 0):
+        raise TensorValueError(f"{op}: cannot reduce an empty {'tensor' if axis is None else f'dim {dim}'} of "
+                               f"shape {list(x.shape)}")
     return Tensor._make(_kernel(op, x.device.type, x.dtype)(x._data, axis, keepdim), int64, x.device)
 
 
