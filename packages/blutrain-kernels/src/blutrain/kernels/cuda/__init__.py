@@ -1,0 +1,727 @@
+"""BluTrain's hand-written CUDA kernels, compiled at first use by NVRTC through CuPy.
+
+One ``.cu`` file per kernel family sits beside this module; each starts with what it computes, its
+launch shape and its bytes/FLOPs. ``common.cuh`` is pasted into each source before compilation
+(rather than found through ``-I``) so that CuPy's on-disk cache, keyed on the source text, sees a
+change to the shared header too.
+
+Each public function takes and returns CuPy arrays with the argument order of the op kernel it
+implements (see ``blutrain.tensor.ops``), so a device plugin can register it directly. Per-row
+statistics that only backward reads (LayerNorm's mean and rstd, the log-sum-exp of cross-entropy
+and attention) are float32 whatever the input dtype, as PyTorch keeps them. A function
+returns ``None`` when a call is outside what its kernel covers (a dtype other than float32 and
+bfloat16, a mask given to attention, an unsupported head dim, an empty tensor): the caller then
+runs the generic kernel. :data:`KERNELS` lists them by op name.
+
+Importing this module does not import CuPy; nothing here runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from blutrain.tensor.errors import ShapeError, TensorTypeError
+
+Array = Any
+_DIR = Path(__file__).parent
+FAMILIES = ("adamw", "attention", "cross_entropy", "embedding", "gelu", "layernorm", "philox", "reduce", "softmax")
+_OPTIONS = ("-std=c++17",)
+_DEFAULT_SMEM = 48 * 1024
+
+_modules: dict[tuple[int, str], Any] = {}
+_functions: dict[tuple[int, str, str], Any] = {}
+_smem_set: dict[tuple[int, str, str], int] = {}
+_sm_count: dict[int, int] = {}
+_deterministic = True
+
+
+def _cp() -> Any:
+    import cupy
+
+    return cupy
+
+
+def source(family: str) -> str:
+    """The CUDA source of one kernel family, with ``common.cuh`` pasted in."""
+    if family not in FAMILIES:
+        raise KeyError(f"no CUDA kernel family {family!r}; families: {', '.join(FAMILIES)}")
+    code = (_DIR / f"{family}.cu").read_text()
+    return code.replace('#include "common.cuh"', (_DIR / "common.cuh").read_text())
+
+
+def module(family: str) -> Any:
+    """The compiled ``cupy.RawModule`` of ``family`` for the current device (compiled once)."""
+    cp = _cp()
+    key = (cp.cuda.Device().id, family)
+    mod = _modules.get(key)
+    if mod is None:
+        mod = cp.RawModule(code=source(family), options=_OPTIONS)
+        _modules[key] = mod
+    return mod
+
+
+def function(family: str, name: str) -> Any:
+    """One kernel (``cupy.RawKernel``) of a family, for the current device."""
+    dev = _cp().cuda.Device().id
+    key = (dev, family, name)
+    fn = _functions.get(key)
+    if fn is None:
+        fn = module(family).get_function(name)
+        _functions[key] = fn
+    return fn
+
+
+def _launch(family: str, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
+            smem: int = 0) -> None:
+    fn = function(family, name)
+    if smem > _DEFAULT_SMEM:
+        key = (_cp().cuda.Device().id, family, name)
+        if _smem_set.get(key, 0) < smem:
+            fn.max_dynamic_shared_size_bytes = smem  # opt in beyond 48 KB (cudaFuncSetAttribute)
+            _smem_set[key] = smem
+    fn(grid, block, args, shared_mem=smem)
+
+
+def sm_count() -> int:
+    """Multiprocessors of the current device."""
+    cp = _cp()
+    dev = cp.cuda.Device()
+    n = _sm_count.get(dev.id)
+    if n is None:
+        n = int(dev.attributes["MultiProcessorCount"])
+        _sm_count[dev.id] = n
+    return n
+
+
+def set_deterministic(enabled: bool) -> None:
+    """Choose the embedding backward: deterministic (sorted segments, the default) or atomics (faster)."""
+    global _deterministic
+    _deterministic = bool(enabled)
+
+
+def is_deterministic() -> bool:
+    return _deterministic
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+_NULL = np.uint64(0)
+
+
+def _suffix(dtype: Any) -> str | None:
+    dt = np.dtype(dtype)
+    if dt == np.float32:
+        return "f32"
+    if dt.name == "bfloat16":
+        return "bf16"
+    return None
+
+
+def _vec(suffix: str) -> int:
+    return 4 if suffix == "f32" else 8
+
+
+def _aligned(*arrays: Array | None) -> bool:
+    return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+
+
+def _variant(suffix: str, inner: int, *arrays: Array | None) -> tuple[str, int]:
+    """The kernel name suffix and vector width: 16-byte accesses when every row starts aligned."""
+    vec = _vec(suffix)
+    if inner % vec == 0 and _aligned(*arrays):
+        return f"{suffix}_v{vec}", vec
+    return f"{suffix}_v1", 1
+
+
+def _row_threads(nvec: int, hi: int = 512) -> int:
+    """Threads for one block per row: about four vectors per thread, a power of two in [32, hi]."""
+    t = 32
+    while t < hi and t * 4 < nvec:
+        t *= 2
+    return t
+
+
+def _ptr(a: Array | None) -> Any:
+    return _NULL if a is None else a
+
+
+def _contig(a: Array | None) -> Array | None:
+    return None if a is None else _cp().ascontiguousarray(a)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+# ---------------------------------------------------------------------------------------------- LayerNorm
+
+
+def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int) -> tuple[Array, Array, Array] | None:
+    """(y, mean, rstd) of LayerNorm over the trailing ``k`` dims; mean and rstd in float32."""
+    suffix = _suffix(x.dtype)
+    C = _numel(x.shape[x.ndim - k:])
+    N = x.size // C if C else 0
+    if suffix is None or N == 0 or C == 0 or C >= 2**31:
+        return None
+    cp = _cp()
+    xc = _contig(x)
+    wc, bc = _contig(w), _contig(b)
+    y = cp.empty(x.shape, x.dtype)
+    lead = x.shape[: x.ndim - k]
+    mean = cp.empty(lead, np.float32)
+    rstd = cp.empty(lead, np.float32)
+    name, vec = _variant(suffix, C, xc, wc, bc, y)
+    _launch("layernorm", f"layernorm_fwd_{name}", (N,), (_row_threads(C // vec),),
+            (xc, _ptr(wc), _ptr(bc), y, mean, rstd, np.int32(C), np.float32(eps)))
+    return y, mean, rstd
+
+
+def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rstd: Array, k: int, need_w: bool,
+                        need_b: bool) -> tuple[Array, Array | None, Array | None] | None:
+    """(dx, dweight, dbias); dweight/dbias are None unless asked for."""
+    suffix = _suffix(x.dtype)
+    C = _numel(x.shape[x.ndim - k:])
+    N = x.size // C if C else 0
+    if suffix is None or N == 0 or C == 0 or C >= 2**31:
+        return None
+    accumulate = need_w or need_b
+    smem = (72 + 2 * C) * 4 if accumulate else 72 * 4
+    if smem > 227 * 1024:
+        return None
+    cp = _cp()
+    gc, xc, wc = _contig(grad), _contig(x), _contig(w)
+    mc, rc = (cp.ascontiguousarray(s, dtype=np.float32) for s in (mean, rstd))
+    dx = cp.empty(x.shape, x.dtype)
+    name, vec = _variant(suffix, C, gc, xc, wc, dx)
+    threads = _row_threads(C // vec, hi=1024)
+    G = min(N, 4 * sm_count())
+    partial = cp.empty((2, G, C), np.float32) if accumulate else None
+    _launch("layernorm", f"layernorm_bwd_{name}", (G,), (threads,),
+            (gc, xc, _ptr(wc), mc, rc, dx, _ptr(partial), np.int32(N), np.int32(C), np.int32(accumulate)), smem)
+    ns = x.shape[x.ndim - k:]
+    dw = cp.empty(ns, x.dtype) if need_w else None
+    db = cp.empty(ns, x.dtype) if need_b else None
+    if accumulate:
+        _launch("layernorm", f"layernorm_bwd_reduce_{suffix}", ((2 * C + 255) // 256,), (256,),
+                (partial, _ptr(dw), _ptr(db), np.int32(G), np.int32(C)))
+    return dx, dw, db
+
+
+# ---------------------------------------------------------------------------------------------- GELU
+
+
+def _elementwise_grid(nv: int) -> tuple[int]:
+    return (max(1, min((nv + 255) // 256, 16 * sm_count())),)
+
+
+def gelu(a: Array, approximate: str = "none") -> Array | None:
+    suffix = _suffix(a.dtype)
+    if suffix is None or a.size == 0 or approximate not in ("none", "tanh"):
+        return None
+    cp = _cp()
+    ac = _contig(a)
+    y = cp.empty(a.shape, a.dtype)
+    name, vec = _variant(suffix, _vec(suffix), ac, y)
+    _launch("gelu", f"gelu_fwd_{name}", _elementwise_grid(a.size // vec), (256,),
+            (ac, y, np.int64(a.size), np.int32(approximate == "tanh")))
+    return y
+
+
+def gelu_backward(grad: Array, a: Array, approximate: str = "none") -> Array | None:
+    suffix = _suffix(a.dtype)
+    if suffix is None or a.size == 0 or approximate not in ("none", "tanh") or grad.shape != a.shape:
+        return None
+    cp = _cp()
+    gc, ac = _contig(grad), _contig(a)
+    dx = cp.empty(a.shape, a.dtype)
+    name, vec = _variant(suffix, _vec(suffix), gc, ac, dx)
+    _launch("gelu", f"gelu_bwd_{name}", _elementwise_grid(a.size // vec), (256,),
+            (gc, ac, dx, np.int64(a.size), np.int32(approximate == "tanh")))
+    return dx
+
+
+# ---------------------------------------------------------------------------------------------- cross-entropy
+
+_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
+
+
+def _ce_checks(logits: Array, target: Array, reduction: str) -> tuple[str, int, int] | None:
+    suffix = _suffix(logits.dtype)
+    if suffix is None or logits.ndim != 2 or reduction not in _REDUCTIONS:
+        return None
+    N, C = int(logits.shape[0]), int(logits.shape[1])
+    if N == 0 or C == 0 or C >= 2**31 or target.shape != (N,):
+        return None
+    return suffix, N, C
+
+
+def _ce_forward(logits: Array, target: Array, ignore_index: int, label_smoothing: float, reduction: str,
+                with_grad: bool) -> tuple[Array, Array, Array | None] | None:
+    checked = _ce_checks(logits, target, reduction)
+    if checked is None:
+        return None
+    suffix, N, C = checked
+    cp = _cp()
+    lc = _contig(logits)
+    tc = cp.ascontiguousarray(target, dtype=np.int64)
+    loss_rows = cp.empty((N,), np.float32)
+    lse = cp.empty((N,), np.float32)
+    dlogits = cp.empty((N, C), logits.dtype) if with_grad else None
+    count = cp.count_nonzero(tc != ignore_index).astype(np.int64) if with_grad and reduction == "mean" else None
+    name, vec = _variant(suffix, C, lc, dlogits)
+    _launch("cross_entropy", f"ce_fwd_{name}", (N,), (_row_threads(C // vec),),
+            (lc, tc, np.int32(C), np.int64(ignore_index), np.float32(label_smoothing), loss_rows, lse,
+             _ptr(dlogits), _ptr(count)))
+    if reduction == "none":
+        loss = loss_rows if suffix == "f32" else loss_rows.astype(logits.dtype)
+    else:
+        loss = cp.empty((), logits.dtype)
+        _launch("cross_entropy", f"ce_reduce_{suffix}", (1,), (1024,),
+                (loss_rows, tc, np.int64(N), np.int64(ignore_index), np.int32(reduction == "mean"), loss))
+    return loss, lse, dlogits
+
+
+def cross_entropy(logits: Array, target: Array, ignore_index: int, label_smoothing: float,
+                  reduction: str) -> tuple[Array, Array] | None:
+    """(loss, lse) of softmax cross-entropy over [N, C] logits; one pass per row."""
+    res = _ce_forward(logits, target, ignore_index, label_smoothing, reduction, with_grad=False)
+    return None if res is None else (res[0], res[1])
+
+
+def cross_entropy_with_grad(logits: Array, target: Array, ignore_index: int, label_smoothing: float,
+                            reduction: str) -> tuple[Array, Array, Array] | None:
+    """(loss, lse, dlogits) in one kernel: the gradient of the reduced loss for an upstream gradient of
+    1 ('none' takes 1 per row), written while the row is still in L2. Not an op of its own: for fused
+    training steps (the compiler) that know the loss is the last op."""
+    res = _ce_forward(logits, target, ignore_index, label_smoothing, reduction, with_grad=True)
+    if res is None:
+        return None
+    loss, lse, dlogits = res
+    assert dlogits is not None
+    return loss, lse, dlogits
+
+
+def cross_entropy_backward(grad: Array, logits: Array, target: Array, lse: Array, ignore_index: int,
+                           label_smoothing: float, reduction: str) -> Array | None:
+    checked = _ce_checks(logits, target, reduction)
+    if checked is None:
+        return None
+    suffix, N, C = checked
+    cp = _cp()
+    lc = _contig(logits)
+    tc = cp.ascontiguousarray(target, dtype=np.int64)
+    gc = cp.ascontiguousarray(grad, dtype=logits.dtype).reshape(-1)
+    lsec = cp.ascontiguousarray(lse, dtype=np.float32)
+    count = cp.count_nonzero(tc != ignore_index).astype(np.int64) if reduction == "mean" else None
+    dlogits = cp.empty((N, C), logits.dtype)
+    name, vec = _variant(suffix, C, lc, dlogits)
+    _launch("cross_entropy", f"ce_bwd_{name}", (N,), (_row_threads(C // vec),),
+            (gc, lc, tc, lsec, dlogits, np.int32(C), np.int64(ignore_index), np.float32(label_smoothing),
+             np.int32(_REDUCTIONS[reduction]), _ptr(count)))
+    return dlogits
+
+
+# ---------------------------------------------------------------------------------------------- softmax
+
+
+def _last_axis(a: Array, axis: int) -> bool:
+    return bool(a.ndim >= 1 and axis % a.ndim == a.ndim - 1)
+
+
+def _softmax(a: Array, axis: int, log_flag: int) -> Array | None:
+    suffix = _suffix(a.dtype)
+    if suffix is None or a.size == 0 or not _last_axis(a, axis) or a.shape[-1] >= 2**31:
+        return None
+    cp = _cp()
+    C = int(a.shape[-1])
+    ac = _contig(a)
+    y = cp.empty(a.shape, a.dtype)
+    name, vec = _variant(suffix, C, ac, y)
+    _launch("softmax", f"softmax_fwd_{name}", (a.size // C,), (_row_threads(C // vec),),
+            (ac, y, np.int32(C), np.int32(log_flag)))
+    return y
+
+
+def _softmax_bwd(grad: Array, out: Array, axis: int, log_flag: int) -> Array | None:
+    suffix = _suffix(out.dtype)
+    if suffix is None or out.size == 0 or not _last_axis(out, axis) or grad.shape != out.shape:
+        return None
+    cp = _cp()
+    C = int(out.shape[-1])
+    gc, oc = _contig(grad), _contig(out)
+    dx = cp.empty(out.shape, out.dtype)
+    name, vec = _variant(suffix, C, gc, oc, dx)
+    _launch("softmax", f"softmax_bwd_{name}", (out.size // C,), (_row_threads(C // vec),),
+            (gc, oc, dx, np.int32(C), np.int32(log_flag)))
+    return dx
+
+
+def softmax(a: Array, axis: int) -> Array | None:
+    return _softmax(a, axis, 0)
+
+
+def log_softmax(a: Array, axis: int) -> Array | None:
+    return _softmax(a, axis, 1)
+
+
+def softmax_backward(grad: Array, out: Array, axis: int) -> Array | None:
+    return _softmax_bwd(grad, out, axis, 0)
+
+
+def log_softmax_backward(grad: Array, out: Array, axis: int) -> Array | None:
+    return _softmax_bwd(grad, out, axis, 1)
+
+
+# ---------------------------------------------------------------------------------------------- embedding
+
+
+def embedding(weight: Array, idx: Array) -> Array | None:
+    suffix = _suffix(weight.dtype)
+    if suffix is None or weight.ndim != 2 or idx.size == 0 or weight.shape[1] == 0:
+        return None
+    cp = _cp()
+    V, D = int(weight.shape[0]), int(weight.shape[1])
+    wc = _contig(weight)
+    flat = cp.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
+    out = cp.empty((flat.size, D), weight.dtype)
+    name, vec = _variant(suffix, D, wc, out)
+    threads = min(128, _row_threads(D // vec, hi=128))
+    _launch("embedding", f"embedding_fwd_{name}", (flat.size, (D // vec + threads - 1) // threads), (threads,),
+            (wc, flat, out, np.int32(D), np.int64(V)))
+    return out.reshape((*idx.shape, D))
+
+
+def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array | None:
+    """Rows of ``grad`` summed per token id into [num_embeddings, D]: deterministic by default
+    (see :func:`set_deterministic`)."""
+    suffix = _suffix(grad.dtype)
+    if suffix is None or idx.size == 0 or grad.ndim < 1 or grad.shape[-1] == 0:
+        return None
+    cp = _cp()
+    D = int(grad.shape[-1])
+    V = int(num_embeddings)
+    flat = cp.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
+    ntok = int(flat.size)
+    rows = cp.ascontiguousarray(grad).reshape(ntok, D)
+    if not _deterministic:
+        acc = cp.zeros((V, D), np.float32)
+        _launch("embedding", f"embedding_bwd_atomic_{suffix}", (ntok, max(1, min(8, (D + 255) // 256))), (256,),
+                (rows, flat, acc, np.int32(D)))
+        return acc if suffix == "f32" else acc.astype(grad.dtype)
+    # Unique keys id * ntok + position: any sort gives the same order, so the sum order is fixed.
+    keys = cp.sort(flat * ntok + cp.arange(ntok, dtype=np.int64))
+    ids = keys // ntok
+    pos = cp.ascontiguousarray(keys - ids * ntok)
+    seg = cp.searchsorted(ids, cp.arange(V + 1, dtype=np.int64), side="left").astype(np.int64)
+    out = cp.empty((V, D), grad.dtype)
+    name, vec = _variant(suffix, D, rows, out)
+    threads = min(128, _row_threads(D // vec, hi=128))
+    _launch("embedding", f"embedding_bwd_sorted_{name}", (V, (D // vec + threads - 1) // threads), (threads,),
+            (rows, pos, seg, out, np.int32(D)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+
+
+def sum_cols(x: Array) -> Array | None:
+    """Column sums of a 2-D [N, D] array (the bias gradient), float accumulation, deterministic."""
+    suffix = _suffix(x.dtype)
+    if suffix is None or x.ndim != 2 or x.size == 0 or x.shape[1] >= 2**31:
+        return None
+    cp = _cp()
+    N, D = int(x.shape[0]), int(x.shape[1])
+    xc = _contig(x)
+    out = cp.empty((D,), x.dtype)
+    name, vec = _variant(suffix, D, xc, out)
+    col_blocks = (D // vec + 31) // 32
+    splits = max(1, min((4 * sm_count() + col_blocks - 1) // col_blocks, (N + 63) // 64))
+    rows_per = (N + splits - 1) // splits
+    splits = (N + rows_per - 1) // rows_per
+    partial = cp.empty((splits, D), np.float32) if splits > 1 else None
+    _launch("reduce", f"sum_cols_{name}", (col_blocks, splits), (32, 8),
+            (xc, out, _ptr(partial), np.int64(N), np.int32(D), np.int64(rows_per)))
+    if splits > 1:
+        _launch("reduce", f"sum_cols_finish_{suffix}", ((D + 255) // 256,), (256,),
+                (partial, out, np.int32(splits), np.int32(D)))
+    return out
+
+
+def sum_rows(x: Array) -> Array | None:
+    """Row sums of a 2-D [N, D] array, float accumulation, deterministic."""
+    suffix = _suffix(x.dtype)
+    if suffix is None or x.ndim != 2 or x.size == 0 or x.shape[1] >= 2**31:
+        return None
+    cp = _cp()
+    N, D = int(x.shape[0]), int(x.shape[1])
+    xc = _contig(x)
+    out = cp.empty((N,), x.dtype)
+    name, vec = _variant(suffix, D, xc)
+    _launch("reduce", f"sum_rows_{name}", (N,), (_row_threads(D // vec),), (xc, out, np.int32(D)))
+    return out
+
+
+def sum(a: Array, axes: tuple[int, ...] | None, keepdim: bool) -> Array | None:
+    """``a.sum(axes)`` when the axes are the leading or the trailing dims of ``a``."""
+    if _suffix(a.dtype) is None or a.size == 0 or a.ndim == 0 or not axes:
+        return None
+    ax = tuple(sorted(x % a.ndim for x in axes))
+    j = len(ax)
+    if ax == tuple(range(j)):
+        out = sum_cols(a.reshape(_numel(a.shape[:j]), _numel(a.shape[j:])))
+        kept = tuple(1 if i < j else s for i, s in enumerate(a.shape))
+        rest = a.shape[j:]
+    elif ax == tuple(range(a.ndim - j, a.ndim)):
+        out = sum_rows(a.reshape(_numel(a.shape[: a.ndim - j]), _numel(a.shape[a.ndim - j:])))
+        kept = tuple(1 if i >= a.ndim - j else s for i, s in enumerate(a.shape))
+        rest = a.shape[: a.ndim - j]
+    else:
+        return None
+    if out is None:
+        return None
+    return out.reshape(kept if keepdim else rest)
+
+
+# ---------------------------------------------------------------------------------------------- AdamW
+
+ADAMW_CHUNK = 65536
+_ADAMW_GRAD_BF16 = 1
+_ADAMW_ALIGNED = 2
+_adamw_tables: dict[tuple[int, ...], tuple[Any, Any, int]] = {}
+
+
+def _adamw_tables_for(table: np.ndarray[Any, Any], chunks: np.ndarray[Any, Any]) -> tuple[Any, Any, int]:
+    key = (_cp().cuda.Device().id, *table.ravel().tolist())
+    found = _adamw_tables.get(key)
+    if found is None:
+        if len(_adamw_tables) >= 16:
+            _adamw_tables.clear()
+        cp = _cp()
+        found = (cp.asarray(table), cp.asarray(chunks), int(chunks.shape[0]))
+        _adamw_tables[key] = found
+    return found
+
+
+def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs: Sequence[Array],
+                       exp_avg_sqs: Sequence[Array], lr: float, beta1: float, beta2: float, eps: float,
+                       weight_decay: float | Sequence[float], step: int,
+                       max_grad_norm: float | None = None) -> Array | None:
+    """One AdamW step over every tensor in one launch (two with clipping), updating params, exp_avgs
+    and exp_avg_sqs in place.
+
+    params, exp_avgs, exp_avg_sqs: contiguous float32 arrays; grads: float32 or bfloat16, same shapes
+    (not modified). ``weight_decay`` is one value or one per tensor; ``step`` counts from 1. With
+    ``max_grad_norm`` the gradients are scaled by min(1, max_norm / (norm + 1e-6)), norm being the
+    2-norm over all gradients, and the norm (float32, 0-d, before clipping) is returned; else None.
+    """
+    n = len(params)
+    if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == n):
+        raise ShapeError(f"adamw_multi_tensor: got {n} params, {len(grads)} grads, {len(exp_avgs)} exp_avgs and "
+                         f"{len(exp_avg_sqs)} exp_avg_sqs; the four lists must have one entry per parameter")
+    if step < 1:
+        raise ShapeError(f"adamw_multi_tensor: step counts from 1, got {step}")
+    wds = [float(weight_decay)] * n if isinstance(weight_decay, (int, float)) else [float(w) for w in weight_decay]
+    if len(wds) != n:
+        raise ShapeError(f"adamw_multi_tensor: {len(wds)} weight decays for {n} params")
+    cp = _cp()
+    table = np.zeros((n, 8), np.int64)
+    chunk_rows: list[tuple[int, int]] = []
+    keep: list[Array] = []
+    for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)):
+        for name, arr in (("param", p), ("exp_avg", m), ("exp_avg_sq", v)):
+            if arr.dtype != np.float32 or not arr.flags.c_contiguous:
+                raise TensorTypeError(f"adamw_multi_tensor: {name} {i} must be a contiguous float32 array, got "
+                                      f"dtype {arr.dtype}, contiguous={arr.flags.c_contiguous}")
+            if arr.shape != p.shape:
+                raise ShapeError(f"adamw_multi_tensor: {name} {i} has shape {arr.shape}, param {p.shape}")
+        if g.shape != p.shape:
+            raise ShapeError(f"adamw_multi_tensor: grad {i} has shape {g.shape}, param {p.shape}")
+        gsuf = _suffix(g.dtype)
+        if gsuf is None:
+            raise TensorTypeError(f"adamw_multi_tensor: grad {i} must be float32 or bfloat16, got {g.dtype}")
+        g = cp.ascontiguousarray(g)
+        keep.append(g)
+        flags = (_ADAMW_GRAD_BF16 if gsuf == "bf16" else 0) | (_ADAMW_ALIGNED if _aligned(p, g, m, v) else 0)
+        wd_bits = int(np.array(wds[i], np.float32).view(np.int32))
+        table[i] = (p.data.ptr, g.data.ptr, m.data.ptr, v.data.ptr, p.size, flags, wd_bits, 0)
+        chunk_rows.extend((i, c) for c in range((p.size + ADAMW_CHUNK - 1) // ADAMW_CHUNK))
+    if not chunk_rows:
+        return cp.zeros((), np.float32) if max_grad_norm is not None else None
+    chunks = np.asarray(chunk_rows, np.int32)
+    dtable, dchunks, K = _adamw_tables_for(table, chunks)
+    norm = None
+    partial = None
+    if max_grad_norm is not None:
+        partial = cp.empty((K,), np.float32)
+        norm = cp.empty((), np.float32)
+        _launch("adamw", "adamw_sqnorm", (K,), (512,), (dtable, dchunks, partial))
+    bc1 = 1.0 - beta1**step
+    bc2_sqrt = math.sqrt(1.0 - beta2**step)
+    _launch("adamw", "adamw_update", (K,), (512,),
+            (dtable, dchunks, np.int32(K), _ptr(partial), np.float32(max_grad_norm or 0.0), np.float32(lr),
+             np.float32(beta1), np.float32(beta2), np.float32(eps), np.float32(bc1), np.float32(bc2_sqrt),
+             _ptr(norm)))
+    del keep
+    return norm
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+_ATT_TILE = 64
+
+
+def _attn_shapes(q: Array, k: Array, v: Array, mask: Array | None) -> tuple[str, int, int, int, int] | None:
+    suffix = _suffix(q.dtype)
+    if suffix is None or mask is not None or q.ndim < 2 or k.dtype != q.dtype or v.dtype != q.dtype:
+        return None
+    D = int(q.shape[-1])
+    if D not in (64, 128) or k.shape[-1] != D or v.shape[-1] != D or k.shape[-2] != v.shape[-2]:
+        return None
+    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
+        return None
+    L, S = int(q.shape[-2]), int(k.shape[-2])
+    BH = _numel(q.shape[:-2])
+    if L == 0 or S == 0 or BH == 0 or BH > 65535:
+        return None
+    return suffix, BH, L, S, D
+
+
+def sdpa(q: Array, k: Array, v: Array, mask: Array | None, causal: bool, scale: float) -> tuple[Array, Array] | None:
+    """Flash-attention forward: (out, float32 lse) without the L x S matrix; None when a mask is given."""
+    shapes = _attn_shapes(q, k, v, mask)
+    if shapes is None:
+        return None
+    suffix, BH, L, S, D = shapes
+    cp = _cp()
+    qc, kc, vc = (cp.ascontiguousarray(t).reshape(BH, -1, D) for t in (q, k, v))
+    out = cp.empty((BH, L, D), q.dtype)
+    lse = cp.empty((BH, L), np.float32)
+    smem = (3 * _ATT_TILE * (D + 1) + _ATT_TILE * (_ATT_TILE + 1)) * 4
+    _launch("attention", f"attn_fwd_{suffix}_d{D}", ((L + _ATT_TILE - 1) // _ATT_TILE, BH), (128,),
+            (qc, kc, vc, out, lse, np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal))), smem)
+    return out.reshape(q.shape), lse.reshape(q.shape[:-1])
+
+
+def sdpa_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, mask: Array | None,
+                  causal: bool, scale: float) -> tuple[Array, Array, Array] | None:
+    """Flash-attention backward (dq, dk, dv), recomputing P from the saved lse; deterministic."""
+    shapes = _attn_shapes(q, k, v, mask)
+    if shapes is None or grad.shape != q.shape or out.shape != q.shape:
+        return None
+    suffix, BH, L, S, D = shapes
+    cp = _cp()
+    qc, kc, vc, gc, oc = (cp.ascontiguousarray(t).reshape(BH, -1, D) for t in (q, k, v, grad, out))
+    lsec = cp.ascontiguousarray(lse, dtype=np.float32).reshape(BH, L)
+    delta = cp.sum(gc.astype(np.float32) * oc.astype(np.float32), axis=-1, dtype=np.float32)
+    dq = cp.empty((BH, L, D), q.dtype)
+    dk = cp.empty((BH, S, D), q.dtype)
+    dv = cp.empty((BH, S, D), q.dtype)
+    t = _ATT_TILE
+    args = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)))
+    _launch("attention", f"attn_bwd_dq_{suffix}_d{D}", ((L + t - 1) // t, BH), (128,),
+            (qc, kc, vc, gc, lsec, delta, dq, *args), (4 * t * (D + 1) + t * (t + 1)) * 4)
+    _launch("attention", f"attn_bwd_dkv_{suffix}_d{D}", ((S + t - 1) // t, BH), (128,),
+            (qc, kc, vc, gc, lsec, delta, dk, dv, *args), (4 * t * (D + 1) + 2 * t * (t + 1) + 2 * t) * 4)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+# ---------------------------------------------------------------------------------------------- Philox
+
+# Values each 128-bit counter yields, per kernel: the generator advances its offset by
+# ceil(n / per_counter) counters after a draw.
+PHILOX_PER_COUNTER = {"uniform_f32": 4, "uniform_f64": 2, "normal_f32": 4, "normal_f64": 2, "integers": 2, "raw": 1}
+
+
+def philox(kind: str, n: int, seed: int, offset: int, low: int = 0, high: int = 0) -> tuple[Array, int]:
+    """Draw ``n`` values of ``kind`` (see :data:`PHILOX_PER_COUNTER`) from counter ``offset`` under key
+    ``seed``; returns the 1-D array and the number of counters used. ``raw`` gives 4n uint32 words."""
+    cp = _cp()
+    dtypes = {"uniform_f32": np.float32, "uniform_f64": np.float64, "normal_f32": np.float32,
+              "normal_f64": np.float64, "integers": np.int64, "raw": np.uint32}
+    if kind not in dtypes:
+        raise KeyError(f"philox: unknown kind {kind!r}; kinds: {', '.join(dtypes)}")
+    per = PHILOX_PER_COUNTER[kind]
+    counters = (n + per - 1) // per
+    out = cp.empty((4 * n if kind == "raw" else n,), dtypes[kind])
+    if n == 0:
+        return out, 0
+    grid = (max(1, min((counters + 255) // 256, 16 * sm_count())),)
+    base = (np.uint64(seed % 2**64), np.uint64(offset % 2**64))
+    if kind == "raw":
+        _launch("philox", "philox_raw", grid, (256,), (out, np.int64(n), *base))
+    elif kind == "integers":
+        _launch("philox", "philox_integers", grid, (256,),
+                (out, np.int64(n), *base, np.int64(low), np.uint64(high - low)))
+    else:
+        _launch("philox", f"philox_{kind}", grid, (256,), (out, np.int64(n), *base))
+    return out, counters
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+# op name -> (fused function, dtype names it handles). The device plugin registers each with a
+# priority above the generic kernels and falls back to the generic one when it returns None.
+KERNELS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
+    "layer_norm": (layer_norm, ("float32", "bfloat16")),
+    "layer_norm_backward": (layer_norm_backward, ("float32", "bfloat16")),
+    "gelu": (gelu, ("float32", "bfloat16")),
+    "gelu_backward": (gelu_backward, ("float32", "bfloat16")),
+    "cross_entropy": (cross_entropy, ("float32", "bfloat16")),
+    "cross_entropy_backward": (cross_entropy_backward, ("float32", "bfloat16")),
+    "softmax": (softmax, ("float32", "bfloat16")),
+    "log_softmax": (log_softmax, ("float32", "bfloat16")),
+    "softmax_backward": (softmax_backward, ("float32", "bfloat16")),
+    "log_softmax_backward": (log_softmax_backward, ("float32", "bfloat16")),
+    "embedding": (embedding, ("float32", "bfloat16")),
+    "embedding_backward": (embedding_backward, ("float32", "bfloat16")),
+    "sum": (sum, ("float32", "bfloat16")),
+    "sdpa": (sdpa, ("float32", "bfloat16")),
+    "sdpa_backward": (sdpa_backward, ("float32", "bfloat16")),
+}
+
+# Ops with no generic kernel: registered as they are (they never return None for valid input).
+STANDALONE: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
+    "adamw_multi_tensor": (adamw_multi_tensor, ("float32",)),
+}
+
+__all__ = [
+    "ADAMW_CHUNK",
+    "FAMILIES",
+    "KERNELS",
+    "PHILOX_PER_COUNTER",
+    "STANDALONE",
+    "adamw_multi_tensor",
+    "cross_entropy",
+    "cross_entropy_backward",
+    "cross_entropy_with_grad",
+    "embedding",
+    "embedding_backward",
+    "function",
+    "gelu",
+    "gelu_backward",
+    "is_deterministic",
+    "layer_norm",
+    "layer_norm_backward",
+    "log_softmax",
+    "log_softmax_backward",
+    "module",
+    "philox",
+    "sdpa",
+    "sdpa_backward",
+    "set_deterministic",
+    "sm_count",
+    "softmax",
+    "softmax_backward",
+    "source",
+    "sum",
+    "sum_cols",
+    "sum_rows",
+]

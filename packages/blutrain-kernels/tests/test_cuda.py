@@ -1,0 +1,483 @@
+"""The hand-written CUDA kernels against the float64 CPU references, on random data.
+
+Every output is written into poisoned memory (all bytes 0xFF: NaN for floats) so that an element the
+kernel forgets to write fails the finiteness check. float32 results must be within 1e-5 relative
+error (||out - ref|| / ||ref||) of the float64 reference, bfloat16 results within 1e-2. Per-row
+statistics (mean, rstd, log-sum-exp) are float32 for both input dtypes and held to 1e-5. Skipped
+without an NVIDIA GPU and CuPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from blutrain.tensor.cpu import indexing as cpu_ix
+from blutrain.tensor.cpu import nn as cpu_nn
+from blutrain.tensor.cpu import reduction as cpu_rd
+from blutrain.tensor.cpu.elementwise import gelu as cpu_gelu
+from blutrain.tensor.cpu.elementwise import gelu_backward as cpu_gelu_backward
+
+
+def _gpu_count() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU and CuPy")]
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(np.float32), BF16]
+TOL = {"float32": 1e-5, "bfloat16": 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def poisoned_memory() -> Iterator[None]:
+    """Fill every new device allocation with 0xFF bytes while a test runs."""
+    import cupy as cp
+
+    if getattr(cp, "_blutrain_emulated", False):  # the CPU emulator's empty() poisons already
+        yield
+        return
+    pool = cp.get_default_memory_pool()
+
+    def alloc(size: int) -> Any:
+        mem = pool.malloc(size)
+        if size:
+            cp.cuda.runtime.memsetAsync(mem.ptr, 0xFF, size, cp.cuda.get_current_stream().ptr)
+        return mem
+
+    cp.cuda.set_allocator(alloc)
+    try:
+        yield
+    finally:
+        cp.cuda.set_allocator(pool.malloc)
+
+
+def dev(a: np.ndarray[Any, Any], dtype: Any = None) -> Any:
+    import cupy as cp
+
+    return cp.asarray(a if dtype is None else a.astype(dtype))
+
+
+def host(a: Any) -> np.ndarray[Any, Any]:
+    import cupy as cp
+
+    return np.asarray(cp.asnumpy(a)).astype(np.float64)
+
+
+def f64(a: np.ndarray[Any, Any], dtype: Any) -> np.ndarray[Any, Any]:
+    """The values a device array of ``dtype`` holds, in float64 (bf16 rounding included)."""
+    return a.astype(dtype).astype(np.float64)
+
+
+def check(out: Any, ref: np.ndarray[Any, Any], dtype: Any, tol: float | None = None, floor: float = 1e-30) -> None:
+    """||out - ref|| / max(||ref||, floor) within the dtype's tolerance; ``floor`` keeps a reference
+    that is zero up to rounding (a gradient that cancels exactly) from dividing by nothing."""
+    got = host(out)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert np.isfinite(got).all() or not np.isfinite(ref).all(), "unwritten (poisoned) or non-finite output"
+    assert np.array_equal(np.isfinite(got), np.isfinite(ref))
+    fin = np.isfinite(ref)
+    err = np.linalg.norm(got[fin] - ref[fin]) / max(np.linalg.norm(ref[fin]), floor)
+    assert err <= (tol if tol is not None else TOL[np.dtype(dtype).name]), f"relative error {err:.3g}"
+
+
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+# ------------------------------------------------------------------------------------------- LayerNorm
+
+LN_SHAPES = [((5, 768), 1), ((7, 100), 1), ((3, 33), 1), ((2, 3, 256), 1), ((4, 6, 10), 2), ((2, 4096), 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("shape", "k"), LN_SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_forward_matches_float64(dtype: Any, shape: tuple[int, ...], k: int, affine: bool) -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(1)
+    ns = shape[len(shape) - k:]
+    x = f64(r.standard_normal(shape) * 3 + 1.5, dtype)
+    w = f64(r.standard_normal(ns), dtype) if affine else None
+    b = f64(r.standard_normal(ns), dtype) if affine else None
+    res = cuda.layer_norm(dev(x, dtype), None if w is None else dev(w, dtype), None if b is None else dev(b, dtype),
+                          1e-5, k)
+    assert res is not None
+    ry, rm, rr = cpu_nn.layer_norm(x, w, b, 1e-5, k)
+    check(res[0], ry, dtype)
+    assert res[1].dtype == np.float32 and res[2].dtype == np.float32
+    check(res[1], rm, np.float32)
+    check(res[2], rr, np.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("shape", "k"), LN_SHAPES)
+@pytest.mark.parametrize(("affine", "need_w", "need_b"),
+                         [(True, True, True), (True, False, True), (False, False, False)])
+def test_layer_norm_backward_matches_float64(dtype: Any, shape: tuple[int, ...], k: int, affine: bool, need_w: bool,
+                                             need_b: bool) -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(2)
+    ns = shape[len(shape) - k:]
+    x = f64(r.standard_normal(shape) * 2 - 0.5, dtype)
+    g = f64(r.standard_normal(shape), dtype)
+    w = f64(r.standard_normal(ns), dtype) if affine else None
+    _, mean, rstd = cpu_nn.layer_norm(x, w, None, 1e-5, k)
+    mean, rstd = f64(mean, np.float32), f64(rstd, np.float32)  # what the forward saved
+    res = cuda.layer_norm_backward(dev(g, dtype), dev(x, dtype), None if w is None else dev(w, dtype),
+                                   dev(mean, np.float32), dev(rstd, np.float32), k, need_w, need_b)
+    assert res is not None
+    rgx, rgw, rgb = cpu_nn.layer_norm_backward(g, x, w, mean, rstd, k, need_w, need_b)
+    check(res[0], rgx, dtype)
+    assert (res[1] is None) == (not need_w) and (res[2] is None) == (not need_b)
+    if need_w:
+        check(res[1], rgw, dtype)
+    if need_b:
+        check(res[2], rgb, dtype)
+
+
+# ------------------------------------------------------------------------------------------- GELU
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(4096,), (4099,), (3, 5, 7), (1,)])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_forward_and_backward_match_float64(dtype: Any, shape: tuple[int, ...], approximate: str) -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(3)
+    x = f64(r.standard_normal(shape) * 3, dtype)
+    g = f64(r.standard_normal(shape), dtype)
+    check(cuda.gelu(dev(x, dtype), approximate), cpu_gelu(x, approximate), dtype)
+    check(cuda.gelu_backward(dev(g, dtype), dev(x, dtype), approximate), cpu_gelu_backward(g, x, approximate), dtype)
+
+
+def test_gelu_of_an_unaligned_view_uses_the_scalar_path() -> None:
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    x = rng(4).standard_normal(1001).astype(np.float32)
+    view = cp.asarray(x)[1:]  # 4-byte offset: no 16-byte loads
+    check(cuda.gelu(view, "tanh"), cpu_gelu(x[1:].astype(np.float64), "tanh"), np.float32)
+
+
+# ------------------------------------------------------------------------------------------- cross-entropy
+
+CE_CASES = [(6, 1000), (3, 50304), (5, 37)]
+
+
+def _ce_data(n: int, c: int, dtype: Any, seed: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    r = rng(seed)
+    logits = f64(r.standard_normal((n, c)) * 4, dtype)
+    target = r.integers(0, c, n).astype(np.int64)
+    target[1] = -100
+    return logits, target
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("n", "c"), CE_CASES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_forward_matches_float64(dtype: Any, n: int, c: int, reduction: str, smoothing: float) -> None:
+    from blutrain.kernels import cuda
+
+    logits, target = _ce_data(n, c, dtype, 5)
+    res = cuda.cross_entropy(dev(logits, dtype), dev(target), -100, smoothing, reduction)
+    assert res is not None
+    rloss, rlse = cpu_nn.cross_entropy(logits, target, -100, smoothing, reduction)
+    check(res[0], np.asarray(rloss), dtype)
+    check(res[1], rlse, np.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("n", "c"), CE_CASES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_backward_matches_float64(dtype: Any, n: int, c: int, reduction: str, smoothing: float) -> None:
+    from blutrain.kernels import cuda
+
+    logits, target = _ce_data(n, c, dtype, 6)
+    _, lse = cpu_nn.cross_entropy(logits, target, -100, smoothing, reduction)
+    lse = f64(lse, np.float32)
+    grad = f64(rng(7).standard_normal(n if reduction == "none" else ()), dtype)
+    out = cuda.cross_entropy_backward(dev(grad, dtype), dev(logits, dtype), dev(target), dev(lse, np.float32), -100,
+                                      smoothing, reduction)
+    ref = cpu_nn.cross_entropy_backward(grad, logits, target, lse, -100, smoothing, reduction)
+    check(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_with_grad_fuses_the_backward(dtype: Any, reduction: str) -> None:
+    from blutrain.kernels import cuda
+
+    logits, target = _ce_data(4, 50304, dtype, 8)
+    res = cuda.cross_entropy_with_grad(dev(logits, dtype), dev(target), -100, 0.1, reduction)
+    assert res is not None
+    rloss, rlse = cpu_nn.cross_entropy(logits, target, -100, 0.1, reduction)
+    check(res[0], np.asarray(rloss), dtype)
+    check(res[2], cpu_nn.cross_entropy_backward(np.ones(()), logits, target, rlse, -100, 0.1, reduction), dtype)
+
+
+# ------------------------------------------------------------------------------------------- softmax
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", [(4, 1000), (3, 7), (2, 3, 64)])
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_forward_and_backward_match_float64(dtype: Any, shape: tuple[int, ...], log: bool) -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(9)
+    x = f64(r.standard_normal(shape) * 5, dtype)
+    x[..., 0, 1] = -np.inf  # a masked entry
+    g = f64(r.standard_normal(shape), dtype)
+    fwd = cuda.log_softmax if log else cuda.softmax
+    bwd = cuda.log_softmax_backward if log else cuda.softmax_backward
+    ref = (cpu_rd.log_softmax if log else cpu_rd.softmax)(x, -1)
+    check(fwd(dev(x, dtype), -1), ref, dtype)
+    y = f64(ref, dtype)
+    check(bwd(dev(g, dtype), dev(y, dtype), -1),
+          (cpu_rd.log_softmax_backward if log else cpu_rd.softmax_backward)(g, y, -1), dtype)
+
+
+def test_softmax_over_another_axis_is_left_to_the_generic_kernel() -> None:
+    from blutrain.kernels import cuda
+
+    assert cuda.softmax(dev(np.ones((3, 4), np.float32)), 0) is None
+
+
+# ------------------------------------------------------------------------------------------- embedding
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dim", [768, 10])
+def test_embedding_forward_gathers_rows(dtype: Any, dim: int) -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(10)
+    w = f64(r.standard_normal((50, dim)), dtype)
+    idx = r.integers(0, 50, (3, 7)).astype(np.int64)
+    check(cuda.embedding(dev(w, dtype), dev(idx)), cpu_ix.embedding(w, idx), dtype, tol=0.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dim", [768, 10])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_embedding_backward_sums_rows_per_id(dtype: Any, dim: int, deterministic: bool) -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(11)
+    idx = r.integers(0, 40, (4, 9)).astype(np.int64)
+    idx[0, :5] = 3  # repeats
+    g = f64(r.standard_normal((4, 9, dim)), dtype)
+    cuda.set_deterministic(deterministic)
+    try:
+        out = cuda.embedding_backward(dev(g, dtype), dev(idx), 57)
+    finally:
+        cuda.set_deterministic(True)
+    check(out, cpu_ix.embedding_backward(g, idx, 57), dtype)
+
+
+def test_deterministic_embedding_backward_is_bitwise_reproducible() -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(12)
+    idx = dev(r.integers(0, 5, 4000).astype(np.int64))
+    g = dev(r.standard_normal((4000, 64)).astype(np.float32))
+    a, b = host(cuda.embedding_backward(g, idx, 5)), host(cuda.embedding_backward(g, idx, 5))
+    assert np.array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------- reduce-sum
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("shape", "axes"), [((1000, 768), (0,)), ((3, 4, 5), (0, 1)), ((3, 4, 5), (1, 2)),
+                                             ((3, 4, 5), (2,)), ((70, 33), (0,)), ((2, 4096), (1,))])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_sum_over_leading_or_trailing_axes_matches_float64(dtype: Any, shape: tuple[int, ...], axes: tuple[int, ...],
+                                                           keepdim: bool) -> None:
+    from blutrain.kernels import cuda
+
+    x = f64(rng(13).standard_normal(shape), dtype)
+    check(cuda.sum(dev(x, dtype), axes, keepdim), x.sum(axis=axes, keepdims=keepdim), dtype)
+
+
+def test_sum_over_middle_axes_is_left_to_the_generic_kernel() -> None:
+    from blutrain.kernels import cuda
+
+    assert cuda.sum(dev(np.ones((3, 4, 5), np.float32)), (1,), False) is None
+
+
+# ------------------------------------------------------------------------------------------- AdamW
+
+
+def _adamw_reference(p: list[np.ndarray[Any, Any]], g: list[np.ndarray[Any, Any]], m: list[np.ndarray[Any, Any]],
+                     v: list[np.ndarray[Any, Any]], lr: float, b1: float, b2: float, eps: float, wds: list[float],
+                     step: int, max_norm: float | None) -> tuple[list[Any], list[Any], list[Any], float]:
+    norm = float(np.sqrt(sum(float((x * x).sum()) for x in g)))
+    clip = min(1.0, max_norm / (norm + 1e-6)) if max_norm is not None else 1.0
+    outs: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+    for pi, gi, mi, vi, wd in zip(p, g, m, v, wds, strict=True):
+        gi = gi * clip
+        pi = pi * (1 - lr * wd)
+        mi = b1 * mi + (1 - b1) * gi
+        vi = b2 * vi + (1 - b2) * gi * gi
+        pi = pi - lr / (1 - b1**step) * mi / (np.sqrt(vi) / np.sqrt(1 - b2**step) + eps)
+        outs[0].append(pi)
+        outs[1].append(mi)
+        outs[2].append(vi)
+    return outs[0], outs[1], outs[2], norm
+
+
+@pytest.mark.parametrize("max_norm", [None, 1.0, 1e6])
+@pytest.mark.parametrize("grad_dtype", DTYPES, ids=lambda d: d.name)
+def test_adamw_multi_tensor_matches_float64(max_norm: float | None, grad_dtype: Any) -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(14)
+    shapes = [(5,), (65536 + 7,), (40, 100), (3,)]
+    p = [r.standard_normal(s).astype(np.float32).astype(np.float64) for s in shapes]
+    g = [f64(r.standard_normal(s) * 0.1, grad_dtype) for s in shapes]
+    m = [r.standard_normal(s).astype(np.float32).astype(np.float64) * 0.01 for s in shapes]
+    v = [np.abs(r.standard_normal(s)).astype(np.float32).astype(np.float64) * 1e-3 for s in shapes]
+    wds = [0.1, 0.1, 0.0, 0.01]
+    dp, dm, dv = ([dev(a, np.float32) for a in xs] for xs in (p, m, v))
+    norm = cuda.adamw_multi_tensor(dp, [dev(a, grad_dtype) for a in g], dm, dv, 1e-3, 0.9, 0.95, 1e-8, wds, 7,
+                                   max_norm)
+    rp, rm, rv, rnorm = _adamw_reference(p, g, m, v, 1e-3, 0.9, 0.95, 1e-8, wds, 7, max_norm)
+    for got, ref in zip(dp + dm + dv, rp + rm + rv, strict=True):
+        check(got, ref, np.float32)
+    if max_norm is None:
+        assert norm is None
+    else:
+        check(norm, np.asarray(rnorm), np.float32)
+
+
+def test_adamw_multi_tensor_rejects_a_non_float32_param() -> None:
+    from blutrain.kernels import cuda
+    from blutrain.tensor.errors import TensorTypeError
+
+    x = dev(np.ones(4, np.float64))
+    with pytest.raises(TensorTypeError, match="param 0 must be a contiguous float32"):
+        cuda.adamw_multi_tensor([x], [x], [x], [x], 1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
+
+
+# ------------------------------------------------------------------------------------------- attention
+
+ATTN_CASES = [(2, 70, 70), (1, 64, 130), (2, 130, 64), (1, 1, 5)]
+
+
+def _attn_data(bh: int, L: int, S: int, D: int, dtype: Any, seed: int) -> tuple[np.ndarray[Any, Any], ...]:
+    r = rng(seed)
+    q = f64(r.standard_normal((bh, L, D)), dtype)
+    k = f64(r.standard_normal((bh, S, D)), dtype)
+    v = f64(r.standard_normal((bh, S, D)), dtype)
+    g = f64(r.standard_normal((bh, L, D)), dtype)
+    return q, k, v, g
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("bh", "L", "S"), ATTN_CASES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_forward_matches_float64(dtype: Any, bh: int, L: int, S: int, D: int, causal: bool) -> None:
+    from blutrain.kernels import cuda
+
+    q, k, v, _ = _attn_data(bh, L, S, D, dtype, 15)
+    scale = D**-0.5
+    res = cuda.sdpa(dev(q, dtype), dev(k, dtype), dev(v, dtype), None, causal, scale)
+    assert res is not None
+    rout, rlse = cpu_nn.sdpa(q, k, v, None, causal, scale)
+    check(res[0], rout, dtype)
+    check(res[1], rlse, np.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("bh", "L", "S"), ATTN_CASES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_backward_matches_float64(dtype: Any, bh: int, L: int, S: int, D: int, causal: bool) -> None:
+    from blutrain.kernels import cuda
+
+    q, k, v, g = _attn_data(bh, L, S, D, dtype, 16)
+    scale = D**-0.5
+    out, lse = cpu_nn.sdpa(q, k, v, None, causal, scale)
+    out, lse = f64(out, dtype), f64(lse, np.float32)  # what the forward saved
+    res = cuda.sdpa_backward(dev(g, dtype), dev(q, dtype), dev(k, dtype), dev(v, dtype), dev(out, dtype),
+                             dev(lse, np.float32), None, causal, scale)
+    assert res is not None
+    refs = cpu_nn.sdpa_backward(g, q, k, v, out, lse, None, causal, scale)
+    # With one visible key dq cancels to zero exactly, hence the floor of 1 (gradients here are of
+    # order 1 per element).
+    for got, ref in zip(res, refs, strict=True):
+        check(got, ref, dtype, floor=1.0)
+
+
+def test_flash_attention_handles_batch_and_head_dims() -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(17)
+    q, k, v = (r.standard_normal((2, 3, 33, 64)) for _ in range(3))
+    res = cuda.sdpa(dev(q, np.float32), dev(k, np.float32), dev(v, np.float32), None, True, 0.125)
+    assert res is not None
+    rout, rlse = cpu_nn.sdpa(q, k, v, None, True, 0.125)
+    check(res[0], rout, np.float32)
+    check(res[1], rlse, np.float32)
+
+
+def test_flash_attention_leaves_masks_and_other_head_dims_to_the_generic_kernel() -> None:
+    from blutrain.kernels import cuda
+
+    q = dev(np.ones((1, 4, 64), np.float32))
+    assert cuda.sdpa(q, q, q, dev(np.ones((4, 4), bool)), False, 1.0) is None
+    q32 = dev(np.ones((1, 4, 32), np.float32))
+    assert cuda.sdpa(q32, q32, q32, None, False, 1.0) is None
+
+
+# ------------------------------------------------------------------------------------------- Philox
+
+
+def test_philox_kernel_matches_the_reference_words() -> None:
+    from blutrain.kernels import cuda
+    from blutrain.kernels.cuda import philox_reference as ref
+
+    words, used = cuda.philox("raw", 1000, 0x1234_5678_9ABC, 2**32 - 3)  # the counter crosses 32 bits
+    assert used == 1000
+    got = np.asarray(__import__("cupy").asnumpy(words)).reshape(-1, 4)
+    assert np.array_equal(got, ref.philox_words(0x1234_5678_9ABC, 2**32 - 3, 1000))
+    first, _ = cuda.philox("raw", 1, 0, 0)
+    _, _, expected = ref.KNOWN_ANSWERS[0]
+    assert tuple(int(x) for x in __import__("cupy").asnumpy(first)) == expected
+
+
+def test_philox_uniform_integers_and_normal_match_the_reference() -> None:
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+    from blutrain.kernels.cuda import philox_reference as ref
+
+    u, used = cuda.philox("uniform_f32", 1001, 42, 17)
+    assert used == 251
+    assert np.array_equal(cp.asnumpy(u), ref.uniform_f32(42, 17, 1001))
+    i, _ = cuda.philox("integers", 999, 42, 5, low=-7, high=1000)
+    assert np.array_equal(cp.asnumpy(i), ref.integers(42, 5, 999, -7, 1000))
+    z, _ = cuda.philox("normal_f32", 1003, 42, 9)
+    check(z, ref.normal_f32(42, 9, 1003), np.float32, tol=1e-5)
+    d, _ = cuda.philox("uniform_f64", 1001, 42, 9)
+    got = cp.asnumpy(d)
+    assert ((got >= 0) & (got < 1)).all() and abs(got.mean() - 0.5) < 0.05

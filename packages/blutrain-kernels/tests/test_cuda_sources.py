@@ -1,0 +1,56 @@
+"""What can be checked of the CUDA kernels without a GPU: the sources, their header, the registry
+the device plugin reads, and the Philox reference against Random123's known answers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from blutrain.kernels import cuda
+from blutrain.kernels.cuda import philox_reference as ref
+
+CUDA_DIR = Path(cuda.__file__).parent
+
+
+@pytest.mark.parametrize("family", cuda.FAMILIES)
+def test_every_family_has_a_source_that_opens_with_its_description(family: str) -> None:
+    text = (CUDA_DIR / f"{family}.cu").read_text()
+    first = text.lstrip().splitlines()[0]
+    assert first.startswith("//") and len(first) > 20
+    head = text.split("#include")[0] if "#include" in text else text[:3000]
+    assert re.search(r"[Bb]ytes", head), "the opening comment should count bytes and FLOPs"
+
+
+@pytest.mark.parametrize("family", cuda.FAMILIES)
+def test_source_pastes_the_common_header_and_exports_c_kernels(family: str) -> None:
+    code = cuda.source(family)
+    assert '#include "common.cuh"' not in code
+    assert "#include <" not in code  # NVRTC has no host headers
+    assert 'extern "C" __global__' in code
+
+
+def test_unknown_family_is_an_error_listing_the_families() -> None:
+    with pytest.raises(KeyError, match="families: adamw"):
+        cuda.source("nope")
+
+
+def test_registry_names_ops_and_dtypes_the_plugin_can_register() -> None:
+    for op, (fn, dtypes) in {**cuda.KERNELS, **cuda.STANDALONE}.items():
+        assert callable(fn) and dtypes and set(dtypes) <= {"float32", "bfloat16"}, op
+
+
+@pytest.mark.parametrize(("counter", "key", "expected"), ref.KNOWN_ANSWERS)
+def test_philox_reference_matches_random123_known_answers(counter: tuple[int, int, int, int],
+                                                          key: tuple[int, int],
+                                                          expected: tuple[int, int, int, int]) -> None:
+    assert ref.philox4x32_10_block(counter, key) == expected
+
+
+def test_vectorized_philox_reference_agrees_with_the_single_block_one() -> None:
+    words = ref.philox_words(0xDEADBEEF_12345678, 2**32 - 2, 4)
+    for i in range(4):
+        c = 2**32 - 2 + i
+        block = ref.philox4x32_10_block((c & 0xFFFFFFFF, c >> 32, 0, 0), (0x12345678, 0xDEADBEEF))
+        assert tuple(int(w) for w in words[i]) == block

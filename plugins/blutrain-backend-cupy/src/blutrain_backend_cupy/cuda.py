@@ -1,0 +1,53 @@
+"""``blutrain_backend_cupy.cuda``: the "cuda" device's helper namespace (as ``torch.cuda``).
+
+    from blutrain_backend_cupy import cuda
+    if cuda.is_available():
+        with cuda.stream() as s:
+            ...                       # BluTrain's CUDA kernels go to s
+        cuda.synchronize()
+"""
+
+from __future__ import annotations
+
+from blutrain_backend_cupy.backend import CudaUnavailableError, backend, unavailable_error
+from blutrain_backend_cupy.gemm import set_tf32, tf32_enabled
+from blutrain_backend_cupy.streams import Event, Stream, current_stream, device, stream
+
+
+def is_available() -> bool:
+    """True when CuPy is installed and at least one NVIDIA GPU is visible."""
+    return backend().is_available()
+
+
+def device_count() -> int:
+    return backend().device_count()
+
+
+def synchronize(index: int | None = None) -> None:
+    """Wait for all work queued on GPU ``index`` (every GPU when None)."""
+    b = backend()
+    if not b.is_available():
+        raise unavailable_error()
+    for i in range(b.device_count()) if index is None else (index,):
+        b.synchronize(i)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the Philox generator of every GPU (the CPU generator is left alone)."""
+    backend().manual_seed(seed)
+
+
+__all__ = [
+    "CudaUnavailableError",
+    "Event",
+    "Stream",
+    "current_stream",
+    "device",
+    "device_count",
+    "is_available",
+    "manual_seed",
+    "set_tf32",
+    "stream",
+    "synchronize",
+    "tf32_enabled",
+]

@@ -1,0 +1,322 @@
+"""The "cuda" device on a GPU: copies, random streams, streams and events, GEMM precision, and ops
+through the public tensor API against the same ops on the CPU. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import blutrain.tensor as bt
+from blutrain.kernels import cuda as fused
+from blutrain.kernels.cuda import philox_reference
+from blutrain.tensor import dispatch
+from blutrain.tensor.backend import get_backend
+from blutrain.tensor.kernel import kernels
+from blutrain.tensor.tensor import Tensor
+from blutrain_backend_cupy import Event, Stream, cuda, current_stream, stream
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not cuda.is_available(), reason="needs an NVIDIA GPU and CuPy")]
+
+
+def host(t: Tensor) -> np.ndarray[Any, Any]:
+    return np.asarray(t.detach().cpu().numpy()).astype(np.float64)
+
+
+def rel(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def assert_close(got: Tensor, want: Tensor, tol: float) -> None:
+    assert got.device.type == "cuda"
+    assert got.shape == want.shape and got.dtype is want.dtype
+    g, w = host(got), host(want)
+    assert np.array_equal(np.isnan(g), np.isnan(w))
+    fin = np.isfinite(w)
+    assert np.array_equal(g[~fin], w[~fin])
+    assert rel(g[fin], w[fin]) <= tol, f"relative error {rel(g[fin], w[fin]):.3g}"
+
+
+# ------------------------------------------------------------------------------------------- copies
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16", "int64", "int8", "uint8", "bool"])
+def test_a_round_trip_through_the_gpu_is_exact(dtype: str) -> None:
+    a = np.random.default_rng(0).standard_normal((7, 33)) * 50
+    if not bt.as_dtype(dtype).is_floating:
+        a = np.abs(a) % 100  # in range of every integer type
+    arr = a.astype(bt.as_dtype(dtype).np)
+    t = bt.tensor(arr, device="cuda")
+    assert t.device.type == "cuda" and t.dtype is bt.as_dtype(dtype)
+    assert np.array_equal(t.cpu().numpy(), arr)
+
+
+def test_large_copies_to_the_host_are_exact() -> None:
+    a = np.random.default_rng(1).standard_normal(1 << 20).astype(np.float32)  # 4 MiB: the pinned path
+    t = bt.tensor(a, device="cuda")
+    back = get_backend("cuda").to_host(t._data[::2])  # a strided view too
+    assert np.array_equal(back, a[::2])
+    assert np.array_equal(t.cpu().numpy(), a)
+
+
+def test_empty_allocates_on_the_requested_gpu() -> None:
+    backend = get_backend("cuda")
+    arr = backend.empty((3, 4), bt.float32, 0)
+    assert arr.shape == (3, 4) and backend.device_index(arr) == 0
+    assert backend.data_ptr(arr) == arr.data.ptr
+
+
+def test_dlpack_import_keeps_the_tensor_on_the_gpu() -> None:
+    import cupy as cp
+
+    t = bt.from_dlpack(cp.arange(5, dtype=cp.float32))
+    assert t.device.type == "cuda" and t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+# ------------------------------------------------------------------------------------------- random
+
+
+def test_manual_seed_makes_cuda_random_tensors_reproducible() -> None:
+    bt.manual_seed(7)
+    a = host(bt.rand(1000, device="cuda"))
+    b = host(bt.randn(10, device="cuda"))
+    bt.manual_seed(7)
+    assert np.array_equal(host(bt.rand(1000, device="cuda")), a)
+    assert np.array_equal(host(bt.randn(10, device="cuda")), b)
+    assert not np.array_equal(host(bt.rand(1000, device="cuda")), a)
+
+
+def test_generator_state_round_trips_through_json() -> None:
+    gen = get_backend("cuda").generator(0)
+    gen.seed(5)
+    gen.uniform((10,), bt.float32)
+    state = json.loads(json.dumps(gen.get_state()))
+    x = host(bt.randn(100, device="cuda"))
+    gen.set_state(state)
+    assert np.array_equal(host(bt.randn(100, device="cuda")), x)
+
+
+def test_uniform_draws_follow_the_philox_reference() -> None:
+    gen = get_backend("cuda").generator(0)
+    gen.seed(11)
+    gen.uniform((5,), bt.float32)
+    offset = gen.get_state()["offset"]
+    assert offset == 2
+    u = gen.uniform((1001,), bt.float32)
+    import cupy as cp
+
+    assert np.array_equal(cp.asnumpy(u), philox_reference.uniform_f32(11, offset, 1001))
+    assert gen.get_state()["offset"] == offset + 251
+
+
+def test_random_distributions_have_the_right_moments() -> None:
+    bt.manual_seed(3)
+    z = host(bt.randn(1_000_000, device="cuda"))
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
+    u = host(bt.rand(1_000_000, device="cuda"))
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
+    i = host(bt.randint(-3, 10, (100_000,), device="cuda"))
+    assert set(np.unique(i).tolist()) == set(range(-3, 10))
+    assert bt.rand(4, dtype="float64", device="cuda").dtype is bt.float64
+    assert bt.randn(4, dtype="bfloat16", device="cuda").dtype is bt.bfloat16
+
+
+def test_dropout_draws_its_mask_from_the_device_generator() -> None:
+    x = bt.ones(10_000, device="cuda")
+    bt.manual_seed(1)
+    a = host(bt.dropout(x, 0.25))
+    bt.manual_seed(1)
+    b = host(bt.dropout(x, 0.25))
+    assert np.array_equal(a, b)
+    assert abs((a == 0).mean() - 0.25) < 0.02 and np.allclose(a[a != 0], 1 / 0.75)
+
+
+# ------------------------------------------------------------------------------------------- streams, events
+
+
+def test_work_inside_a_stream_block_runs_on_that_stream() -> None:
+    x = bt.randn(512, 512, device="cuda")
+    s = Stream()
+    with stream(s) as active:
+        assert active is s and current_stream().ptr == s.ptr
+        start, end = Event(), Event()
+        start.record(s)
+        y = x @ x
+        end.record(s)
+    end.synchronize()
+    assert end.query() and start.elapsed_time(end) >= 0
+    other = Stream()
+    other.wait_stream(s)
+    other.synchronize()
+    assert s.query()
+    assert np.allclose(host(y), host(x) @ host(x), rtol=1e-4, atol=1e-3)
+
+
+def test_synchronize_waits_for_every_gpu() -> None:
+    bt.randn(1000, device="cuda").sum()
+    cuda.synchronize()
+    cuda.synchronize(0)
+
+
+# ------------------------------------------------------------------------------------------- GEMM precision
+
+
+def test_float32_matmul_is_strict_unless_tf32_is_asked_for() -> None:
+    r = np.random.default_rng(2)
+    a, b = r.standard_normal((256, 4096)).astype(np.float32), r.standard_normal((4096, 256)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    ta, tb = bt.tensor(a, device="cuda"), bt.tensor(b, device="cuda")
+    assert not cuda.tf32_enabled()
+    assert rel(host(ta @ tb), ref) < 1e-5
+    cuda.set_tf32(True)
+    try:
+        assert rel(host(ta @ tb), ref) < 5e-3
+    finally:
+        cuda.set_tf32(False)
+    assert rel(host(ta @ tb), ref) < 1e-5
+
+
+def test_bfloat16_matmul_accumulates_in_float32() -> None:
+    r = np.random.default_rng(3)
+    a = r.standard_normal((128, 4096)).astype(bt.bfloat16.np)
+    b = r.standard_normal((4096, 128)).astype(bt.bfloat16.np)
+    out = bt.tensor(a, device="cuda") @ bt.tensor(b, device="cuda")
+    assert out.dtype is bt.bfloat16
+    assert rel(host(out), a.astype(np.float64) @ b.astype(np.float64)) < 1e-2
+
+
+# ------------------------------------------------------------------------------------------- ops against the CPU
+
+
+def _inputs(seed: int) -> dict[str, np.ndarray[Any, Any]]:
+    r = np.random.default_rng(seed)
+    return {
+        "x": r.standard_normal((6, 64)).astype(np.float32),
+        "y": r.standard_normal((6, 64)).astype(np.float32),
+        "row": r.standard_normal((64,)).astype(np.float32),
+        "w": r.standard_normal((48, 64)).astype(np.float32),
+        "b": r.standard_normal((48,)).astype(np.float32),
+        "q": r.standard_normal((2, 3, 17, 64)).astype(np.float32),
+        "k": r.standard_normal((2, 3, 21, 64)).astype(np.float32),
+        "v": r.standard_normal((2, 3, 21, 64)).astype(np.float32),
+        "mask": r.random((17, 21)) > 0.3,
+        "table": r.standard_normal((30, 64)).astype(np.float32),
+        "ids": r.integers(0, 30, (4, 5)),
+        "target": np.where(r.random(6) < 0.2, -100, r.integers(0, 48, 6)),
+        "idx": r.integers(0, 6, (6, 64)),
+    }
+
+
+Case = Callable[[dict[str, Tensor]], Tensor]
+OPS: dict[str, Case] = {
+    "add": lambda t: t["x"] + t["y"],
+    "mul_broadcast": lambda t: t["x"] * t["row"],
+    "exp": lambda t: t["x"].exp(),
+    "tanh": lambda t: bt.tanh(t["x"]),
+    "sigmoid": lambda t: bt.sigmoid(t["x"]),
+    "erf": lambda t: bt.erf(t["x"]),
+    "gelu": lambda t: bt.gelu(t["x"]),
+    "gelu_tanh": lambda t: bt.gelu(t["x"], approximate="tanh"),
+    "sum_dim0": lambda t: bt.sum(t["x"], 0),
+    "sum_dim1": lambda t: bt.sum(t["x"], 1, keepdim=True),
+    "sum_all": lambda t: bt.sum(t["x"]),
+    "mean": lambda t: bt.mean(t["x"], 1),
+    "var": lambda t: bt.var(t["x"], 0),
+    "amax": lambda t: bt.amax(t["x"], 1),
+    "argmax": lambda t: bt.argmax(t["x"], 1),
+    "softmax_last": lambda t: bt.softmax(t["x"], -1),
+    "softmax_first": lambda t: bt.softmax(t["x"], 0),
+    "log_softmax": lambda t: bt.log_softmax(t["x"], -1),
+    "logsumexp": lambda t: bt.logsumexp(t["x"], 1),
+    "matmul": lambda t: t["x"] @ t["w"].T,
+    "linear": lambda t: bt.linear(t["x"], t["w"], t["b"]),
+    "layer_norm": lambda t: bt.layer_norm(t["x"], 64, t["row"], t["row"]),
+    "rms_norm": lambda t: bt.rms_norm(t["x"], 64, t["row"]),
+    "cross_entropy": lambda t: bt.cross_entropy(bt.linear(t["x"], t["w"]), t["target"]),
+    "sdpa_causal": lambda t: bt.scaled_dot_product_attention(t["q"], t["k"], t["v"], is_causal=True),
+    "sdpa_mask": lambda t: bt.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=t["mask"]),
+    "embedding": lambda t: bt.embedding(t["ids"], t["table"]),
+    "cat": lambda t: bt.cat([t["x"], t["y"]], 1),
+    "where_scalar": lambda t: bt.where(t["x"] > 0, t["x"], 0.5),
+    "clamp_min": lambda t: bt.clamp(t["x"], min=-0.5),
+    "clamp_max": lambda t: bt.clamp(t["x"], max=0.5),
+    "tril": lambda t: bt.tril(t["x"]),
+    "gather": lambda t: bt.gather(t["x"], 0, t["idx"]),
+    "scatter_add": lambda t: bt.scatter_add(t["x"], 0, t["idx"], t["y"]),
+    "index_add": lambda t: bt.index_add(t["x"], 0, t["idx"][:, 0], t["y"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_on_cuda_matches_the_cpu(name: str) -> None:
+    data = _inputs(4)
+    cpu = {k: bt.tensor(v) for k, v in data.items()}
+    gpu = {k: bt.tensor(v, device="cuda") for k, v in data.items()}
+    want, got = OPS[name](cpu), OPS[name](gpu)
+    assert_close(got, want, 1e-5 if got.dtype.is_floating else 0.0)
+
+
+@pytest.mark.parametrize("name", ["add", "exp", "gelu_tanh", "sum_dim0", "softmax_last", "layer_norm", "matmul",
+                                  "linear", "cross_entropy", "sdpa_causal", "embedding"])
+def test_bfloat16_op_on_cuda_matches_the_cpu(name: str) -> None:
+    data = _inputs(5)
+    cpu = {k: bt.tensor(v).to(dtype="bfloat16") if v.dtype == np.float32 else bt.tensor(v) for k, v in data.items()}
+    gpu = {k: t.to(device="cuda") for k, t in cpu.items()}
+    assert_close(OPS[name](gpu), OPS[name](cpu), 2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64", "int8", "int64", "uint8", "bool"])
+def test_index_put_accumulate_sums_repeated_indices(dtype: str) -> None:
+    idx = np.array([0, 1, 1, 3, 3, 3, 4])
+    vals = np.array([1, 2, 3, 4, 5, 6, 120]).astype(bt.as_dtype(dtype).np)
+    out = []
+    for dev in ("cpu", "cuda"):
+        x = bt.full((5,), 100 if dtype != "bool" else 0, dtype=dtype, device=dev)
+        bt.index_put_(x, (bt.tensor(idx, device=dev),), bt.tensor(vals, device=dev), accumulate=True)
+        out.append(x.cpu().numpy())
+    assert np.array_equal(out[0], out[1]), out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "int64", "bool"])
+def test_factories_on_cuda_match_the_cpu(dtype: str) -> None:
+    for make in (lambda d: bt.full((3, 4), 2, dtype=dtype, device=d),
+                 lambda d: bt.zeros(5, dtype=dtype, device=d),
+                 lambda d: bt.eye(3, 4, dtype=dtype, device=d)):
+        assert np.array_equal(make("cuda").cpu().numpy(), make("cpu").numpy())
+    if dtype != "bool":
+        assert np.array_equal(bt.arange(0, 10, 3, dtype=dtype, device="cuda").cpu().numpy(),
+                              bt.arange(0, 10, 3, dtype=dtype).numpy())
+    if dtype in ("float32", "bfloat16"):
+        assert np.array_equal(bt.linspace(0, 1, 7, dtype=dtype, device="cuda").cpu().numpy(),
+                              bt.linspace(0, 1, 7, dtype=dtype).numpy())
+
+
+# ------------------------------------------------------------------------------------------- registration
+
+
+def test_fused_kernels_win_for_float32_and_bfloat16_only() -> None:
+    reg = kernels()
+    assert reg.lookup("layer_norm", "cuda", bt.float32).priority == 10
+    assert reg.lookup("sdpa_backward", "cuda", bt.bfloat16).priority == 10
+    assert reg.lookup("layer_norm", "cuda", bt.float16).priority == 0
+    assert dispatch.kernel("adamw_multi_tensor", "cuda", bt.float32) is fused.adamw_multi_tensor
+
+
+def test_gradients_of_a_small_block_on_cuda_match_the_cpu() -> None:
+    pytest.importorskip("blutrain.autograd")
+    data = _inputs(6)
+    grads = []
+    for dev in ("cpu", "cuda"):
+        x = bt.tensor(data["x"], device=dev, requires_grad=True)
+        w = bt.tensor(data["w"], device=dev, requires_grad=True)
+        b = bt.tensor(data["b"], device=dev, requires_grad=True)
+        g = bt.tensor(data["row"], device=dev, requires_grad=True)
+        h = bt.gelu(bt.layer_norm(x, 64, g), approximate="tanh")
+        loss = bt.cross_entropy(bt.linear(h, w, b), bt.tensor(data["target"], device=dev))
+        loss.backward()
+        grads.append([host(t.grad) for t in (x, w, b, g)])  # type: ignore[arg-type]
+    for c, gpu in zip(*grads, strict=True):
+        assert rel(gpu, c) < 1e-4

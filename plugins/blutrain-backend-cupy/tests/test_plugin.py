@@ -1,0 +1,76 @@
+"""The plugin without a GPU: it imports, registers the "cuda" device and a kernel for every op, and
+using the device raises an error that says why (runs on every machine; the GPU-less cases are
+skipped where a GPU is visible)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pytest
+
+import blutrain.tensor as bt
+import blutrain_backend_cupy
+from blutrain.kernels import cuda as fused
+from blutrain.tensor.backend import get_backend
+from blutrain.tensor.cpu.kernels import TABLE
+from blutrain.tensor.kernel import kernels
+from blutrain_backend_cupy import CudaUnavailableError, CupyBackend, cuda
+
+no_gpu = pytest.mark.skipif(cuda.is_available(), reason="a GPU is visible: the unavailable path does not apply")
+
+
+def test_entry_point_names_the_plugin_module() -> None:
+    eps = {ep.name: ep.value for ep in metadata.entry_points(group="blutrain")}
+    assert eps.get("cuda") == "blutrain_backend_cupy"
+
+
+def test_the_cuda_backend_is_registered_by_the_plugin() -> None:
+    backend = get_backend("cuda")
+    assert isinstance(backend, CupyBackend)
+    assert backend is blutrain_backend_cupy.backend()
+    assert backend.dlpack_device_type == 2
+
+
+def test_every_cpu_op_has_a_cuda_kernel() -> None:
+    registry = kernels()
+    for op, (_, dtypes, _) in TABLE.items():
+        for dt in dtypes:
+            assert registry.lookup(op, "cuda", dt).provider.plugin == "cuda", (op, dt.name)
+
+
+def test_the_multi_tensor_adamw_op_is_registered_for_float32() -> None:
+    assert "adamw_multi_tensor" in fused.STANDALONE
+    assert kernels().lookup("adamw_multi_tensor", "cuda", bt.float32).provider.plugin == "cuda"
+
+
+@no_gpu
+def test_without_a_gpu_the_device_reports_itself_unavailable() -> None:
+    backend = get_backend("cuda")
+    assert backend.is_available() is False
+    assert backend.device_count() == 0
+    assert blutrain_backend_cupy.is_available() is False
+
+
+@no_gpu
+def test_without_a_gpu_creating_a_cuda_tensor_says_why() -> None:
+    with pytest.raises(CudaUnavailableError, match="device 'cuda': "):
+        bt.zeros(2, 3, device="cuda")
+    with pytest.raises(CudaUnavailableError, match="device 'cuda': "):
+        bt.tensor([1.0, 2.0], device="cuda")
+    with pytest.raises(CudaUnavailableError, match="device 'cuda': "):
+        bt.ones(2).to(device="cuda")
+
+
+@no_gpu
+def test_without_a_gpu_the_helper_namespace_says_why() -> None:
+    assert cuda.device_count() == 0
+    with pytest.raises(CudaUnavailableError, match="device 'cuda': "):
+        cuda.synchronize()
+    with pytest.raises(CudaUnavailableError):
+        cuda.Event()
+
+
+@no_gpu
+def test_manual_seed_leaves_an_unavailable_cuda_device_alone() -> None:
+    bt.manual_seed(1234)  # seeds every available backend; must not touch the missing GPU
+    assert bt.rand(3).shape == (3,)

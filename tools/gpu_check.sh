@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The GPU check: one command for one call of the lent GPU machine.
+#
+#   bash tools/gpu_check.sh [--quick] [--no-bench] [--no-conformance]
+#
+# 1. Makes the workspace importable with no network: every packages/*/src and plugins/*/src goes
+#    on PYTHONPATH, and a generated .dist-info per member (METADATA + entry_points.txt from its
+#    pyproject.toml) makes importlib.metadata find the entry points (plugins, hook specs, the
+#    pytest plugin). No build backend is needed. Wheels carried in .whl/ are installed first.
+# 2. pytest -m cuda over packages/ and plugins/ (the fused-kernel tests against float64 references).
+# 3. The conformance suite on device cuda, when blutrain.kernels.conformance exists.
+# 4. tools/bench_kernels.py: ours against PyTorch, CUDA events, medians, random data.
+# Prints a short summary last. Logs and results go to $OUT (the device tool's output folder) or
+# tools/results/: gpu_check.log, cuda_tests.xml, conformance.xml, bench_kernels.json,
+# bench_summary.txt, alloc_build.log. Every stage has its own time limit (120 + 180 + 120 + 180 s at
+# most; a typical full run is 5-7 minutes on an H100, --quick about 3): give the call 600 s.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+QUICK=0 BENCH=1 CONFORMANCE=1
+for arg in "$@"; do
+    case "$arg" in
+        --quick) QUICK=1 ;;
+        --no-bench) BENCH=0 ;;
+        --no-conformance) CONFORMANCE=0 ;;
+        *) echo "usage: $0 [--quick] [--no-bench] [--no-conformance]" >&2; exit 2 ;;
+    esac
+done
+
+OUT=${OUT:-$ROOT/tools/results}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+# Multi-GPU hosts here must keep NVLink multicast off (see the device tool's KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+exec > >(tee "$OUT/gpu_check.log") 2>&1
+T0=$SECONDS
+stamp() { echo "== [$((SECONDS - T0)) s] $*"; }
+
+stamp "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader || true
+"$PY" -c 'import sys, numpy, cupy, torch; print("python", sys.version.split()[0], "numpy", numpy.__version__,
+"cupy", cupy.__version__, "torch", torch.__version__, "gpus", cupy.cuda.runtime.getDeviceCount())'
+
+stamp "workspace (no network)"
+EXTRA=""
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/blutrain-wheels .whl/*.whl \
+        && EXTRA=/tmp/blutrain-wheels
+fi
+SITE=/tmp/blutrain-site
+rm -rf "$SITE"
+SRCS=$("$PY" - "$SITE" <<'PYEOF'
+"""Write a .dist-info per workspace member so importlib.metadata sees its entry points; print the
+src folders to put on sys.path."""
+import sys
+import tomllib
+from pathlib import Path
+
+site = Path(sys.argv[1])
+site.mkdir(parents=True, exist_ok=True)
+srcs = []
+for pp in sorted([*Path("packages").glob("*/pyproject.toml"), *Path("plugins").glob("*/pyproject.toml")]):
+    project = tomllib.loads(pp.read_text())["project"]
+    name, version = project["name"], project.get("version", "0")
+    src = (pp.parent / "src").resolve()
+    srcs.append(str(src))
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    lines = []
+    for group, entries in project.get("entry-points", {}).items():
+        present = {}
+        for key, value in entries.items():
+            mod = value.split(":")[0].replace(".", "/")
+            if (src / f"{mod}.py").exists() or (src / mod / "__init__.py").exists():
+                present[key] = value
+            else:
+                print(f"   skipped entry point {name} [{group}] {key} = {value}: module not in the tree", file=sys.stderr)
+        if present:
+            lines += [f"[{group}]", *(f"{k} = {v}" for k, v in present.items()), ""]
+    (info / "entry_points.txt").write_text("\n".join(lines))
+print(":".join(srcs))
+PYEOF
+)
+# blutrain-alloc's cuda tests need its native core: build it in place of its source tree (best effort;
+# skipped with --quick, and then its tests are left out).
+ALLOC="" ALLOC_IGNORE="--ignore=packages/blutrain-alloc/tests"
+if [[ $QUICK == 0 ]]; then
+    if timeout -k 5 120 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/blutrain-alloc \
+            packages/blutrain-alloc >"$OUT/alloc_build.log" 2>&1; then
+        ALLOC=/tmp/blutrain-alloc ALLOC_IGNORE=""
+        echo "   built blutrain-alloc's native core"
+    else
+        echo "   could not build blutrain-alloc's native core (see alloc_build.log): its tests are left out"
+    fi
+fi
+export PYTHONPATH="$SITE:${ALLOC:+$ALLOC:}$SRCS${EXTRA:+:$EXTRA}${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" - <<'PYEOF'
+import blutrain.tensor as bt
+import blutrain_backend_cupy as plugin
+from blutrain.tensor.plugins import plugin_infos
+print("plugins:", ", ".join(f"{p.name} ({p.distribution})" for p in plugin_infos()))
+print("cuda available:", plugin.is_available(), "devices:", plugin.cuda.device_count())
+x = bt.randn(4, 8, device="cuda")
+diff = float((x @ x.T).cpu().sub(x.cpu() @ x.cpu().T).abs().max().item())
+print(f"smoke: randn on {x.device}, GEMM vs CPU max |diff| {diff:.2e}")
+PYEOF
+
+stamp "cuda tests (pytest -m cuda)"
+timeout -k 10 170 "$PY" -m pytest -m cuda -q -rfE -p no:cacheprovider --continue-on-collection-errors $ALLOC_IGNORE \
+    --junitxml="$OUT/cuda_tests.xml" packages plugins 2>&1 | tail -n 80
+RC_TESTS=${PIPESTATUS[0]}
+
+RC_CONF=skipped
+if [[ $CONFORMANCE == 1 && -f packages/blutrain-kernels/src/blutrain/kernels/conformance/__init__.py ]]; then
+    stamp "conformance suite on cuda"
+    timeout -k 10 $((QUICK ? 90 : 120)) "$PY" -m pytest --pyargs blutrain.kernels.conformance \
+        --blutrain-device=cuda -q -rfE -p no:cacheprovider --junitxml="$OUT/conformance.xml" 2>&1 | tail -n 60
+    RC_CONF=${PIPESTATUS[0]}
+fi
+
+RC_BENCH=skipped
+if [[ $BENCH == 1 ]]; then
+    stamp "kernel benchmark"
+    timeout -k 10 $((QUICK ? 100 : 170)) "$PY" tools/bench_kernels.py $([[ $QUICK == 1 ]] && echo --quick) \
+        --out "$OUT/bench_kernels.json" --summary "$OUT/bench_summary.txt"
+    RC_BENCH=$?
+fi
+
+stamp "summary"
+"$PY" - "$OUT" <<'PYEOF'
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+out = Path(sys.argv[1])
+for name in ("cuda_tests", "conformance"):
+    f = out / f"{name}.xml"
+    if not f.exists():
+        print(f"{name:<12} no report (skipped, or killed by its time limit: see gpu_check.log)")
+        continue
+    s = ET.parse(f).getroot()
+    s = s if s.tag == "testsuite" else s[0]
+    n, fail, err, skip = (int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+    print(f"{name:<12} {n - fail - err - skip} passed, {fail} failed, {err} errors, {skip} skipped")
+    failed = [c for c in s.iter("testcase") if c.find("failure") is not None or c.find("error") is not None]
+    for case in failed[:40]:
+        print(f"   FAILED {case.get('classname')}::{case.get('name')}")
+    if len(failed) > 40:
+        print(f"   ... and {len(failed) - 40} more (see the log)")
+PYEOF
+echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, benchmark $RC_BENCH; $((SECONDS - T0)) s"
+if [[ -f "$OUT/bench_summary.txt" ]]; then
+    echo
+    cat "$OUT/bench_summary.txt"
+fi
+[[ $RC_TESTS == 0 ]]
