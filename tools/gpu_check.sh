@@ -116,9 +116,22 @@ RC_TESTS=${PIPESTATUS[0]}
 RC_CONF=skipped
 if [[ $CONFORMANCE == 1 && -f packages/blutrain-kernels/src/blutrain/kernels/conformance/__init__.py ]]; then
     stamp "conformance suite on cuda"
-    timeout -k 10 $((QUICK ? 90 : 120)) "$PY" -m pytest --pyargs blutrain.kernels.conformance \
+    # CuPy compiles each (op, dtype) kernel on first use; xdist workers share its on-disk cache
+    XDIST=$("$PY" -c 'import xdist' 2>/dev/null && echo "-n 8")
+    timeout -k 10 $((QUICK ? 150 : 240)) "$PY" -m pytest --pyargs blutrain.kernels.conformance $XDIST \
         --blutrain-device=cuda -q -rfE -p no:cacheprovider --junitxml="$OUT/conformance.xml" 2>&1 | tail -n 60
     RC_CONF=${PIPESTATUS[0]}
+fi
+
+RC_GPT2=skipped
+if [[ ${GPT2:-1} == 1 ]]; then
+    stamp "GPT-2 124M on cuda (fp32) against the CPU in float64"
+    timeout -k 10 150 "$PY" tools/check_gpt2_cuda.py --out "$OUT/gpt2_check.json" 2>&1 | tail -n 20
+    RC_GPT2=${PIPESTATUS[0]}
+    stamp "blutrain train --device cuda --preset gpt2-124m (loss must fall)"
+    timeout -k 10 150 "$PY" -m blutrain.cli train --device cuda --preset gpt2-124m --batch-size 8 --seq-len 512 \
+        --max-steps 40 --warmup-steps 5 --lr 6e-4 --eval-every 0 --out /tmp/gpt2-cuda-run 2>&1 | tail -n 12
+    cp /tmp/gpt2-cuda-run/metrics.jsonl "$OUT/gpt2_train_metrics.jsonl" 2>/dev/null || true
 fi
 
 RC_BENCH=skipped
@@ -151,7 +164,7 @@ for name in ("cuda_tests", "conformance"):
     if len(failed) > 40:
         print(f"   ... and {len(failed) - 40} more (see the log)")
 PYEOF
-echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, benchmark $RC_BENCH; $((SECONDS - T0)) s"
+echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, gpt2 check $RC_GPT2, benchmark $RC_BENCH; $((SECONDS - T0)) s"
 if [[ -f "$OUT/bench_summary.txt" ]]; then
     echo
     cat "$OUT/bench_summary.txt"

@@ -21,6 +21,7 @@ from typing import Any
 
 from blutrain.autograd.rules import RULES, Rule
 from blutrain.tensor import dispatch
+from blutrain.tensor.backend import is_writeable
 from blutrain.tensor.errors import AutogradError, DeviceMismatchError, ShapeError, TensorTypeError
 from blutrain.tensor.ops import factory
 from blutrain.tensor.tensor import Tensor
@@ -201,7 +202,7 @@ def _owned(grad: Tensor, claimed: set[int]) -> Tensor:
     hands the same tensor to both inputs) or be a view of another gradient."""
     data = grad._data
     if (id(grad._storage) in claimed or grad._base is not None or not data.flags.c_contiguous
-            or not data.flags.writeable):
+            or not is_writeable(data)):
         grad = grad.clone()
     claimed.add(id(grad._storage))
     return grad
@@ -214,7 +215,7 @@ def _accumulate_grad(t: Tensor, grad: Tensor, claimed: set[int]) -> None:
     if old is None:
         t.grad = _owned(grad, claimed)
     elif (not _grad_mode.enabled and not old._rg and old.shape == grad.shape and old.dtype is grad.dtype
-          and old._data.flags.writeable):
+          and is_writeable(old._data)):
         old.add_(grad)
     else:
         t.grad = old + grad

@@ -65,6 +65,15 @@ def array_module(array: Any) -> ModuleType:
     return ARRAY_MODULES.get(type(array), np)
 
 
+def is_writeable(array: Any) -> bool:
+    """Whether writing into ``array`` in place is safe. NumPy says so in its flags; CuPy has no
+    read-only arrays, so there an expanded (broadcast) view shows itself by a zero stride."""
+    writeable = getattr(array.flags, "writeable", None)
+    if writeable is not None:
+        return bool(writeable)
+    return all(stride != 0 for stride, n in zip(array.strides, array.shape, strict=True) if n > 1)
+
+
 class BackendRegistry(Registry[Backend]):
     """Device type → Backend, filled by ``blutrain_register_backends``."""
 

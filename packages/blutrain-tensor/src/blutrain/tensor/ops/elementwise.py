@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.tensor import dispatch
+from blutrain.tensor.backend import is_writeable
 from blutrain.tensor.device import Device
 from blutrain.tensor.dtype import (
     INTEGER_DTYPES,
@@ -235,7 +236,7 @@ def _check_inplace(op: str, target: Tensor, *others: Any) -> None:
 
 def check_writable(op: str, target: Tensor) -> None:
     """In-place writes need memory of their own: an expanded view repeats one element many times."""
-    if not target._data.flags.writeable:
+    if not is_writeable(target._data):
         raise TensorValueError(
             f"{op}: the target of shape {list(target.shape)} and strides {list(target.stride())} cannot be "  # type: ignore[arg-type]
             "written in place (an expanded view, or a read-only array); clone() it first")

@@ -1,0 +1,7 @@
+"""``python -m blutrain.cli``: the ``blutrain`` command where no console script is installed."""
+
+import sys
+
+from blutrain.cli import main
+
+sys.exit(main())
