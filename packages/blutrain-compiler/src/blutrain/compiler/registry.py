@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from blutrain.compiler import hookspecs
 from blutrain.tensor import plugins
 from blutrain.tensor.registry import Registry
-
-from blutrain.compiler import hookspecs
 
 
 class PassRegistry(Registry[Any]):

@@ -137,12 +137,27 @@ def cross_entropy_backward(grad: Array, logits: Array, target: Array, lse: Array
     return (g * scale).astype(logits.dtype, copy=False)
 
 
+_ABOVE_DIAGONAL: dict[tuple[int, int, int], Array] = {}
+
+
+def _above_diagonal(xp: Any, t: int, u: int) -> Array:
+    """The (t, u) mask of keys a causal query must not see, built once per size and module."""
+    key = (id(xp), t, u)
+    found = _ABOVE_DIAGONAL.get(key)
+    if found is None:
+        found = xp.triu(xp.ones((t, u), dtype=bool), 1)
+        if len(_ABOVE_DIAGONAL) > 64:
+            _ABOVE_DIAGONAL.clear()
+        _ABOVE_DIAGONAL[key] = found
+    return found
+
+
 def _scores(q: Array, k: Array, mask: Array | None, causal: bool, scale: float) -> Array:
     xp = array_module(q)
-    s = xp.matmul(q, xp.swapaxes(k, -1, -2)) * scale
+    s = xp.matmul(q, xp.swapaxes(k, -1, -2))
+    s *= scale
     if causal:
-        t, u = s.shape[-2], s.shape[-1]
-        s = xp.where(xp.tril(xp.ones((t, u), dtype=bool)), s, -xp.inf)
+        xp.copyto(s, -xp.inf, where=_above_diagonal(xp, s.shape[-2], s.shape[-1]))
     elif mask is not None:
         s = xp.where(mask, s, -xp.inf) if mask.dtype == bool else s + mask
     return s
