@@ -169,3 +169,27 @@ def test_unknown_config_key_is_named(tmp_path: Path) -> None:
     toml.write_text("learning_rate = 0.1\n")
     with pytest.raises(ConfigError, match="unknown key 'learning_rate'"):
         TrainConfig.from_toml(toml)
+
+
+def test_generate_command_continues_a_prompt_from_a_checkpoint(dataset: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from blutrain.cli import main
+
+    result = Trainer(_config(dataset, tmp_path, max_steps=1)).run()
+    capsys.readouterr()
+    code = main(["generate", "--checkpoint", result["checkpoint"], "--prompt", "def ", "--max-new-tokens", "12",
+                 "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("def ")
+    assert len(out.rstrip("\n").encode("utf-8", "replace")) >= len("def ")
+
+
+def test_bf16_autocast_training_keeps_float32_master_weights_and_learns(dataset: Path, tmp_path: Path) -> None:
+    cfg = _config(dataset, tmp_path, dtype="bf16", max_steps=20, warmup_steps=0)
+    cfg.model_overrides["dropout"] = 0.0
+    trainer = Trainer(cfg)
+    trainer.run()
+    assert all(p.dtype is bt.float32 for p in trainer.model.parameters())
+    losses = _losses(tmp_path)
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.2

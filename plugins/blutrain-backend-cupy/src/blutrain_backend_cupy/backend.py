@@ -148,6 +148,12 @@ class CupyBackend:
         self._seed = 0
         self._generators: dict[int, PhiloxGenerator] = {}
 
+    def set_tf32(self, enabled: bool) -> None:
+        """Let float32 GEMMs use TF32 tensor cores (the trainer's ``--dtype tf32``)."""
+        from blutrain_backend_cupy.gemm import set_tf32
+
+        set_tf32(enabled)
+
     def is_available(self) -> bool:
         return self._count > 0
 

@@ -71,13 +71,11 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, stream: TextIO | None = None) -> None:
         cfg.validate()
-        if cfg.dtype == "bf16":
-            raise ConfigError("dtype bf16 needs the mixed-precision (autocast) policy of the CUDA backend, which "
-                              "this build does not have yet; use fp32")
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.stream = stream or sys.stdout
         self.device = resolve_device(cfg.device)
+        self._configure_precision()
         from blutrain.train import hookspecs
 
         plugins.add_hookspecs(hookspecs)
@@ -104,6 +102,18 @@ class Trainer:
         self.val_history: list[tuple[int, float]] = []
         if cfg.resume:
             self._resume(cfg.resume)
+
+    def _configure_precision(self) -> None:
+        """fp32: strict float32 GEMMs. tf32: the backend's TF32 GEMMs (a GPU mode; a backend without it,
+        like the CPU, computes float32 and says so). bf16: autocast — bf16 GEMMs and attention, float32
+        norms and loss, float32 master weights and optimizer state."""
+        backend = bt.device(self.device).backend
+        set_tf32 = getattr(backend, "set_tf32", None)
+        if set_tf32 is not None:
+            set_tf32(self.cfg.dtype == "tf32")
+        elif self.cfg.dtype == "tf32":
+            self._print(f"note: device {self.device} has no TF32 mode; computing in float32")
+        self.autocast = bt.autocast(dtype="bfloat16", enabled=self.cfg.dtype == "bf16")
 
     # -- state ---------------------------------------------------------------------------------
     def _rng_state(self) -> dict[str, Any]:
@@ -151,7 +161,8 @@ class Trainer:
         self.model.train()
         for _ in range(accum):
             x, y = self._batch(self.loader)
-            _, loss = self.model(x, y)
+            with self.autocast:
+                _, loss = self.model(x, y)
             (loss / accum).backward()
             loss_sum += float(loss.item())
         norm = clip_grad_norm_(self.model.parameters(), cfg.clip) if cfg.clip > 0 else math.nan
@@ -171,7 +182,8 @@ class Trainer:
         with no_grad():
             for _ in range(self.cfg.eval_batches):
                 x, y = self._batch(val)
-                _, loss = self.model(x, y)
+                with self.autocast:
+                    _, loss = self.model(x, y)
                 total += float(loss.item())
         self.model.train()
         return total / self.cfg.eval_batches

@@ -7,10 +7,13 @@ epilogue (cuBLASLt does).
 from __future__ import annotations
 
 from blutrain.tensor import dispatch
+from blutrain.tensor.autocast import lower
+from blutrain.tensor.autocast import state as autocast_state
 from blutrain.tensor.errors import DeviceMismatchError, ShapeError, TensorTypeError
 from blutrain.tensor.tensor import Tensor
 
 _grad_mode = dispatch.grad_mode
+_autocast = autocast_state
 _kernel = dispatch.kernel
 
 
@@ -28,6 +31,8 @@ def _check_pair(op: str, a: Tensor, b: Tensor) -> None:
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with broadcast batch dims; 1-D operands are vectors, as in PyTorch."""
+    if _autocast.dtype is not None:
+        a, b = lower(a), lower(b)
     _check_pair("matmul", a, b)
     k_a = a.shape[-1]
     k_b = b.shape[-2] if b.ndim > 1 else b.shape[0]
@@ -54,6 +59,8 @@ def bmm(a: Tensor, b: Tensor) -> Tensor:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` with weight of shape (out_features, in_features)."""
+    if _autocast.dtype is not None:
+        x, weight, bias = lower(x), lower(weight), lower(bias)
     _check_pair("linear", x, weight)
     if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         raise ShapeError(f"linear: input of shape {list(x.shape)} does not fit weight of shape "

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from blutrain.tensor import dispatch
+from blutrain.tensor.autocast import lower, widen
+from blutrain.tensor.autocast import state as autocast_state
 from blutrain.tensor.backend import Generator
 from blutrain.tensor.dtype import bool_, from_numpy_dtype
 from blutrain.tensor.errors import (
@@ -24,6 +26,7 @@ from blutrain.tensor.ops.indexing import _check_bounds, _index_tensor
 from blutrain.tensor.tensor import Tensor
 
 _grad_mode = dispatch.grad_mode
+_autocast = autocast_state
 _kernel = dispatch.kernel
 
 
@@ -60,6 +63,8 @@ def _floating(op: str, x: Tensor, name: str = "input") -> None:
 def layer_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | None = None,
                bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """Normalize over the trailing ``normalized_shape`` dims, then scale and shift."""
+    if _autocast.dtype is not None:
+        x, weight, bias = widen(x), widen(weight), widen(bias)
     _floating("layer_norm", x)
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(ns)
@@ -80,6 +85,8 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor 
 def rms_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | None = None,
              eps: float | None = None) -> Tensor:
     """``x / sqrt(mean(x²) + eps) * weight`` over the trailing dims (eps defaults to the dtype's eps)."""
+    if _autocast.dtype is not None:
+        x, weight = widen(x), widen(weight)
     _floating("rms_norm", x)
     ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(ns)
@@ -135,6 +142,8 @@ def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, re
     ``reduction='mean'`` averages over targets that are not ``ignore_index``; label smoothing mixes
     the one-hot target with the uniform distribution, as in PyTorch.
     """
+    if _autocast.dtype is not None:
+        input = widen(input)
     _floating("cross_entropy", input)
     if reduction not in ("mean", "sum", "none"):
         raise TensorValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
@@ -184,6 +193,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     A bool ``attn_mask`` marks positions that take part (True) as in PyTorch; a float mask is added
     to the scores. ``is_causal`` lets query i see keys 0..i (top-left aligned).
     """
+    if _autocast.dtype is not None:
+        query, key, value = lower(query), lower(key), lower(value)
     for name, t in (("query", query), ("key", key), ("value", value)):
         _floating("scaled_dot_product_attention", t, name)
         if t.ndim < 2:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from blutrain.tensor import dispatch
+from blutrain.tensor.autocast import state as autocast_state
+from blutrain.tensor.autocast import widen
 from blutrain.tensor.dtype import DType, as_dtype, bool_, int64
 from blutrain.tensor.errors import TensorTypeError, TensorValueError
 from blutrain.tensor.tensor import Tensor
@@ -178,6 +180,8 @@ def logsumexp(x: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Ten
 def _softmax_like(op: str, x: Tensor, dim: int, dtype: DType | str | None) -> Tensor:
     if dtype is not None:
         x = x.to(dtype=dtype)
+    elif autocast_state.dtype is not None:
+        x = widen(x)
     _float_input(x, op)
     dims = normalize_dims(dim, x.ndim, op)
     axis = dims[0] if dims else -1
