@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 
-def plot_losses(metrics_path: Path, out: Path) -> Path | None:
-    """Draw the loss curves; returns the PNG path (None when there is nothing to draw)."""
+def plot_losses(metrics_path: Path, out: Path, val_points: list[tuple[int, float]] | None = None) -> Path | None:
+    """Draw the loss curves; returns the PNG path (None when there is nothing to draw). ``val_points``
+    (step, loss) replaces the validation losses found in the metrics, so the final evaluation that
+    follows the last step is drawn too."""
     steps, losses, val_steps, vals = [], [], [], []
     for line in metrics_path.read_text().splitlines():
         if not line.strip():
@@ -20,6 +22,8 @@ def plot_losses(metrics_path: Path, out: Path) -> Path | None:
             vals.append(m["val_loss"])
     if not steps:
         return None
+    if val_points is not None:
+        val_steps, vals = [p[0] for p in val_points], [p[1] for p in val_points]
     import matplotlib
 
     matplotlib.use("Agg")

@@ -268,4 +268,4 @@ class Trainer:
     def _plot(self) -> Path | None:
         from blutrain.train.plot import plot_losses
 
-        return plot_losses(self.out / "metrics.jsonl", self.out / "loss.png")
+        return plot_losses(self.out / "metrics.jsonl", self.out / "loss.png", self.val_history)
