@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: one command for one call of the lent GPU machine.
 #
-#   bash tools/gpu_check.sh [--quick] [--no-bench] [--no-conformance]
+#   bash tools/gpu_check.sh [--quick] [--no-bench] [--no-conformance] [--sanitize]
 #
 # 1. Makes the workspace importable with no network: every packages/*/src and plugins/*/src goes
 #    on PYTHONPATH, and a generated .dist-info per member (METADATA + entry_points.txt from its
@@ -9,6 +9,7 @@
 #    pytest plugin). No build backend is needed. Wheels carried in .whl/ are installed first.
 # 2. pytest -m cuda over packages/ and plugins/ (the fused-kernel tests against float64 references).
 # 3. The conformance suite on device cuda, when blutrain.kernels.conformance exists.
+# 3b. With --sanitize: compute-sanitizer memcheck over the fused-kernel tests (test_cuda.py).
 # 4. tools/bench_kernels.py: ours against PyTorch, CUDA events, medians, random data.
 # Prints a short summary last. Logs and results go to $OUT (the device tool's output folder) or
 # tools/results/: gpu_check.log, cuda_tests.xml, conformance.xml, bench_kernels.json,
@@ -18,13 +19,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-QUICK=0 BENCH=1 CONFORMANCE=1
+QUICK=0 BENCH=1 CONFORMANCE=1 SANITIZE=0
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
         --no-bench) BENCH=0 ;;
         --no-conformance) CONFORMANCE=0 ;;
-        *) echo "usage: $0 [--quick] [--no-bench] [--no-conformance]" >&2; exit 2 ;;
+        --sanitize) SANITIZE=1 ;;
+        *) echo "usage: $0 [--quick] [--no-bench] [--no-conformance] [--sanitize]" >&2; exit 2 ;;
     esac
 done
 
@@ -123,6 +125,17 @@ if [[ $CONFORMANCE == 1 && -f packages/blutrain-kernels/src/blutrain/kernels/con
     RC_CONF=${PIPESTATUS[0]}
 fi
 
+RC_SAN=skipped
+if [[ $SANITIZE == 1 ]]; then
+    stamp "compute-sanitizer memcheck over the fused-kernel tests"
+    # CuPy's memory pool hands out sub-ranges of large blocks, so an overrun inside a block would not
+    # be seen by memcheck: the pool is turned off here (every allocation is its own cudaMalloc).
+    timeout -k 10 240 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 --print-limit 20 \
+        "$PY" -c 'import sys, cupy, pytest; cupy.cuda.set_allocator(None); sys.exit(pytest.main(sys.argv[1:]))' \
+        -q -p no:cacheprovider -m cuda packages/blutrain-kernels/tests/test_cuda.py 2>&1 | tail -n 30
+    RC_SAN=${PIPESTATUS[0]}
+fi
+
 RC_GPT2=skipped
 if [[ ${GPT2:-1} == 1 ]]; then
     stamp "GPT-2 124M on cuda (fp32) against the CPU in float64"
@@ -164,7 +177,7 @@ for name in ("cuda_tests", "conformance"):
     if len(failed) > 40:
         print(f"   ... and {len(failed) - 40} more (see the log)")
 PYEOF
-echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, gpt2 check $RC_GPT2, benchmark $RC_BENCH; $((SECONDS - T0)) s"
+echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH; $((SECONDS - T0)) s"
 if [[ -f "$OUT/bench_summary.txt" ]]; then
     echo
     cat "$OUT/bench_summary.txt"

@@ -97,7 +97,10 @@ def rng(seed: int) -> np.random.Generator:
 
 # ------------------------------------------------------------------------------------------- LayerNorm
 
-LN_SHAPES = [((5, 768), 1), ((7, 100), 1), ((3, 33), 1), ((2, 3, 256), 1), ((4, 6, 10), 2), ((2, 4096), 1)]
+# (2000, 768) and (300, 3072): more rows than one block's row groups, so the backward's blocks loop and
+# combine their dweight/dbias sums; (3, 5000): wider than the register-resident backward holds.
+LN_SHAPES = [((5, 768), 1), ((7, 100), 1), ((3, 33), 1), ((2, 3, 256), 1), ((4, 6, 10), 2), ((2, 4096), 1),
+             ((2000, 768), 1), ((300, 3072), 1), ((3, 5000), 1)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -366,6 +369,29 @@ def test_adamw_multi_tensor_matches_float64(max_norm: float | None, grad_dtype: 
         assert norm is None
     else:
         check(norm, np.asarray(rnorm), np.float32)
+
+
+def test_adamw_multi_tensor_second_step_on_the_same_buffers_matches_float64() -> None:
+    """The second call reuses the cached launch plan; an unaligned view takes the element-wise path."""
+    from blutrain.kernels import cuda
+
+    r = rng(15)
+    shapes = [(3000,), (2049,), (7,)]
+    p = [r.standard_normal(s).astype(np.float32).astype(np.float64) for s in shapes]
+    gs = [[r.standard_normal(s).astype(np.float32).astype(np.float64) * 0.1 for s in shapes] for _ in range(2)]
+    m = [np.zeros(s) for s in shapes]
+    v = [np.zeros(s) for s in shapes]
+    dp = [dev(a, np.float32) for a in p]
+    dp[0] = dev(np.concatenate([[0.0], p[0]]), np.float32)[1:]  # 4-byte offset: not 16-byte aligned
+    dm, dv = [dev(a, np.float32) for a in m], [dev(a, np.float32) for a in v]
+    dg = [dev(a, np.float32) for a in gs[0]]
+    for step in (1, 2):
+        for buf, src in zip(dg, gs[step - 1], strict=True):
+            buf[...] = dev(src, np.float32)
+        cuda.adamw_multi_tensor(dp, dg, dm, dv, 1e-3, 0.9, 0.95, 1e-8, 0.1, step)
+        p, m, v, _ = _adamw_reference(p, gs[step - 1], m, v, 1e-3, 0.9, 0.95, 1e-8, [0.1] * 3, step, None)
+    for got, ref in zip(dp + dm + dv, p + m + v, strict=True):
+        check(got, ref, np.float32)
 
 
 def test_adamw_multi_tensor_rejects_a_non_float32_param() -> None:

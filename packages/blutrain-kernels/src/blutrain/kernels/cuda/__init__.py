@@ -37,6 +37,7 @@ _modules: dict[tuple[int, str], Any] = {}
 _functions: dict[tuple[int, str, str], Any] = {}
 _smem_set: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
+_resident: dict[tuple[int, str, str, int, int], int] = {}
 _deterministic = True
 
 
@@ -95,6 +96,22 @@ def sm_count() -> int:
     if n is None:
         n = int(dev.attributes["MultiProcessorCount"])
         _sm_count[dev.id] = n
+    return n
+
+
+def _resident_blocks(family: str, name: str, threads: int, smem: int = 0) -> int:
+    """Blocks of ``threads`` threads of one kernel that the whole device holds at once (registers, threads
+    and shared memory per multiprocessor; Hopper's limits: 64 K registers, 2048 threads, 228 KB)."""
+    key = (_cp().cuda.Device().id, family, name, threads, smem)
+    n = _resident.get(key)
+    if n is None:
+        regs = int(getattr(function(family, name), "num_regs", 0)) or 64
+        warps = (threads + 31) // 32
+        per_sm = min(2048 // (32 * warps), 32, 65536 // (((regs * 32 + 255) // 256) * 256 * warps))
+        if smem:
+            per_sm = min(per_sm, (228 * 1024) // (smem + 1024))
+        n = max(1, per_sm) * sm_count()
+        _resident[key] = n
     return n
 
 
@@ -184,6 +201,24 @@ def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int) -
     return y, mean, rstd
 
 
+_LN_BWD_THREADS = 256  # the kernels' __launch_bounds__: a row group (TG threads) is at most one block
+_LN_BWD_NPER = {1: (1, 2, 4, 8, 16), 4: (1, 2, 3, 4), 8: (1, 2)}  # compiled vectors-per-thread variants
+
+
+def _ln_bwd_shape(nv: int, vec: int) -> tuple[int, int] | None:
+    """(row-group threads TG, vectors per thread NPER) of layernorm_bwd_*_n*, or None if the row is too
+    wide to sit in one block's registers (C > 4096): TG the smallest power of two >= 32 with
+    TG * max NPER >= nv."""
+    allowed = _LN_BWD_NPER[vec]
+    tg = 32
+    while tg * allowed[-1] < nv:
+        tg *= 2
+        if tg > _LN_BWD_THREADS:
+            return None
+    need = (nv + tg - 1) // tg
+    return tg, next(k for k in allowed if k >= need)
+
+
 def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rstd: Array, k: int, need_w: bool,
                         need_b: bool) -> tuple[Array, Array | None, Array | None] | None:
     """(dx, dweight, dbias); dweight/dbias are None unless asked for."""
@@ -193,24 +228,36 @@ def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rst
     if suffix is None or N == 0 or C == 0 or C >= 2**31:
         return None
     accumulate = need_w or need_b
-    smem = (72 + 2 * C) * 4 if accumulate else 72 * 4
-    if smem > 227 * 1024:
-        return None
     cp = _cp()
     gc, xc, wc = _contig(grad), _contig(x), _contig(w)
     mc, rc = (cp.ascontiguousarray(s, dtype=np.float32) for s in (mean, rstd))
     dx = cp.empty(x.shape, x.dtype)
     name, vec = _variant(suffix, C, gc, xc, wc, dx)
-    threads = _row_threads(C // vec, hi=1024)
-    G = min(N, 4 * sm_count())
+    shape = _ln_bwd_shape(C // vec, vec)
+    if shape is not None:
+        tg, nper = shape
+        rg = max(1, _LN_BWD_THREADS // tg)
+        kname = f"layernorm_bwd_{name}_n{nper}"
+        smem = (128 * rg + (2 * C if accumulate else 0)) * 4
+        if smem > 227 * 1024:
+            return None
+        G = min((N + rg - 1) // rg, _resident_blocks("layernorm", kname, tg * rg, smem))
+        block: tuple[int, ...] = (tg, rg)
+    else:
+        smem = (72 + 2 * C) * 4 if accumulate else 72 * 4
+        if smem > 227 * 1024:
+            return None
+        kname = f"layernorm_bwd_{name}"
+        G = min(N, 4 * sm_count())
+        block = (_row_threads(C // vec, hi=1024),)
     partial = cp.empty((2, G, C), np.float32) if accumulate else None
-    _launch("layernorm", f"layernorm_bwd_{name}", (G,), (threads,),
+    _launch("layernorm", kname, (G,), block,
             (gc, xc, _ptr(wc), mc, rc, dx, _ptr(partial), np.int32(N), np.int32(C), np.int32(accumulate)), smem)
     ns = x.shape[x.ndim - k:]
     dw = cp.empty(ns, x.dtype) if need_w else None
     db = cp.empty(ns, x.dtype) if need_b else None
     if accumulate:
-        _launch("layernorm", f"layernorm_bwd_reduce_{suffix}", ((2 * C + 255) // 256,), (256,),
+        _launch("layernorm", f"layernorm_bwd_reduce_{suffix}", ((2 * C + 31) // 32,), (32, 16),
                 (partial, _ptr(dw), _ptr(db), np.int32(G), np.int32(C)))
     return dx, dw, db
 
@@ -230,7 +277,7 @@ def gelu(a: Array, approximate: str = "none") -> Array | None:
     ac = _contig(a)
     y = cp.empty(a.shape, a.dtype)
     name, vec = _variant(suffix, _vec(suffix), ac, y)
-    _launch("gelu", f"gelu_fwd_{name}", _elementwise_grid(a.size // vec), (256,),
+    _launch("gelu", f"gelu_fwd_{name}", _elementwise_grid((a.size // vec + 1) // 2), (256,),
             (ac, y, np.int64(a.size), np.int32(approximate == "tanh")))
     return y
 
@@ -243,7 +290,7 @@ def gelu_backward(grad: Array, a: Array, approximate: str = "none") -> Array | N
     gc, ac = _contig(grad), _contig(a)
     dx = cp.empty(a.shape, a.dtype)
     name, vec = _variant(suffix, _vec(suffix), gc, ac, dx)
-    _launch("gelu", f"gelu_bwd_{name}", _elementwise_grid(a.size // vec), (256,),
+    _launch("gelu", f"gelu_bwd_{name}", _elementwise_grid((a.size // vec + 1) // 2), (256,),
             (gc, ac, dx, np.int64(a.size), np.int32(approximate == "tanh")))
     return dx
 
@@ -450,7 +497,7 @@ def sum_cols(x: Array) -> Array | None:
     _launch("reduce", f"sum_cols_{name}", (col_blocks, splits), (32, 8),
             (xc, out, _ptr(partial), np.int64(N), np.int32(D), np.int64(rows_per)))
     if splits > 1:
-        _launch("reduce", f"sum_cols_finish_{suffix}", ((D + 255) // 256,), (256,),
+        _launch("reduce", f"sum_cols_finish_{suffix}", ((D + 31) // 32,), (32, 16),
                 (partial, out, np.int32(splits), np.int32(D)))
     return out
 
@@ -492,22 +539,48 @@ def sum(a: Array, axes: tuple[int, ...] | None, keepdim: bool) -> Array | None:
 
 # ---------------------------------------------------------------------------------------------- AdamW
 
-ADAMW_CHUNK = 65536
+ADAMW_TILE = 2048  # elements per tile of the tile table (adamw.cu's ADAMW_TILE)
+_ADAMW_THREADS = 256
 _ADAMW_GRAD_BF16 = 1
 _ADAMW_ALIGNED = 2
-_adamw_tables: dict[tuple[int, ...], tuple[Any, Any, int]] = {}
-
-
-def _adamw_tables_for(table: np.ndarray[Any, Any], chunks: np.ndarray[Any, Any]) -> tuple[Any, Any, int]:
-    key = (_cp().cuda.Device().id, *table.ravel().tolist())
-    found = _adamw_tables.get(key)
-    if found is None:
-        if len(_adamw_tables) >= 16:
-            _adamw_tables.clear()
-        cp = _cp()
-        found = (cp.asarray(table), cp.asarray(chunks), int(chunks.shape[0]))
-        _adamw_tables[key] = found
-    return found
+# Launch plans (device tensor table, device tile table, tile count), keyed by device, weight decays and
+# the buffers' pointers, sizes and grad dtypes: an optimizer passes the same buffers every step, so a
+# step after the first builds and copies nothing. A hit requires every array contiguous; shapes are
+# checked on the call that built the plan (an update is elementwise, so equal sizes suffice after).
+_adamw_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
+def _adamw_plan(params: Sequence[Array], grads: Sequence[Array], exp_avgs: Sequence[Array],
+                exp_avg_sqs: Sequence[Array], wds: list[float]) -> tuple[Any, Any, int, list[Array]]:
+    """Validate the four lists and build the device tables; returns them and the grads actually used
+    (contiguous copies of non-contiguous grads, which the caller must keep alive until the launch)."""
+    cp = _cp()
+    n = len(params)
+    table = np.zeros((n, 8), np.int64)
+    keep: list[Array] = []
+    for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)):
+        for name, arr in (("param", p), ("exp_avg", m), ("exp_avg_sq", v)):
+            if arr.dtype != np.float32 or not arr.flags.c_contiguous:
+                raise TensorTypeError(f"adamw_multi_tensor: {name} {i} must be a contiguous float32 array, got "
+                                      f"dtype {arr.dtype}, contiguous={arr.flags.c_contiguous}")
+            if arr.shape != p.shape:
+                raise ShapeError(f"adamw_multi_tensor: {name} {i} has shape {arr.shape}, param {p.shape}")
+        if g.shape != p.shape:
+            raise ShapeError(f"adamw_multi_tensor: grad {i} has shape {g.shape}, param {p.shape}")
+        gsuf = _suffix(g.dtype)
+        if gsuf is None:
+            raise TensorTypeError(f"adamw_multi_tensor: grad {i} must be float32 or bfloat16, got {g.dtype}")
+        g = cp.ascontiguousarray(g)
+        keep.append(g)
+        flags = (_ADAMW_GRAD_BF16 if gsuf == "bf16" else 0) | (_ADAMW_ALIGNED if _aligned(p, g, m, v) else 0)
+        table[i] = (p.data.ptr, g.data.ptr, m.data.ptr, v.data.ptr, p.size, flags, 0, 0)
+    table[:, 6] = np.asarray(wds, np.float32).view(np.int32).astype(np.int64)
+    counts = (table[:, 4] + ADAMW_TILE - 1) // ADAMW_TILE
+    K = int(counts.sum())
+    tiles = np.empty((K, 2), np.int32)
+    tiles[:, 0] = np.repeat(np.arange(n, dtype=np.int32), counts)
+    tiles[:, 1] = np.arange(K, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    if K == 0:
+        return None, None, 0, keep
+    return cp.asarray(table), cp.asarray(tiles), K, keep
 
 
 def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs: Sequence[Array],
@@ -532,43 +605,37 @@ def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs
     if len(wds) != n:
         raise ShapeError(f"adamw_multi_tensor: {len(wds)} weight decays for {n} params")
     cp = _cp()
-    table = np.zeros((n, 8), np.int64)
-    chunk_rows: list[tuple[int, int]] = []
+    arrays = (*params, *grads, *exp_avgs, *exp_avg_sqs)
+    contiguous = all(a.flags.c_contiguous for a in arrays)
+    key = (cp.cuda.Device().id, tuple(wds), tuple([a.data.ptr for a in arrays]), tuple([a.size for a in arrays]),
+           tuple([a.dtype for a in arrays]))
+    plan = _adamw_plans.get(key) if contiguous else None
     keep: list[Array] = []
-    for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, strict=True)):
-        for name, arr in (("param", p), ("exp_avg", m), ("exp_avg_sq", v)):
-            if arr.dtype != np.float32 or not arr.flags.c_contiguous:
-                raise TensorTypeError(f"adamw_multi_tensor: {name} {i} must be a contiguous float32 array, got "
-                                      f"dtype {arr.dtype}, contiguous={arr.flags.c_contiguous}")
-            if arr.shape != p.shape:
-                raise ShapeError(f"adamw_multi_tensor: {name} {i} has shape {arr.shape}, param {p.shape}")
-        if g.shape != p.shape:
-            raise ShapeError(f"adamw_multi_tensor: grad {i} has shape {g.shape}, param {p.shape}")
-        gsuf = _suffix(g.dtype)
-        if gsuf is None:
-            raise TensorTypeError(f"adamw_multi_tensor: grad {i} must be float32 or bfloat16, got {g.dtype}")
-        g = cp.ascontiguousarray(g)
-        keep.append(g)
-        flags = (_ADAMW_GRAD_BF16 if gsuf == "bf16" else 0) | (_ADAMW_ALIGNED if _aligned(p, g, m, v) else 0)
-        wd_bits = int(np.array(wds[i], np.float32).view(np.int32))
-        table[i] = (p.data.ptr, g.data.ptr, m.data.ptr, v.data.ptr, p.size, flags, wd_bits, 0)
-        chunk_rows.extend((i, c) for c in range((p.size + ADAMW_CHUNK - 1) // ADAMW_CHUNK))
-    if not chunk_rows:
+    if plan is None:
+        dtable, dtiles, K, keep = _adamw_plan(params, grads, exp_avgs, exp_avg_sqs, wds)
+        plan = (dtable, dtiles, K)
+        if contiguous:  # a plan over temporary grad copies would be stale next call
+            if len(_adamw_plans) >= 16:
+                _adamw_plans.clear()
+            _adamw_plans[key] = plan
+    dtable, dtiles, K = plan
+    if K == 0:
         return cp.zeros((), np.float32) if max_grad_norm is not None else None
-    chunks = np.asarray(chunk_rows, np.int32)
-    dtable, dchunks, K = _adamw_tables_for(table, chunks)
     norm = None
     partial = None
+    npartial = 0
     if max_grad_norm is not None:
-        partial = cp.empty((K,), np.float32)
+        npartial = min(K, _resident_blocks("adamw", "adamw_sqnorm", _ADAMW_THREADS))
+        partial = cp.empty((npartial,), np.float32)
         norm = cp.empty((), np.float32)
-        _launch("adamw", "adamw_sqnorm", (K,), (512,), (dtable, dchunks, partial))
+        _launch("adamw", "adamw_sqnorm", (npartial,), (_ADAMW_THREADS,), (dtable, dtiles, np.int32(K), partial))
     bc1 = 1.0 - beta1**step
     bc2_sqrt = math.sqrt(1.0 - beta2**step)
-    _launch("adamw", "adamw_update", (K,), (512,),
-            (dtable, dchunks, np.int32(K), _ptr(partial), np.float32(max_grad_norm or 0.0), np.float32(lr),
-             np.float32(beta1), np.float32(beta2), np.float32(eps), np.float32(bc1), np.float32(bc2_sqrt),
-             _ptr(norm)))
+    grid = (min(K, _resident_blocks("adamw", "adamw_update", _ADAMW_THREADS)),)
+    _launch("adamw", "adamw_update", grid, (_ADAMW_THREADS,),
+            (dtable, dtiles, np.int32(K), _ptr(partial), np.int32(npartial), np.float32(max_grad_norm or 0.0),
+             np.float32(lr), np.float32(beta1), np.float32(beta2), np.float32(eps), np.float32(bc1),
+             np.float32(bc2_sqrt), _ptr(norm)))
     del keep
     return norm
 
@@ -693,7 +760,7 @@ STANDALONE: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
 }
 
 __all__ = [
-    "ADAMW_CHUNK",
+    "ADAMW_TILE",
     "FAMILIES",
     "KERNELS",
     "PHILOX_PER_COUNTER",

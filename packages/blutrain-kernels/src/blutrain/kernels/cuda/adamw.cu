@@ -2,22 +2,29 @@
 // parameters with float32 or bf16 gradients, with an optional global-norm gradient clip, in at most
 // two launches for all tensors.
 //
-// The host builds a tensor table (int64 [T, 8]: param, grad, exp_avg, exp_avg_sq pointers, numel,
-// flags, weight decay as float bits, unused) and a chunk table (int32 [K, 2]: tensor, chunk index);
-// every chunk is CHUNK = 65536 elements, so one grid of K blocks covers every tensor.
+// The host builds (once per set of buffers, then cached) a tensor table (int64 [T, 8]: param, grad,
+// exp_avg, exp_avg_sq pointers, numel, flags, weight decay as float bits, unused) and a tile table
+// (int32 [K, 2]: tensor, tile index); every tile is ADAMW_TILE = 2048 elements (the tensor's last one
+// shorter). Both kernels run a persistent grid of G blocks x 256 threads (G = resident blocks of the
+// whole chip) and block b takes tiles b, b + G, b + 2G, ...: small tiles keep the blocks' shares within
+// one tile (~2% of a GPT-2 step) of each other, and the fixed assignment keeps sums reproducible.
 //
-// adamw_sqnorm:  grid K blocks x 512 threads; partial[k] = sum of g^2 over chunk k (float).
-//                Bytes: read the gradients once.
-// adamw_update:  grid K blocks x 512 threads. With partial != nullptr each block first sums the K
-//                partials in one fixed order (every block gets the identical norm; block 0 stores it),
+// adamw_sqnorm:  partial[b] = sum of g^2 over block b's tiles (float). Bytes: read the gradients once.
+// adamw_update:  with partial != nullptr each block first sums the G partials in one fixed order
+//                (every block gets the identical norm; block 0 stores it),
 //                clip = min(1, max_norm / (norm + 1e-6)); then per element
 //                  g = clip * grad;  p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //                  p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
+//                Each thread issues all its loads of a tile (2 float4 from each of p, g, m, v: 128 bytes)
+//                before the first use. Tensors whose four pointers are 16-byte aligned (flag ALIGNED) use
+//                16-byte accesses (8-byte for bf16 grads); others, and the n % 4 tail, go element-wise.
 //                Bytes: read p, g, m, v and write p, m, v: 28 bytes per float32 parameter (26 with bf16
 //                gradients). FLOPs ~ 15 per element.
 #include "common.cuh"
 
-#define ADAMW_CHUNK 65536
+#define ADAMW_TILE 2048
+#define ADAMW_THREADS 256
+#define ADAMW_VPT (ADAMW_TILE / (4 * ADAMW_THREADS))  // float4 vectors per thread per tile: 2
 #define ADAMW_GRAD_BF16 1
 #define ADAMW_ALIGNED 2
 
@@ -31,7 +38,7 @@ struct AdamwTensor {
     float wd;
 };
 
-__device__ __forceinline__ AdamwTensor adamw_tensor(const long long* table, int t) {
+__device__ __forceinline__ AdamwTensor adamw_tensor(const long long* __restrict__ table, int t) {
     const long long* e = table + 8LL * t;
     AdamwTensor r;
     r.p = reinterpret_cast<float*>(e[0]);
@@ -49,16 +56,46 @@ __device__ __forceinline__ float grad_at(const AdamwTensor& t, long long j) {
     return reinterpret_cast<const float*>(t.g)[j];
 }
 
-extern "C" __global__ void adamw_sqnorm(const long long* table, const int* chunks, float* partial) {
+// Four gradients at element j (j % 4 == 0, pointer aligned): one 16-byte load, or 8 bytes for bf16.
+__device__ __forceinline__ void grad4_at(const AdamwTensor& t, long long j, float (&o)[4]) {
+    if (t.flags & ADAMW_GRAD_BF16) {
+        const uint2 u = *reinterpret_cast<const uint2*>(reinterpret_cast<const bf16*>(t.g) + j);
+        unpack_bf16x2(u.x, o[0], o[1]);
+        unpack_bf16x2(u.y, o[2], o[3]);
+    } else {
+        load_vec<4>(reinterpret_cast<const float*>(t.g) + j, o);
+    }
+}
+
+// Elements of tile `tile` of t: [start, start + n).
+__device__ __forceinline__ long long adamw_tile_len(const AdamwTensor& t, long long start) {
+    const long long n = t.numel - start;
+    return n < ADAMW_TILE ? n : ADAMW_TILE;
+}
+
+extern "C" __global__ void __launch_bounds__(ADAMW_THREADS)
+adamw_sqnorm(const long long* __restrict__ table, const int* __restrict__ tiles, int ntiles,
+             float* __restrict__ partial) {
     __shared__ float red[66];
-    const AdamwTensor t = adamw_tensor(table, chunks[2 * blockIdx.x]);
-    const long long start = (long long)chunks[2 * blockIdx.x + 1] * ADAMW_CHUNK;
-    long long n = t.numel - start;
-    if (n > ADAMW_CHUNK) n = ADAMW_CHUNK;
     float s = 0.f;
-    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
-        const float g = grad_at(t, start + j);
-        s += g * g;
+    for (int k = blockIdx.x; k < ntiles; k += gridDim.x) {
+        const AdamwTensor t = adamw_tensor(table, tiles[2 * k]);
+        const long long start = (long long)tiles[2 * k + 1] * ADAMW_TILE;
+        const long long n = adamw_tile_len(t, start);
+        if ((t.flags & ADAMW_ALIGNED) && n == ADAMW_TILE) {
+            float g[ADAMW_VPT][4];
+#pragma unroll
+            for (int u = 0; u < ADAMW_VPT; ++u) grad4_at(t, start + 4 * (threadIdx.x + u * ADAMW_THREADS), g[u]);
+#pragma unroll
+            for (int u = 0; u < ADAMW_VPT; ++u)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s += g[u][e] * g[u][e];
+        } else {
+            for (long long j = threadIdx.x; j < n; j += ADAMW_THREADS) {
+                const float g = grad_at(t, start + j);
+                s += g * g;
+            }
+        }
     }
     s = block_sum(s, red);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
@@ -72,52 +109,64 @@ __device__ __forceinline__ void adamw_step(float& p, float& m, float& v, float g
     p -= step_size * m / (sqrtf(v) / bc2_sqrt + eps);
 }
 
-extern "C" __global__ void adamw_update(const long long* table, const int* chunks, int nchunks,
-                                        const float* partial, float max_norm, float lr, float beta1, float beta2,
-                                        float eps, float bc1, float bc2_sqrt, float* norm_out) {
+extern "C" __global__ void __launch_bounds__(ADAMW_THREADS)
+adamw_update(const long long* __restrict__ table, const int* __restrict__ tiles, int ntiles,
+             const float* __restrict__ partial, int npartial, float max_norm, float lr, float beta1,
+             float beta2, float eps, float bc1, float bc2_sqrt, float* __restrict__ norm_out) {
     __shared__ float red[66];
     float clip = 1.f;
     if (partial != nullptr) {
         float s = 0.f;
-        for (int k = threadIdx.x; k < nchunks; k += blockDim.x) s += partial[k];
+        for (int k = threadIdx.x; k < npartial; k += ADAMW_THREADS) s += partial[k];
         const float norm = sqrtf(block_sum(s, red));
         const float c = max_norm / (norm + 1e-6f);
         clip = c < 1.f ? c : (c != c ? c : 1.f);  // a NaN norm poisons the step visibly, as PyTorch's clip
         if (blockIdx.x == 0 && threadIdx.x == 0) norm_out[0] = norm;
     }
-    const AdamwTensor t = adamw_tensor(table, chunks[2 * blockIdx.x]);
-    const long long start = (long long)chunks[2 * blockIdx.x + 1] * ADAMW_CHUNK;
-    long long n = t.numel - start;
-    if (n > ADAMW_CHUNK) n = ADAMW_CHUNK;
     const float step_size = lr / bc1;
-    long long done = 0;
-    if (t.flags & ADAMW_ALIGNED) {
-        const long long nv = n / 4;
-        for (long long i = threadIdx.x; i < nv; i += blockDim.x) {
-            const long long j = start + 4 * i;
-            float p[4], g[4], m[4], v[4];
-            load_vec<4>(t.p + j, p);
-            if (t.flags & ADAMW_GRAD_BF16) {
-                load_vec<4>(reinterpret_cast<const bf16*>(t.g) + j, g);
-            } else {
-                load_vec<4>(reinterpret_cast<const float*>(t.g) + j, g);
-            }
-            load_vec<4>(t.m + j, m);
-            load_vec<4>(t.v + j, v);
+    for (int k = blockIdx.x; k < ntiles; k += gridDim.x) {
+        const AdamwTensor t = adamw_tensor(table, tiles[2 * k]);
+        const long long start = (long long)tiles[2 * k + 1] * ADAMW_TILE;
+        const long long n = adamw_tile_len(t, start);
+        long long done = 0;
+        if (t.flags & ADAMW_ALIGNED) {
+            // Vector u of this thread covers elements [4 i, 4 i + 4) of the tile, i = tid + u * THREADS.
+            float p[ADAMW_VPT][4], g[ADAMW_VPT][4], m[ADAMW_VPT][4], v[ADAMW_VPT][4];
+            const long long nv = n >> 2;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) adamw_step(p[k], m[k], v[k], clip * g[k], t.wd, lr, beta1, beta2, eps, step_size, bc2_sqrt);
-            store_vec<4>(t.p + j, p);
-            store_vec<4>(t.m + j, m);
-            store_vec<4>(t.v + j, v);
+            for (int u = 0; u < ADAMW_VPT; ++u) {
+                const long long i = threadIdx.x + u * ADAMW_THREADS;
+                if (i < nv) {
+                    const long long j = start + 4 * i;
+                    load_vec<4>(t.p + j, p[u]);
+                    grad4_at(t, j, g[u]);
+                    load_vec<4>(t.m + j, m[u]);
+                    load_vec<4>(t.v + j, v[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < ADAMW_VPT; ++u) {
+                const long long i = threadIdx.x + u * ADAMW_THREADS;
+                if (i < nv) {
+                    const long long j = start + 4 * i;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        adamw_step(p[u][e], m[u][e], v[u][e], clip * g[u][e], t.wd, lr, beta1, beta2, eps, step_size,
+                                   bc2_sqrt);
+                    store_vec<4>(t.p + j, p[u]);
+                    store_vec<4>(t.m + j, m[u]);
+                    store_vec<4>(t.v + j, v[u]);
+                }
+            }
+            done = nv << 2;
         }
-        done = nv * 4;
-    }
-    for (long long i = done + threadIdx.x; i < n; i += blockDim.x) {
-        const long long j = start + i;
-        float p = t.p[j], m = t.m[j], v = t.v[j];
-        adamw_step(p, m, v, clip * grad_at(t, j), t.wd, lr, beta1, beta2, eps, step_size, bc2_sqrt);
-        t.p[j] = p;
-        t.m[j] = m;
-        t.v[j] = v;
+        for (long long i = done + threadIdx.x; i < n; i += ADAMW_THREADS) {
+            const long long j = start + i;
+            float p = t.p[j], m = t.m[j], v = t.v[j];
+            adamw_step(p, m, v, clip * grad_at(t, j), t.wd, lr, beta1, beta2, eps, step_size, bc2_sqrt);
+            t.p[j] = p;
+            t.m[j] = m;
+            t.v[j] = v;
+        }
     }
 }

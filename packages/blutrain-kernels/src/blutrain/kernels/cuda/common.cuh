@@ -1,5 +1,6 @@
 // Shared device helpers of BluTrain's CUDA kernels: the bfloat16 storage type, float conversion,
-// 16-byte vector loads/stores that widen to float, and warp/block reductions.
+// 16-byte vector loads/stores that widen to float, warp/block reductions and the column sum of
+// per-block partials.
 //
 // bfloat16 is a plain 16-bit storage type here, not cuda_bf16.h's __nv_bfloat16: NVRTC through CuPy
 // finds cuda_fp16.h in CuPy's bundled headers but cuda_bf16.h only in a local toolkit, and a version
@@ -123,6 +124,32 @@ __device__ __forceinline__ float block_sum(float v, float* shm) {
     }
     __syncthreads();
     return shm[32];
+}
+
+// Column sums of a float32 [S, D] table of per-block partials, for the finishing kernels of two-pass
+// reductions: block (32, 16), column col = blockIdx.x * 32 + threadIdx.x; the 16 row lanes stride over
+// S and are added in a fixed order, so the result is reproducible. Returns the sum to threadIdx.y == 0
+// (other lanes get 0). Every thread of the block must call it (it holds a barrier).
+__device__ __forceinline__ float partial_column_sum(const float* __restrict__ partial, int S, long long D,
+                                                    long long col) {
+    __shared__ float tile[16][33];
+    float s = 0.f;
+    if (col < D) {
+        int r = threadIdx.y;
+        for (; r + 48 < S; r += 64) {  // four independent loads in flight per thread
+            const float a = partial[(long long)r * D + col], b = partial[(long long)(r + 16) * D + col];
+            const float c = partial[(long long)(r + 32) * D + col], d = partial[(long long)(r + 48) * D + col];
+            s += (a + b) + (c + d);
+        }
+        for (; r < S; r += 16) s += partial[(long long)r * D + col];
+    }
+    tile[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0) return 0.f;
+    float t = 0.f;
+#pragma unroll
+    for (int y = 0; y < 16; ++y) t += tile[y][threadIdx.x];
+    return t;
 }
 
 // log-sum-exp state (running max m, sum of exp(x - m)); combining handles all -inf inputs.

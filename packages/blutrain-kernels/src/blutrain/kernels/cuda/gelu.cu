@@ -4,7 +4,8 @@
 // gelu_fwd_*: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   or   0.5 x (1 + erf(x / sqrt 2)).
 // gelu_bwd_*: dx = g * dGELU/dx(x).
 // Launch: 1-D grid-stride loop; each thread moves 16 bytes per access (float4 or 8 x bf16) when the
-// pointers are 16-byte aligned (the *_v kernels), then a scalar loop finishes the n % VEC tail.
+// pointers are 16-byte aligned (the *_v kernels) and loads two vectors (i, i + stride) before computing
+// either, then a scalar loop finishes the n % VEC tail.
 // Bytes: forward reads n and writes n elements; backward reads 2n and writes n. FLOPs ~ 20 per element
 // (one tanhf/erff each way, plus expf in the erf backward).
 #include "common.cuh"
@@ -35,12 +36,19 @@ __device__ __forceinline__ void gelu_fwd(const T* __restrict__ x, T* __restrict_
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long nv = n / VEC;
-    for (long long i = first; i < nv; i += stride) {
-        float v[VEC], o[VEC];
-        load_vec<VEC>(x + i * VEC, v);
+    for (long long i = first; i < nv; i += 2 * stride) {  // two vectors' loads in flight per thread
+        const bool two = i + stride < nv;
+        float v[2][VEC];
+        load_vec<VEC>(x + i * VEC, v[0]);
+        if (two) load_vec<VEC>(x + (i + stride) * VEC, v[1]);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] = gelu_f(v[k], tanh_approx);
-        store_vec<VEC>(y + i * VEC, o);
+        for (int u = 0; u < 2; ++u) {
+            if (u == 1 && !two) break;
+            float o[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) o[k] = gelu_f(v[u][k], tanh_approx);
+            store_vec<VEC>(y + (i + u * stride) * VEC, o);
+        }
     }
     for (long long j = nv * VEC + first; j < n; j += stride) y[j] = from_float<T>(gelu_f(to_float(x[j]), tanh_approx));
 }
@@ -51,13 +59,23 @@ __device__ __forceinline__ void gelu_bwd(const T* __restrict__ g, const T* __res
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long nv = n / VEC;
-    for (long long i = first; i < nv; i += stride) {
-        float gv[VEC], v[VEC], o[VEC];
-        load_vec<VEC>(g + i * VEC, gv);
-        load_vec<VEC>(x + i * VEC, v);
+    for (long long i = first; i < nv; i += 2 * stride) {  // two vectors of g and x in flight per thread
+        const bool two = i + stride < nv;
+        float gv[2][VEC], v[2][VEC];
+        load_vec<VEC>(g + i * VEC, gv[0]);
+        load_vec<VEC>(x + i * VEC, v[0]);
+        if (two) {
+            load_vec<VEC>(g + (i + stride) * VEC, gv[1]);
+            load_vec<VEC>(x + (i + stride) * VEC, v[1]);
+        }
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] = gelu_grad_f(gv[k], v[k], tanh_approx);
-        store_vec<VEC>(dx + i * VEC, o);
+        for (int u = 0; u < 2; ++u) {
+            if (u == 1 && !two) break;
+            float o[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) o[k] = gelu_grad_f(gv[u][k], v[u][k], tanh_approx);
+            store_vec<VEC>(dx + (i + u * stride) * VEC, o);
+        }
     }
     for (long long j = nv * VEC + first; j < n; j += stride) {
         dx[j] = from_float<T>(gelu_grad_f(to_float(g[j]), to_float(x[j]), tanh_approx));

@@ -6,12 +6,22 @@
 //                    y = (x - mean) * rstd * w + b; writes y and float32 mean[N], rstd[N] (statistics stay
 //                    float32 for bf16 input, as PyTorch keeps them).
 //                    Bytes: read N*C (+2C for w, b), write N*C (+2N). FLOPs ~ 7 N*C.
-// layernorm_bwd_*:   grid G blocks striding over rows, dynamic shared memory (64 + 2C) floats when
-//                    accumulating dweight/dbias. dx = rstd * (g*w - mean(g*w) - xhat*mean(g*w*xhat));
-//                    per-block partial sums of g*xhat and g go to partial[2, G, C] (float32).
-//                    Bytes: read 2*N*C, write N*C + 2*G*C.
-// layernorm_bwd_reduce_*: one thread per column of the 2*C partial columns, sums G rows in a fixed
-//                    order (deterministic). Bytes: read 2*G*C, write 2*C.
+// layernorm_bwd_*_n{NPER}: the backward for C <= 16 * 1024 elements. A row group of TG = blockDim.x
+//                    threads (a power of two >= 32) owns one row at a time; thread t holds vectors
+//                    t, t + TG, ... (NPER of them, VEC elements each) of g, x and w in registers, so each
+//                    row is read from memory exactly once. blockDim.y = RG row groups per block, grid G
+//                    blocks (all resident), block b takes rows [b RG, b RG + RG), then + G RG, ...
+//                    dx = rstd * (g*w - mean(g*w) - xhat*mean(g*w*xhat)); the two row sums go through
+//                    warp shuffles and, for TG > 32, a double-buffered shared table (one barrier a row).
+//                    Each thread sums g*xhat and g of its columns over all its rows in registers; the RG
+//                    groups then add into shared memory in a fixed order and the block writes
+//                    partial[2, G, C] (float32). Dynamic shared memory: (128 RG + 2C) floats.
+//                    Bytes: read 2*N*C (+C), write N*C + 2*G*C.
+// layernorm_bwd_*:   the fallback for wider rows: grid G blocks striding over rows, re-reading each row
+//                    once from L1/L2, dweight/dbias sums in shared memory (dynamic (72 + 2C) floats).
+// layernorm_bwd_reduce_*: block (32, 16), one column of the 2*C partial columns per x-thread, the 16
+//                    y-lanes split the G rows and add in a fixed order (deterministic).
+//                    Bytes: read 2*G*C, write 2*C.
 #include "common.cuh"
 
 template <typename T, int VEC>
@@ -149,19 +159,143 @@ __device__ __forceinline__ void layernorm_bwd(const T* __restrict__ g, const T* 
     }
 }
 
+template <typename T, int VEC, int NPER>
+__device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, const T* __restrict__ x,
+                                                   const T* __restrict__ w, const float* __restrict__ mean,
+                                                   const float* __restrict__ rstd, T* __restrict__ dx,
+                                                   float* __restrict__ partial, int N, int C, int accumulate) {
+    extern __shared__ float smem[];
+    const int TG = blockDim.x, RG = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+    const int lane = tx & 31, wig = tx >> 5, nwg = TG >> 5;
+    const int nv = C / VEC;
+    float* red = smem;               // [2 buffers][RG][32 warps][2 sums]
+    float* acc = smem + 128 * RG;    // [2][C]: dweight, dbias sums of the block
+    const float inv_c = 1.f / (float)C;
+
+    float wv[NPER][VEC], aw[NPER][VEC], ab[NPER][VEC];
+#pragma unroll
+    for (int k = 0; k < NPER; ++k) {
+        const int i = tx + k * TG;
+        if (w != nullptr && i < nv) {
+            load_vec<VEC>(w + (long long)i * VEC, wv[k]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) wv[k][e] = 1.f;
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            aw[k][e] = 0.f;
+            ab[k][e] = 0.f;
+        }
+    }
+
+    int it = 0;
+    // The trip count depends only on blockIdx, so every thread reaches every barrier.
+    for (long long base = (long long)blockIdx.x * RG; base < N; base += (long long)gridDim.x * RG, ++it) {
+        const long long row = base + ty;
+        const bool valid = row < N;
+        float gv[NPER][VEC], xv[NPER][VEC];
+        float mu = 0.f, rs = 0.f;
+        if (valid) {
+            mu = mean[row];
+            rs = rstd[row];
+        }
+#pragma unroll
+        for (int k = 0; k < NPER; ++k) {
+            const int i = tx + k * TG;
+            if (valid && i < nv) {
+                load_vec<VEC>(g + row * C + (long long)i * VEC, gv[k]);
+                load_vec<VEC>(x + row * C + (long long)i * VEC, xv[k]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    gv[k][e] = 0.f;
+                    xv[k][e] = 0.f;
+                }
+            }
+        }
+        float a = 0.f, c = 0.f;
+#pragma unroll
+        for (int k = 0; k < NPER; ++k) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                xv[k][e] = (xv[k][e] - mu) * rs;  // xhat from here on
+                const float gp = gv[k][e] * wv[k][e];
+                a += gp;
+                c += gp * xv[k][e];
+            }
+        }
+        a = warp_sum(a);
+        c = warp_sum(c);
+        if (nwg > 1) {
+            float* rb = red + (it & 1) * 64 * RG + 64 * ty;  // the other buffer may still be read
+            if (lane == 0) {
+                rb[2 * wig] = a;
+                rb[2 * wig + 1] = c;
+            }
+            __syncthreads();
+            a = 0.f;
+            c = 0.f;
+            for (int q = 0; q < nwg; ++q) {
+                a += rb[2 * q];
+                c += rb[2 * q + 1];
+            }
+        }
+        a *= inv_c;
+        c *= inv_c;
+        if (valid) {
+#pragma unroll
+            for (int k = 0; k < NPER; ++k) {
+                const int i = tx + k * TG;
+                float o[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    o[e] = rs * (gv[k][e] * wv[k][e] - a - xv[k][e] * c);
+                    aw[k][e] += gv[k][e] * xv[k][e];
+                    ab[k][e] += gv[k][e];
+                }
+                if (i < nv) store_vec<VEC>(dx + row * C + (long long)i * VEC, o);
+            }
+        }
+    }
+    if (!accumulate) return;
+    for (int r = 0; r < RG; ++r) {  // fixed order over the row groups: reproducible sums
+        if (ty == r) {
+#pragma unroll
+            for (int k = 0; k < NPER; ++k) {
+                const int i = tx + k * TG;
+                if (i < nv) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) {
+                        const int col = i * VEC + e;
+                        acc[col] = r == 0 ? aw[k][e] : acc[col] + aw[k][e];
+                        acc[C + col] = r == 0 ? ab[k][e] : acc[C + col] + ab[k][e];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    float* pw = partial + (long long)blockIdx.x * C;
+    float* pb = partial + (long long)gridDim.x * C + (long long)blockIdx.x * C;
+    for (int j = ty * TG + tx; j < C; j += TG * RG) {
+        pw[j] = acc[j];
+        pb[j] = acc[C + j];
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void layernorm_bwd_reduce(const float* __restrict__ partial, T* __restrict__ dw,
                                                      T* __restrict__ db, int G, int C) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= 2 * C) return;
+    // Columns [0, C) are dweight's, [C, 2C) dbias's: partial[2, G, C] read as G rows of ... per half.
+    const long long j = (long long)blockIdx.x * 32 + threadIdx.x;
     const bool is_b = j >= C;
-    const int col = is_b ? j - C : j;
+    const long long col = is_b ? j - C : j;
     T* out = is_b ? db : dw;
-    if (out == nullptr) return;
-    const float* src = partial + (is_b ? (long long)G * C : 0LL) + col;
-    float s = 0.f;
-    for (int r = 0; r < G; ++r) s += src[(long long)r * C];
-    out[col] = from_float<T>(s);
+    const float* src = partial + (is_b ? (long long)G * C : 0LL);
+    // Both halves are [G, C] tables; a warp straddling the boundary reads two tables, which is fine.
+    const float s = partial_column_sum(src, G, C, j < 2LL * C ? col : (long long)C);
+    if (threadIdx.y == 0 && j < 2LL * C && out != nullptr) out[col] = from_float<T>(s);
 }
 
 #define LN_FWD(NAME, T, VEC)                                                                        \
@@ -183,6 +317,28 @@ LN_BWD(layernorm_bwd_f32_v4, float, 4)
 LN_BWD(layernorm_bwd_f32_v1, float, 1)
 LN_BWD(layernorm_bwd_bf16_v8, bf16, 8)
 LN_BWD(layernorm_bwd_bf16_v1, bf16, 1)
+
+#define LN_BWD_ROWS(NAME, T, VEC, NPER)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const T* g, const T* x, const T* w, const float* mean, \
+                                    const float* rstd, T* dx, float* partial, int N, int C, int accumulate) { \
+        layernorm_bwd_rows<T, VEC, NPER>(g, x, w, mean, rstd, dx, partial, N, C, accumulate);         \
+    }
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n1, float, 4, 1)
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n2, float, 4, 2)
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n3, float, 4, 3)
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n4, float, 4, 4)
+LN_BWD_ROWS(layernorm_bwd_bf16_v8_n1, bf16, 8, 1)
+LN_BWD_ROWS(layernorm_bwd_bf16_v8_n2, bf16, 8, 2)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n1, float, 1, 1)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n2, float, 1, 2)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n4, float, 1, 4)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n8, float, 1, 8)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n16, float, 1, 16)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n1, bf16, 1, 1)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n2, bf16, 1, 2)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n4, bf16, 1, 4)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n8, bf16, 1, 8)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n16, bf16, 1, 16)
 
 extern "C" __global__ void layernorm_bwd_reduce_f32(const float* partial, float* dw, float* db, int G, int C) {
     layernorm_bwd_reduce<float>(partial, dw, db, G, C);

@@ -4,8 +4,10 @@
 // sum_cols_*:   out[d] = sum_n x[n, d] (bias gradients, sum over leading dims). Block (32, 8):
 //               x = 32 column vectors of VEC elements, y = 8 row lanes; grid (ceil(D/VEC/32), S row
 //               splits). Each block reduces its rows over the 8 lanes in shared memory and writes
-//               out (S == 1) or a float32 partial[S, D]; sum_cols_finish_* then adds the S partials
-//               per column. Bytes: read N*D (+ 2*S*D), write D.
+//               out (S == 1) or a float32 partial[S, D]; each thread keeps four rows' loads in
+//               flight. sum_cols_finish_* (block (32, 16): 32 columns, 16 lanes splitting the S rows,
+//               partial_column_sum) then adds the S partials per column. Bytes: read N*D (+ 2*S*D),
+//               write D.
 // sum_rows_*:   out[n] = sum_d x[n, d]. Grid N blocks (one per row). Bytes: read N*D, write N.
 #include "common.cuh"
 
@@ -23,9 +25,20 @@ __device__ __forceinline__ void sum_cols(const T* __restrict__ x, T* __restrict_
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
     if (i < nv) {
-        for (long long r = r0 + ty; r < r1; r += 8) {
+        const T* xc = x + (long long)i * VEC;
+        long long r = r0 + ty;
+        for (; r + 24 < r1; r += 32) {  // four rows' loads in flight before the first add
+            float v[4][VEC];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) load_vec<VEC>(xc + (r + 8 * u) * D, v[u]);
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) acc[k] += v[u][k];
+        }
+        for (; r < r1; r += 8) {
             float v[VEC];
-            load_vec<VEC>(x + r * D + (long long)i * VEC, v);
+            load_vec<VEC>(xc + r * D, v);
 #pragma unroll
             for (int k = 0; k < VEC; ++k) acc[k] += v[k];
         }
@@ -54,11 +67,9 @@ __device__ __forceinline__ void sum_cols(const T* __restrict__ x, T* __restrict_
 
 template <typename T>
 __device__ __forceinline__ void sum_cols_finish(const float* __restrict__ partial, T* __restrict__ out, int S, int D) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= D) return;
-    float s = 0.f;
-    for (int r = 0; r < S; ++r) s += partial[(long long)r * D + j];
-    out[j] = from_float<T>(s);
+    const long long j = (long long)blockIdx.x * 32 + threadIdx.x;
+    const float s = partial_column_sum(partial, S, D, j);
+    if (threadIdx.y == 0 && j < D) out[j] = from_float<T>(s);
 }
 
 template <typename T, int VEC>
