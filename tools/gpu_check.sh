@@ -11,6 +11,8 @@
 # 3. The conformance suite on device cuda, when blutrain.kernels.conformance exists.
 # 3b. With --sanitize: compute-sanitizer memcheck over the fused-kernel tests (test_cuda.py).
 # 4. tools/bench_kernels.py: ours against PyTorch, CUDA events, medians, random data.
+# Environment: TESTS="pytest args" replaces the cuda-test selection (e.g. "packages/blutrain-kernels/tests/
+# test_cuda.py -k attention"); BENCH="--only attention" is passed to the benchmark; GPT2=0 skips stage 3c.
 # Prints a short summary last. Logs and results go to $OUT (the device tool's output folder) or
 # tools/results/: gpu_check.log, cuda_tests.xml, conformance.xml, bench_kernels.json,
 # bench_summary.txt, alloc_build.log. Every stage has its own time limit (120 + 180 + 120 + 180 s at
@@ -112,7 +114,7 @@ PYEOF
 
 stamp "cuda tests (pytest -m cuda)"
 timeout -k 10 170 "$PY" -m pytest -m cuda -q -rfE -p no:cacheprovider --continue-on-collection-errors $ALLOC_IGNORE \
-    --junitxml="$OUT/cuda_tests.xml" packages plugins 2>&1 | tail -n 80
+    --junitxml="$OUT/cuda_tests.xml" ${TESTS:-packages plugins} 2>&1 | tail -n 80
 RC_TESTS=${PIPESTATUS[0]}
 
 RC_CONF=skipped
@@ -151,7 +153,7 @@ RC_BENCH=skipped
 if [[ $BENCH == 1 ]]; then
     stamp "kernel benchmark"
     timeout -k 10 $((QUICK ? 100 : 170)) "$PY" tools/bench_kernels.py $([[ $QUICK == 1 ]] && echo --quick) \
-        --out "$OUT/bench_kernels.json" --summary "$OUT/bench_summary.txt"
+        --out "$OUT/bench_kernels.json" --summary "$OUT/bench_summary.txt" ${BENCH:-}
     RC_BENCH=$?
 fi
 
