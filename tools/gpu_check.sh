@@ -12,7 +12,8 @@
 # 3b. With --sanitize: compute-sanitizer memcheck over the fused-kernel tests (test_cuda.py).
 # 4. tools/bench_kernels.py: ours against PyTorch, CUDA events, medians, random data.
 # Environment: TESTS="pytest args" replaces the cuda-test selection (e.g. "packages/blutrain-kernels/tests/
-# test_cuda.py -k attention"); BENCH="--only attention" is passed to the benchmark; GPT2=0 skips stage 3c.
+# test_cuda.py -k attention"); BENCH="--only attention" is passed to the benchmark; GPT2=0 skips stage 3c;
+# BENCH_ALLOC=1 adds tools/bench_alloc.py (allocation cost, a traced GPT-2 step and its memory plots).
 # Prints a short summary last. Logs and results go to $OUT (the device tool's output folder) or
 # tools/results/: gpu_check.log, cuda_tests.xml, conformance.xml, bench_kernels.json,
 # bench_summary.txt, alloc_build.log. Every stage has its own time limit (120 + 180 + 120 + 180 s at
@@ -100,6 +101,9 @@ if [[ $QUICK == 0 && -z "${TESTS:-}" ]]; then
         echo "   could not build blutrain-alloc's native core (see alloc_build.log): its tests are left out"
     fi
 fi
+# Without the native core the cuda backend keeps CuPy's own memory pool (it would otherwise install
+# blutrain-alloc's caching allocator on first use).
+[[ -z $ALLOC ]] && export BLUTRAIN_CUDA_ALLOCATOR=cupy
 export PYTHONPATH="$SITE:${ALLOC:+$ALLOC:}$SRCS${EXTRA:+:$EXTRA}${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" - <<'PYEOF'
 import blutrain.tensor as bt
@@ -157,6 +161,13 @@ if [[ $BENCH == 1 ]]; then
     RC_BENCH=$?
 fi
 
+RC_ALLOC=skipped
+if [[ ${BENCH_ALLOC:-0} == 1 && -n $ALLOC ]]; then
+    stamp "allocator benchmark (tools/bench_alloc.py)"
+    timeout -k 10 240 "$PY" tools/bench_alloc.py --out "$OUT" 2>&1 | tail -n 20
+    RC_ALLOC=${PIPESTATUS[0]}
+fi
+
 stamp "summary"
 "$PY" - "$OUT" <<'PYEOF'
 import sys
@@ -179,7 +190,7 @@ for name in ("cuda_tests", "conformance"):
     if len(failed) > 40:
         print(f"   ... and {len(failed) - 40} more (see the log)")
 PYEOF
-echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH; $((SECONDS - T0)) s"
+echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC; $((SECONDS - T0)) s"
 if [[ -f "$OUT/bench_summary.txt" ]]; then
     echo
     cat "$OUT/bench_summary.txt"

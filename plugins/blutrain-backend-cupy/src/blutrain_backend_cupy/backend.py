@@ -147,6 +147,10 @@ class CupyBackend:
         self.array_type = cp.ndarray if cp is not None else _NoCupyArray
         self._seed = 0
         self._generators: dict[int, PhiloxGenerator] = {}
+        if count:
+            from blutrain_backend_cupy.memory import install_default
+
+            install_default()
 
     def set_tf32(self, enabled: bool) -> None:
         """Let float32 GEMMs use TF32 tensor cores (the trainer's ``--dtype tf32``)."""

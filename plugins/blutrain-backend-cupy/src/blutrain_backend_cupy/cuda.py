@@ -11,6 +11,20 @@ from __future__ import annotations
 
 from blutrain_backend_cupy.backend import CudaUnavailableError, backend, unavailable_error
 from blutrain_backend_cupy.gemm import set_tf32, tf32_enabled
+from blutrain_backend_cupy.memory import (
+    CudaAllocatorError,
+    allocator_name,
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_snapshot,
+    memory_stats,
+    record_memory_history,
+    reset_peak_memory_stats,
+    save_memory_snapshot,
+)
 from blutrain_backend_cupy.streams import Event, Stream, current_stream, device, stream
 
 
@@ -38,14 +52,26 @@ def manual_seed(seed: int) -> None:
 
 
 __all__ = [
+    "CudaAllocatorError",
     "CudaUnavailableError",
     "Event",
     "Stream",
+    "allocator_name",
     "current_stream",
     "device",
     "device_count",
+    "empty_cache",
     "is_available",
     "manual_seed",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "record_memory_history",
+    "reset_peak_memory_stats",
+    "save_memory_snapshot",
     "set_tf32",
     "stream",
     "synchronize",

@@ -26,6 +26,7 @@ from blutrain.alloc.snapshot import (
     TraceAction,
     TraceEvent,
 )
+from blutrain.alloc.snapshot_file import SnapshotFile, load_snapshot, save_snapshot
 from blutrain.alloc.stats import AllocatorStats
 from blutrain.alloc.units import format_bytes
 
@@ -49,10 +50,13 @@ __all__ = [
     "OutOfMemoryError",
     "Provider",
     "SegmentSnapshot",
+    "SnapshotFile",
     "StackFrame",
     "TraceAction",
     "TraceEvent",
     "format_bytes",
+    "load_snapshot",
     "plot_snapshot",
     "plot_timeline",
+    "save_snapshot",
 ]

@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     from blutrain.data.prepare import add_prepare_command
 
     add_prepare_command(sub)
+    from blutrain.cli import memory_plot_command
+
+    memory_plot_command.add_command(sub)
     return parser
 
 
