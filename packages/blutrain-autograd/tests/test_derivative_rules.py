@@ -381,6 +381,14 @@ def _rms_norm(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     return inputs, lambda x, w: bt.rms_norm(x, ns, w, eps=1e-6) + bt.rms_norm(x, ns, eps=1e-6)
 
 
+@case("bias_gelu")
+def _bias_gelu(data: st.DataObject, rng: np.random.Generator) -> Drawn:
+    shape = data.draw(shapes(1, 3))
+    approximate = data.draw(st.sampled_from(("none", "tanh")))
+    inputs = [rng.standard_normal(shape), rng.standard_normal(shape[-1])]
+    return inputs, lambda x, b: bt.bias_gelu(x, b, approximate)
+
+
 @case("dropout")
 def _dropout(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     shape = data.draw(shapes())

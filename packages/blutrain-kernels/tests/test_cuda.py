@@ -177,6 +177,56 @@ def test_gelu_of_an_unaligned_view_uses_the_scalar_path() -> None:
     check(cuda.gelu(view, "tanh"), cpu_gelu(x[1:].astype(np.float64), "tanh"), np.float32)
 
 
+# (2000, 768), (5000, 40): many row chunks whose bias partials the last block of each column tile adds;
+# (7, 33), (3, 5, 1001): odd widths (no 16-byte accesses); (40, 50304): one row chunk per tile.
+BIAS_GELU_SHAPES = [(4, 768), (3, 5, 1001), (2000, 768), (7, 33), (1, 8), (300, 3072), (5000, 40), (40, 50304)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", BIAS_GELU_SHAPES)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_bias_gelu_forward_and_backward_match_float64(dtype: Any, shape: tuple[int, ...], approximate: str) -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(14)
+    x = f64(r.standard_normal(shape) * 2, dtype)
+    b = f64(r.standard_normal(shape[-1]), dtype)
+    g = f64(r.standard_normal(shape), dtype)
+    check(cuda.bias_gelu(dev(x, dtype), dev(b, dtype), approximate), cpu_nn.bias_gelu(x, b, approximate), dtype)
+    res = cuda.bias_gelu_backward(dev(g, dtype), dev(x, dtype), dev(b, dtype), approximate, True)
+    assert res is not None
+    rdx, rdb = cpu_nn.bias_gelu_backward(g, x, b, approximate, True)
+    check(res[0], rdx, dtype)
+    check(res[1], rdb, dtype)
+
+
+def test_bias_gelu_backward_without_the_bias_gradient_writes_dx_only() -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(15)
+    x, b, g = r.standard_normal((300, 96)), r.standard_normal(96), r.standard_normal((300, 96))
+    res = cuda.bias_gelu_backward(dev(g, np.float32), dev(x, np.float32), dev(b, np.float32), "tanh", False)
+    assert res is not None and res[1] is None
+    check(res[0], cpu_nn.bias_gelu_backward(g, x, b, "tanh", False)[0], np.float32)
+
+
+def test_bias_gelu_of_unaligned_rows_uses_the_scalar_path() -> None:
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    r = rng(16)
+    flat, b, g = r.standard_normal(1 + 50 * 64), r.standard_normal(64), r.standard_normal((50, 64))
+    x = cp.asarray(flat.astype(np.float32))[1:].reshape(50, 64)  # 4-byte offset: no 16-byte accesses
+    xr = flat[1:].reshape(50, 64).astype(np.float32).astype(np.float64)
+    check(cuda.bias_gelu(x, dev(b, np.float32), "tanh"), cpu_nn.bias_gelu(xr, b, "tanh"), np.float32)
+    res = cuda.bias_gelu_backward(dev(g, np.float32), x, dev(b, np.float32), "tanh", True)
+    assert res is not None
+    rdx, rdb = cpu_nn.bias_gelu_backward(g, xr, b, "tanh", True)
+    check(res[0], rdx, np.float32)
+    check(res[1], rdb, np.float32)
+
+
 # ------------------------------------------------------------------------------------------- cross-entropy
 
 CE_CASES = [(6, 1000), (3, 50304), (5, 37)]
@@ -324,6 +374,50 @@ def test_sum_over_middle_axes_is_left_to_the_generic_kernel() -> None:
     from blutrain.kernels import cuda
 
     assert cuda.sum(dev(np.ones((3, 4, 5), np.float32)), (1,), False) is None
+
+
+# One launch: (3000, 768), (5000, 40), (20000, 96) split rows into many chunks whose partials the last
+# block of each column tile adds; (300, 50304) has one chunk per tile; (129, 4097), (9, 5) odd widths.
+SUM_COLS_SHAPES = [(1, 5), (9, 5), (3, 768), (3000, 768), (5000, 40), (20000, 96), (129, 4097), (300, 50304)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape", SUM_COLS_SHAPES)
+def test_sum_cols_matches_float64(dtype: Any, shape: tuple[int, int]) -> None:
+    from blutrain.kernels import cuda
+
+    x = f64(rng(17).standard_normal(shape), dtype)
+    check(cuda.sum_cols(dev(x, dtype)), x.sum(axis=0), dtype)
+
+
+def test_sum_cols_of_unaligned_rows_uses_the_scalar_path() -> None:
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    flat = rng(18).standard_normal(1 + 2000 * 64).astype(np.float32)
+    x = cp.asarray(flat)[1:].reshape(2000, 64)  # 4-byte offset: no 16-byte loads
+    check(cuda.sum_cols(x), flat[1:].reshape(2000, 64).astype(np.float64).sum(axis=0), np.float32)
+
+
+def test_column_sums_are_reproducible_across_launches_streams_and_kernels() -> None:
+    """Every launch leaves the tile counters at zero for the next (else a tile's sum goes unwritten)."""
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    r = rng(19)
+    a, b = r.standard_normal((3000, 768)).astype(np.float32), r.standard_normal((5000, 40)).astype(np.float32)
+    first = [host(cuda.sum_cols(dev(a))), host(cuda.sum_cols(dev(b)))]
+    for _ in range(3):
+        g = dev(r.standard_normal((2000, 768)).astype(np.float32))
+        res = cuda.bias_gelu_backward(g, g, dev(np.zeros(768, np.float32)), "tanh", True)  # shares the scratch
+        assert res is not None
+        with cp.cuda.Stream():
+            assert np.array_equal(host(cuda.sum_cols(dev(b))), first[1])
+        assert np.array_equal(host(cuda.sum_cols(dev(a))), first[0])
+        assert np.array_equal(host(cuda.sum_cols(dev(b))), first[1])
+    check(cp.asarray(first[0]), a.astype(np.float64).sum(axis=0), np.float32)
 
 
 # ------------------------------------------------------------------------------------------- AdamW

@@ -119,6 +119,24 @@ def test_layer_norm_and_rms_norm_match_their_formulas() -> None:
     close(bt.rms_norm(t64(x), 5, t64(w[0]), eps=1e-6), rms)
 
 
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_bias_gelu_is_gelu_of_input_plus_bias_over_the_last_dim(approximate: str) -> None:
+    x, b = rng.standard_normal((2, 3, 5)), rng.standard_normal(5)
+    a = x + b
+    if approximate == "tanh":
+        want = 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)))
+    else:
+        want = 0.5 * a * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))
+    close(bt.bias_gelu(t64(x), t64(b), approximate), want)
+
+
+def test_bias_gelu_rejects_a_bias_that_is_not_over_the_last_dim() -> None:
+    with pytest.raises(bt.ShapeError, match=r"bias_gelu: bias must have shape \[5\], got \[3\]"):
+        bt.bias_gelu(t64(np.zeros((3, 5))), t64(np.zeros(3)))
+    with pytest.raises(bt.TensorValueError, match="bias_gelu: approximate must be 'none' or 'tanh', got 'fast'"):
+        bt.bias_gelu(t64(np.zeros((3, 5))), t64(np.zeros(5)), "fast")
+
+
 def test_cross_entropy_matches_the_formula_with_ignore_index_and_label_smoothing() -> None:
     logits, target = rng.standard_normal((6, 4)), np.array([0, 3, -100, 1, 2, -100])
     logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))

@@ -148,6 +148,32 @@ def test_tiny_forward_backward_in_float32_matches_float64() -> None:
     assert worst < 1e-4, f"gradient of {where}: relative error {worst:.2e}"
 
 
+def test_mlp_fuses_the_c_fc_bias_into_gelu_with_the_plain_modules_loss_and_gradients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import blutrain.models.gpt2 as gpt2_module
+
+    calls = []
+    fused_op = gpt2_module.bias_gelu
+    monkeypatch.setattr(gpt2_module, "bias_gelu", lambda *a: calls.append(1) or fused_op(*a))
+    fused = _model().to(float64)
+    plain = GPT2(SMALL).to(float64)
+    plain.load_state_dict(fused.state_dict())
+    for block in plain.transformer.h:  # a forward hook on c_fc sends the MLP down the module path
+        block.mlp.c_fc.register_forward_hook(lambda module, args, out: None)
+    x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
+    y = from_numpy(_tokens((2, 16), SMALL.vocab_size, seed=3))
+    losses = []
+    for m in (fused, plain):
+        _, loss = m(x, y)
+        assert loss is not None
+        loss.backward()
+        losses.append(float(loss.item()))
+    assert len(calls) == SMALL.n_layer  # the fused model only
+    assert losses[0] == pytest.approx(losses[1], rel=1e-13)
+    assert max_gradient_error(fused, plain)[0] < 1e-12
+    assert sorted(fused.state_dict()) == sorted(plain.state_dict())
+
+
 def test_activation_checkpointing_gives_the_same_loss_and_gradients() -> None:
     plain = _model().to(float64)
     ckpt = GPT2(GPT2Config(**{**SMALL.to_dict(), "checkpoint_activations": True})).to(float64)

@@ -560,6 +560,16 @@ def norm_layer_samples(draw: DrawFn, dtype: DType, rms: bool = False, grad: bool
 
 
 @_composite
+def bias_gelu_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
+    """An input of 1 to 4 dims and a bias over its last dim, each in any layout; both GELU forms."""
+    rng, seed = _rng(draw)
+    shape = _draw_shape(draw, 1, 4)
+    x = _draw_arg(draw, rng, shape, dtype, grad=grad)
+    b = _draw_arg(draw, rng, shape[-1:], dtype, grad=grad)
+    return Sample((x, b), {"approximate": draw(_st().sampled_from(("none", "tanh")))}, seed)
+
+
+@_composite
 def cross_entropy_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
     """Logits (N, C), (C,) or (N, C, d); some targets ignored; every reduction; label smoothing."""
     st = _st()
@@ -899,6 +909,12 @@ _op("rms_norm", "rms_norm(input, normalized_shape, weight=None, eps=None) -> Ten
     lambda dt: norm_layer_samples(dt, rms=True), _fn("rms_norm"))
 _op("rms_norm_backward", "rms_norm(...) → backward", "gradients of rms_norm for input and weight", FLOATS,
     lambda dt: norm_layer_samples(dt, rms=True, grad=True), _fn("rms_norm"), backward=True)
+_op("bias_gelu", "bias_gelu(input, bias, approximate='tanh') -> Tensor",
+    "gelu(x + bias), bias over the last dim (a GEMM's bias epilogue fused with the activation)", FLOATS,
+    lambda dt: bias_gelu_samples(dt), _fn("bias_gelu"))
+_op("bias_gelu_backward", "bias_gelu(...) → backward",
+    "dx = dy·gelu'(x + bias); dbias = Σ dx over all but the last dim", FLOATS,
+    lambda dt: bias_gelu_samples(dt, grad=True), _fn("bias_gelu"), backward=True)
 _op("dropout", "dropout(input, p=0.5, training=True) -> Tensor",
     "zeroes each element with probability p, scales the rest by 1/(1−p)", FLOATS, dropout_samples, _dropout,
     reference=_dropout_reference)

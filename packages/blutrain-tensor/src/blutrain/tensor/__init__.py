@@ -99,6 +99,7 @@ from blutrain.tensor.ops.factory import (
 from blutrain.tensor.ops.indexing import gather, index_add, index_put_, index_select, one_hot, scatter_add, tril, triu
 from blutrain.tensor.ops.linalg import bmm, linear, matmul
 from blutrain.tensor.ops.nn import (
+    bias_gelu,
     cross_entropy,
     dropout,
     embedding,
@@ -167,6 +168,7 @@ __all__ = [
     "autocast",
     "backends",
     "bfloat16",
+    "bias_gelu",
     "bmm",
     "bool",
     "bool_",

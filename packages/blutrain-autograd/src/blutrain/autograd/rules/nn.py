@@ -2,8 +2,8 @@
 
 What each saves is decided here: LayerNorm and RMSNorm keep the input and the per-row statistics;
 cross-entropy keeps the logits and per-row log-sum-exp (no softmax tensor); attention keeps q, k, v,
-its output and the log-sum-exp (no T×S matrix); dropout keeps its boolean mask; embedding keeps
-only the indices.
+its output and the log-sum-exp (no T×S matrix); bias+GELU keeps its input and bias (not their sum;
+the backward kernel adds them again); dropout keeps its boolean mask; embedding keeps only the indices.
 """
 
 from __future__ import annotations
@@ -46,6 +46,15 @@ def _rms_norm(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...
     gx, gw = dispatch.kernel("rms_norm_backward", x.device.type, x.dtype)(
         grads[0]._data, x._data, None if w is None else w._data, rstd._data, node.attrs["k"], node.needs[1])
     return (_wrap(gx, x) if node.needs[0] else None, _wrap(gw, x))
+
+
+@derivative("bias_gelu", save=save_inputs)
+def _bias_gelu(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("bias_gelu", create_graph)
+    x, b = node.saved
+    gx, gb = dispatch.kernel("bias_gelu_backward", x.device.type, x.dtype)(
+        grads[0]._data, x._data, b._data, node.attrs["approximate"], node.needs[1])
+    return (_wrap(gx, x) if node.needs[0] else None, _wrap(gb, x))
 
 
 @derivative("dropout", save=save_nothing)

@@ -295,6 +295,53 @@ def gelu_backward(grad: Array, a: Array, approximate: str = "none") -> Array | N
     return dx
 
 
+def _bias_gelu_shape(x: Array, bias: Array, approximate: str) -> tuple[str, int, int] | None:
+    suffix = _suffix(x.dtype)
+    if suffix is None or x.size == 0 or x.ndim == 0 or approximate not in ("none", "tanh"):
+        return None
+    D = int(x.shape[-1])
+    if bias.dtype != x.dtype or bias.shape != (D,) or D >= 2**31:
+        return None
+    return suffix, x.size // D, D
+
+
+def bias_gelu(x: Array, bias: Array, approximate: str = "tanh") -> Array | None:
+    """GELU(x + bias) with ``bias`` (D,) over the last dim of ``x``, one pass."""
+    found = _bias_gelu_shape(x, bias, approximate)
+    if found is None:
+        return None
+    suffix, N, D = found
+    cp = _cp()
+    xc, bc = _contig(x), _contig(bias)
+    y = cp.empty(x.shape, x.dtype)
+    name, vec = _variant(suffix, D, xc, bc, y)
+    tiles, chunks, rows_per = _column_plan(cp.cuda.runtime.getDevice(), N, D // vec, vec, 4 * _COL_LANES)
+    _launch("gelu", f"bias_gelu_fwd_{name}", (tiles, chunks), _COL_BLOCK,
+            (xc, bc, y, np.int64(N), np.int32(D), np.int64(rows_per), np.int32(approximate == "tanh")))
+    return y
+
+
+def bias_gelu_backward(grad: Array, x: Array, bias: Array, approximate: str = "tanh",
+                       need_bias: bool = True) -> tuple[Array, Array | None] | None:
+    """(dx, dbias): dx = grad * GELU'(x + bias), dbias its column sums (None unless asked for), one launch."""
+    found = _bias_gelu_shape(x, bias, approximate)
+    if found is None or grad.shape != x.shape or grad.dtype != x.dtype:
+        return None
+    suffix, N, D = found
+    cp = _cp()
+    gc, xc, bc = _contig(grad), _contig(x), _contig(bias)
+    dx = cp.empty(x.shape, x.dtype)
+    db = cp.empty((D,), x.dtype) if need_bias else None
+    name, vec = _variant(suffix, D, gc, xc, bc, dx)
+    dev = cp.cuda.runtime.getDevice()
+    tiles, chunks, rows_per = _column_plan(dev, N, D // vec, vec, 2 * _COL_LANES)
+    partial, counters = _column_scratch(dev) if need_bias and chunks > 1 else (_NULL, _NULL)
+    _launch("gelu", f"bias_gelu_bwd_{name}", (tiles, chunks), _COL_BLOCK,
+            (gc, xc, bc, dx, _ptr(db), partial, counters, np.int64(N), np.int32(D), np.int64(rows_per),
+             np.int32(approximate == "tanh"), np.int32(bool(need_bias))))
+    return dx, db
+
+
 # ---------------------------------------------------------------------------------------------- cross-entropy
 
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
@@ -479,26 +526,67 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array | 
 # ---------------------------------------------------------------------------------------------- reductions
 
 
+# Block of the column-tile kernels (sum_cols_*, bias_gelu_*): 32 column vectors x 16 row lanes; about two
+# blocks per SM, each keeping 8 x 16 bytes of loads in flight per thread, saturate HBM.
+_COL_LANES = 16
+_COL_BLOCK = (32, _COL_LANES)
+# Scratch of the one-launch column sums, per (device, stream): float32 partials and per-tile ticket
+# counters, which are zero between launches (the last block of a tile resets its own). Launches on one
+# stream run in order, so they share it; it is allocated once and never freed, so a captured CUDA graph
+# may keep its pointers. A plan needs at most about 4 * SMs * 256 floats of it.
+_SCRATCH_FLOATS = 1 << 19
+_SCRATCH_TILES = 1 << 12
+_scratch: dict[tuple[int, int], tuple[Array, Array]] = {}
+_col_plans: dict[tuple[int, int, int, int, int], tuple[int, int, int]] = {}
+
+
+def _column_plan(dev: int, N: int, nv: int, vec: int, rows_min: int) -> tuple[int, int, int]:
+    """(column tiles, row chunks, rows per chunk) of a column-tile launch over N rows of ``nv`` vectors:
+    about two blocks per SM, chunks of whole multiples of ``rows_min`` rows (a block's unrolled loads), and
+    no more partials than the scratch holds."""
+    key = (dev, N, nv, vec, rows_min)
+    plan = _col_plans.get(key)
+    if plan is None:
+        tiles = (nv + 31) // 32
+        chunks = max(1, min((2 * sm_count() + tiles - 1) // tiles, (N + rows_min - 1) // rows_min))
+        if tiles > _SCRATCH_TILES:
+            chunks = 1
+        chunks = min(chunks, max(1, _SCRATCH_FLOATS // (tiles * 32 * vec)))
+        per_chunk = (N + chunks - 1) // chunks
+        rows_per = (per_chunk + rows_min - 1) // rows_min * rows_min
+        plan = (tiles, (N + rows_per - 1) // rows_per, rows_per)
+        if len(_col_plans) >= 4096:
+            _col_plans.clear()
+        _col_plans[key] = plan
+    return plan
+
+
+def _column_scratch(dev: int) -> tuple[Array, Array]:
+    """(float32 partials, uint32 tile counters) of the current stream of device ``dev``."""
+    cp = _cp()
+    key = (dev, cp.cuda.get_current_stream().ptr)
+    found = _scratch.get(key)
+    if found is None:
+        found = (cp.empty((_SCRATCH_FLOATS,), np.float32), cp.zeros((_SCRATCH_TILES,), np.uint32))
+        _scratch[key] = found
+    return found
+
+
 def sum_cols(x: Array) -> Array | None:
-    """Column sums of a 2-D [N, D] array (the bias gradient), float accumulation, deterministic."""
+    """Column sums of a 2-D [N, D] array (the bias gradient) in one launch, float accumulation, deterministic."""
     suffix = _suffix(x.dtype)
     if suffix is None or x.ndim != 2 or x.size == 0 or x.shape[1] >= 2**31:
         return None
     cp = _cp()
-    N, D = int(x.shape[0]), int(x.shape[1])
+    N, D = x.shape
     xc = _contig(x)
     out = cp.empty((D,), x.dtype)
-    name, vec = _variant(suffix, D, xc, out)
-    col_blocks = (D // vec + 31) // 32
-    splits = max(1, min((4 * sm_count() + col_blocks - 1) // col_blocks, (N + 63) // 64))
-    rows_per = (N + splits - 1) // splits
-    splits = (N + rows_per - 1) // rows_per
-    partial = cp.empty((splits, D), np.float32) if splits > 1 else None
-    _launch("reduce", f"sum_cols_{name}", (col_blocks, splits), (32, 8),
-            (xc, out, _ptr(partial), np.int64(N), np.int32(D), np.int64(rows_per)))
-    if splits > 1:
-        _launch("reduce", f"sum_cols_finish_{suffix}", ((D + 31) // 32,), (32, 16),
-                (partial, out, np.int32(splits), np.int32(D)))
+    name, vec = _variant(suffix, D, xc)
+    dev = cp.cuda.runtime.getDevice()
+    tiles, chunks, rows_per = _column_plan(dev, N, D // vec, vec, 8 * _COL_LANES)
+    partial, counters = _column_scratch(dev) if chunks > 1 else (_NULL, _NULL)
+    _launch("reduce", f"sum_cols_{name}", (tiles, chunks), _COL_BLOCK,
+            (xc, out, partial, counters, np.int64(N), np.int32(D), np.int64(rows_per)))
     return out
 
 
@@ -741,6 +829,8 @@ KERNELS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "layer_norm_backward": (layer_norm_backward, ("float32", "bfloat16")),
     "gelu": (gelu, ("float32", "bfloat16")),
     "gelu_backward": (gelu_backward, ("float32", "bfloat16")),
+    "bias_gelu": (bias_gelu, ("float32", "bfloat16")),
+    "bias_gelu_backward": (bias_gelu_backward, ("float32", "bfloat16")),
     "cross_entropy": (cross_entropy, ("float32", "bfloat16")),
     "cross_entropy_backward": (cross_entropy_backward, ("float32", "bfloat16")),
     "softmax": (softmax, ("float32", "bfloat16")),
@@ -766,6 +856,8 @@ __all__ = [
     "PHILOX_PER_COUNTER",
     "STANDALONE",
     "adamw_multi_tensor",
+    "bias_gelu",
+    "bias_gelu_backward",
     "cross_entropy",
     "cross_entropy_backward",
     "cross_entropy_with_grad",

@@ -152,6 +152,77 @@ __device__ __forceinline__ float partial_column_sum(const float* __restrict__ pa
     return t;
 }
 
+// One-launch column sums over a (column tile x row chunk) grid, block (32, RL): thread (tx, ty) of
+// block (tile, chunk) holds acc[VEC], its rows' sums of the VEC columns of column vector tile*32 + tx.
+// The block adds its RL row lanes in shared memory (fixed order). With one chunk (gridDim.y == 1) it
+// stores the tile's sums; else it writes a float32 partial[chunk][tile][32*VEC] and takes a ticket
+// from counters[tile]; the last block of the tile to arrive (threadfence-reduction pattern: only the
+// ticket is atomic) adds the gridDim.y partials, as float4s in a fixed order, stores the sums and
+// resets counters[tile] to 0 for the next launch on the stream. The result does not depend on which
+// block came last, so it is bitwise reproducible. store(v, k, s): column vector tile*32 + v, element
+// k, sum s. Every thread of the block must call it (it holds barriers).
+template <int VEC, int RL, typename Store>
+__device__ __forceinline__ void column_tile_sum(const float (&acc)[VEC], float* __restrict__ partial,
+                                                unsigned int* __restrict__ counters, Store store) {
+    constexpr int TW = 32 * VEC;           // floats of one tile row; column c = k * 32 + v
+    constexpr int LANES = 32 * RL * 4 / TW;  // row lanes of the last block's float4 sum
+    constexpr int RED = (LANES > RL ? LANES : RL) * TW;
+    __shared__ float red[RED];
+    __shared__ int last;
+    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 32 + tx;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) red[ty * TW + k * 32 + tx] = acc[k];
+    __syncthreads();
+    float s = 0.f;
+    if (tid < TW) {
+#pragma unroll
+        for (int y = 0; y < RL; ++y) s += red[y * TW + tid];
+    }
+    if (gridDim.y == 1) {
+        if (tid < TW) store(tid & 31, tid >> 5, s);
+        return;
+    }
+    if (tid < TW) partial[((long long)blockIdx.y * gridDim.x + blockIdx.x) * TW + tid] = s;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int q = tid % (TW / 4), lane = tid / (TW / 4);
+    const float* p = partial + (long long)blockIdx.x * TW + 4 * q;
+    const long long step = (long long)gridDim.x * TW;
+    // __ldcg: from L2, where the other blocks' partials are; four loads in flight per thread, since this
+    // block's sum is the launch's tail
+    const int S = (int)gridDim.y;
+    float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+    int y = lane;
+    for (; y + 3 * LANES < S; y += 4 * LANES) {
+        const float4 a = __ldcg(reinterpret_cast<const float4*>(p + y * step));
+        const float4 b = __ldcg(reinterpret_cast<const float4*>(p + (y + LANES) * step));
+        const float4 c = __ldcg(reinterpret_cast<const float4*>(p + (y + 2 * LANES) * step));
+        const float4 d = __ldcg(reinterpret_cast<const float4*>(p + (y + 3 * LANES) * step));
+        t.x += (a.x + b.x) + (c.x + d.x);
+        t.y += (a.y + b.y) + (c.y + d.y);
+        t.z += (a.z + b.z) + (c.z + d.z);
+        t.w += (a.w + b.w) + (c.w + d.w);
+    }
+    for (; y < S; y += LANES) {
+        const float4 u = __ldcg(reinterpret_cast<const float4*>(p + y * step));
+        t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+    }
+    float* r = red + lane * TW + 4 * q;
+    r[0] = t.x; r[1] = t.y; r[2] = t.z; r[3] = t.w;
+    __syncthreads();
+    if (tid < TW) {
+        float v = 0.f;
+#pragma unroll
+        for (int l = 0; l < LANES; ++l) v += red[l * TW + tid];
+        store(tid & 31, tid >> 5, v);
+    }
+    if (tid == 0) counters[blockIdx.x] = 0u;
+}
+
 // log-sum-exp state (running max m, sum of exp(x - m)); combining handles all -inf inputs.
 struct LseState {
     float m;

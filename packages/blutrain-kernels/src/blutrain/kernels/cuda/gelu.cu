@@ -1,5 +1,5 @@
 // GELU forward and backward, elementwise over n contiguous elements, float32 and bf16; the tanh
-// approximation (GPT-2's) and the exact erf form, chosen by a flag.
+// approximation (GPT-2's) and the exact erf form, chosen by a flag. Fused bias + GELU over [N, D] rows.
 //
 // gelu_fwd_*: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   or   0.5 x (1 + erf(x / sqrt 2)).
 // gelu_bwd_*: dx = g * dGELU/dx(x).
@@ -8,6 +8,16 @@
 // either, then a scalar loop finishes the n % VEC tail.
 // Bytes: forward reads n and writes n elements; backward reads 2n and writes n. FLOPs ~ 20 per element
 // (one tanhf/erff each way, plus expf in the erf backward).
+//
+// bias_gelu_fwd_*: y[n, d] = GELU(x[n, d] + b[d]) (GPT-2's c_fc: the GEMM runs without its bias).
+// bias_gelu_bwd_*: dx[n, d] = g[n, d] * GELU'(x[n, d] + b[d]); db[d] = sum_n dx[n, d], summed from the
+//                  float32 dx before rounding, in the same launch (column_tile_sum of common.cuh).
+// Launch: block (32, 16): x = 32 column vectors of VEC elements (16-byte accesses when D % VEC == 0
+// and the rows are aligned, else VEC = 1), y = 16 row lanes; grid (ceil(D/VEC/32) column tiles, S
+// row chunks), S from the host (about two blocks per SM). A thread loads its bias vector once and
+// keeps 4 (forward) or 2 (backward: g and x) rows of loads in flight. Bytes: forward reads N*D + D
+// and writes N*D elements; backward reads 2*N*D + D and writes N*D + D (+ 2*S*D*4 bytes of float32
+// partials when S > 1) -- one pass less than dx followed by a column sum of dx (4*N*D).
 #include "common.cuh"
 
 #define GELU_K0 0.7978845608028654f  // sqrt(2/pi)
@@ -82,6 +92,97 @@ __device__ __forceinline__ void gelu_bwd(const T* __restrict__ g, const T* __res
     }
 }
 
+#define BIAS_GELU_LANES 16
+
+template <typename T, int VEC>
+__device__ __forceinline__ void bias_gelu_fwd(const T* __restrict__ x, const T* __restrict__ b, T* __restrict__ y,
+                                              long long N, int D, long long rows_per, int tanh_approx) {
+    constexpr int RL = BIAS_GELU_LANES, U = 4;
+    const int i = blockIdx.x * 32 + threadIdx.x;
+    if (i >= D / VEC) return;
+    const long long r0 = (long long)blockIdx.y * rows_per;
+    const long long r1 = r0 + rows_per < N ? r0 + rows_per : N;
+    const long long col = (long long)i * VEC;
+    float bv[VEC];
+    load_vec<VEC>(b + col, bv);
+    long long r = r0 + threadIdx.y;
+    for (; r + (U - 1) * RL < r1; r += U * RL) {
+        float v[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) load_vec<VEC>(x + (r + u * RL) * D + col, v[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            float o[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) o[k] = gelu_f(v[u][k] + bv[k], tanh_approx);
+            store_vec<VEC>(y + (r + u * RL) * D + col, o);
+        }
+    }
+    for (; r < r1; r += RL) {
+        float v[VEC], o[VEC];
+        load_vec<VEC>(x + r * D + col, v);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = gelu_f(v[k] + bv[k], tanh_approx);
+        store_vec<VEC>(y + r * D + col, o);
+    }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void bias_gelu_bwd(const T* __restrict__ g, const T* __restrict__ x,
+                                              const T* __restrict__ b, T* __restrict__ dx, T* __restrict__ db,
+                                              float* __restrict__ partial, unsigned int* __restrict__ counters,
+                                              long long N, int D, long long rows_per, int tanh_approx,
+                                              int need_bias) {
+    constexpr int RL = BIAS_GELU_LANES, U = 2;
+    const int nv = D / VEC;
+    const int i = blockIdx.x * 32 + threadIdx.x;
+    const long long r0 = (long long)blockIdx.y * rows_per;
+    const long long r1 = r0 + rows_per < N ? r0 + rows_per : N;
+    const long long col = (long long)i * VEC;
+    float acc[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
+    if (i < nv) {
+        float bv[VEC];
+        load_vec<VEC>(b + col, bv);
+        long long r = r0 + threadIdx.y;
+        for (; r + (U - 1) * RL < r1; r += U * RL) {
+            float gv[U][VEC], v[U][VEC];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                load_vec<VEC>(g + (r + u * RL) * D + col, gv[u]);
+                load_vec<VEC>(x + (r + u * RL) * D + col, v[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float o[VEC];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    o[k] = gelu_grad_f(gv[u][k], v[u][k] + bv[k], tanh_approx);
+                    acc[k] += o[k];
+                }
+                store_vec<VEC>(dx + (r + u * RL) * D + col, o);
+            }
+        }
+        for (; r < r1; r += RL) {
+            float gv[VEC], v[VEC], o[VEC];
+            load_vec<VEC>(g + r * D + col, gv);
+            load_vec<VEC>(x + r * D + col, v);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                o[k] = gelu_grad_f(gv[k], v[k] + bv[k], tanh_approx);
+                acc[k] += o[k];
+            }
+            store_vec<VEC>(dx + r * D + col, o);
+        }
+    }
+    if (!need_bias) return;
+    const int tile0 = blockIdx.x * 32;
+    column_tile_sum<VEC, RL>(acc, partial, counters, [&](int v, int k, float s) {
+        if (tile0 + v < nv) db[(long long)(tile0 + v) * VEC + k] = from_float<T>(s);
+    });
+}
+
 #define GELU_KERNELS(SUFFIX, T, VEC)                                                                   \
     extern "C" __global__ void gelu_fwd_##SUFFIX(const T* x, T* y, long long n, int tanh_approx) {     \
         gelu_fwd<T, VEC>(x, y, n, tanh_approx);                                                        \
@@ -93,3 +194,20 @@ GELU_KERNELS(f32_v4, float, 4)
 GELU_KERNELS(f32_v1, float, 1)
 GELU_KERNELS(bf16_v8, bf16, 8)
 GELU_KERNELS(bf16_v1, bf16, 1)
+
+#define BIAS_GELU_KERNELS(SUFFIX, T, VEC)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32 * BIAS_GELU_LANES)                                     \
+        bias_gelu_fwd_##SUFFIX(const T* x, const T* b, T* y, long long N, int D, long long rows_per,      \
+                               int tanh_approx) {                                                          \
+        bias_gelu_fwd<T, VEC>(x, b, y, N, D, rows_per, tanh_approx);                                       \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * BIAS_GELU_LANES)                                     \
+        bias_gelu_bwd_##SUFFIX(const T* g, const T* x, const T* b, T* dx, T* db, float* partial,          \
+                               unsigned int* counters, long long N, int D, long long rows_per,             \
+                               int tanh_approx, int need_bias) {                                           \
+        bias_gelu_bwd<T, VEC>(g, x, b, dx, db, partial, counters, N, D, rows_per, tanh_approx, need_bias); \
+    }
+BIAS_GELU_KERNELS(f32_v4, float, 4)
+BIAS_GELU_KERNELS(f32_v1, float, 1)
+BIAS_GELU_KERNELS(bf16_v8, bf16, 8)
+BIAS_GELU_KERNELS(bf16_v1, bf16, 1)

@@ -127,8 +127,8 @@ _add(("index", "index_select", "gather", "tril", "triu", "cat", "embedding", "in
      math=False)
 _add(("scatter_add", "index_add"), ix, ALL_DTYPES)
 _add(("embedding_backward",), ix, FLOATS)
-_add(("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "dropout", "cross_entropy",
-      "cross_entropy_backward", "sdpa", "sdpa_backward"), nn, FLOATS)
+_add(("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "bias_gelu", "bias_gelu_backward",
+      "dropout", "cross_entropy", "cross_entropy_backward", "sdpa", "sdpa_backward"), nn, FLOATS)
 
 # outputs of forward kernels that are statistics for backward: kept in float32 for half inputs
 STATISTICS: dict[str, tuple[int, ...]] = {"layer_norm": (1, 2), "rms_norm": (1,), "cross_entropy": (1,),

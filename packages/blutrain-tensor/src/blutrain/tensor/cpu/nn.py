@@ -1,4 +1,4 @@
-"""Generic fused kernels of the transformer: norms, dropout, cross-entropy, attention.
+"""Generic fused kernels of the transformer: norms, bias+GELU, dropout, cross-entropy, attention.
 
 Each forward returns what its backward needs and nothing larger: mean/rstd for LayerNorm, the
 log-sum-exp per row for cross-entropy and attention (the probabilities are recomputed in backward,
@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.tensor.backend import array_module
+from blutrain.tensor.cpu.elementwise import gelu, gelu_backward
 from blutrain.tensor.cpu.reduction import logsumexp
 
 Array = Any
@@ -83,6 +84,19 @@ def rms_norm_backward(grad: Array, x: Array, w: Array | None, rstd: Array, k: in
     with _quiet():
         gx = r * (gxhat - xhat * _row_mean(gxhat * xhat))
     return gx.reshape(x.shape), gw
+
+
+def bias_gelu(x: Array, bias: Array, approximate: str) -> Array:
+    """GELU(x + bias), ``bias`` (D,) broadcast over the last dim of ``x``."""
+    return gelu(x + bias, approximate)
+
+
+def bias_gelu_backward(grad: Array, x: Array, bias: Array, approximate: str,
+                       need_bias: bool) -> tuple[Array, Array | None]:
+    """dx = dy · GELU'(x + bias); dbias = Σ dx over every dim but the last (from dx before any rounding)."""
+    gx = gelu_backward(grad, x + bias, approximate)
+    gb = _rows(gx, 1).sum(axis=0, dtype=gx.dtype) if need_bias else None
+    return gx, gb
 
 
 def dropout(x: Array, p: float, generator: Any) -> tuple[Array, Array]:

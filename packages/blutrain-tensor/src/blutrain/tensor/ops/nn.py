@@ -2,7 +2,8 @@
 
 LayerNorm keeps mean and rstd for backward instead of the normalized tensor; cross-entropy keeps the
 log-sum-exp per row instead of the softmax; attention keeps the log-sum-exp per query instead of
-the T×S probability matrix. Those choices set the memory a training step needs.
+the T×S probability matrix; bias+GELU keeps its input and bias, not their sum. Those choices set
+the memory a training step needs.
 """
 
 from __future__ import annotations
@@ -104,6 +105,29 @@ def rms_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | 
     if _needs_grad(x, weight):
         r = _statistic(rstd, x)
         dispatch.recorder("rms_norm", (x, weight), res, {"rstd": r, "k": k})  # type: ignore[misc]
+    return res
+
+
+def bias_gelu(input: Tensor, bias: Tensor, approximate: str = "tanh") -> Tensor:
+    """``gelu(input + bias)`` with ``bias`` (D,) over the last dim: the bias epilogue of the GEMM before it
+    (GPT-2's c_fc) fused with the activation, one kernel each way; backward keeps input and bias, not the sum.
+
+    Under autocast it runs in the region's dtype, as ``linear(..., bias)`` followed by ``gelu`` would.
+    """
+    if _autocast.dtype is not None:
+        input, bias = lower(input), lower(bias)
+    _floating("bias_gelu", input)
+    if approximate not in ("none", "tanh"):
+        raise TensorValueError(f"bias_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    if input.ndim == 0:
+        raise ShapeError("bias_gelu: input must have at least 1 dim (the bias runs over the last), got a 0-d tensor")
+    if not isinstance(bias, Tensor):
+        raise TensorTypeError(f"bias_gelu: bias must be a Tensor, got {type(bias).__name__}")
+    _same("bias_gelu", input, "bias", bias, (input.shape[-1],))
+    out = _kernel("bias_gelu", input.device.type, input.dtype)(input._data, bias._data, approximate)
+    res = Tensor._make(out, input.dtype, input.device)
+    if _needs_grad(input, bias):
+        dispatch.recorder("bias_gelu", (input, bias), res, {"approximate": approximate})  # type: ignore[misc]
     return res
 
 
