@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: one command for one call of the lent GPU machine.
 #
-#   bash tools/gpu_check.sh [--quick] [--no-bench] [--no-conformance] [--sanitize]
+#   bash tools/gpu_check.sh [--quick] [--no-bench] [--no-conformance] [--sanitize] [--gpt2-bench|--gpt2-bench-only]
 #
 # 1. Makes the workspace importable with no network: every packages/*/src and plugins/*/src goes
 #    on PYTHONPATH, and a generated .dist-info per member (METADATA + entry_points.txt from its
@@ -14,6 +14,9 @@
 # Environment: TESTS="pytest args" replaces the cuda-test selection (e.g. "packages/blutrain-kernels/tests/
 # test_cuda.py -k attention"); BENCH="--only attention" is passed to the benchmark; GPT2=0 skips stage 3c;
 # BENCH_ALLOC=1 adds tools/bench_alloc.py (allocation cost, a traced GPT-2 step and its memory plots).
+# BENCH_GPT2=1 (or --gpt2-bench) adds tools/bench/gpt2.py, GPT-2 training beside PyTorch (docs/benchmarks.md),
+# last; BENCH_GPT2=only (or --gpt2-bench-only) runs it alone after the workspace setup, within the call's
+# 600 s (BENCH_GPT2_BUDGET); BENCH_GPT2_ARGS="--parity 200 --profile" is passed on. It writes $OUT/bench_gpt2/.
 # Prints a short summary last. Logs and results go to $OUT (the device tool's output folder) or
 # tools/results/: gpu_check.log, cuda_tests.xml, conformance.xml, bench_kernels.json,
 # bench_summary.txt, alloc_build.log. Every stage has its own time limit (120 + 180 + 120 + 180 s at
@@ -22,14 +25,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-QUICK=0 BENCH=1 CONFORMANCE=1 SANITIZE=0
+QUICK=0 RUN_BENCH=1 CONFORMANCE=1 SANITIZE=0
+BENCH_GPT2=${BENCH_GPT2:-0}
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
-        --no-bench) BENCH=0 ;;
+        --no-bench) RUN_BENCH=0 ;;
         --no-conformance) CONFORMANCE=0 ;;
         --sanitize) SANITIZE=1 ;;
-        *) echo "usage: $0 [--quick] [--no-bench] [--no-conformance] [--sanitize]" >&2; exit 2 ;;
+        --gpt2-bench) BENCH_GPT2=1 ;;
+        --gpt2-bench-only) BENCH_GPT2=only ;;
+        *) echo "usage: $0 [--quick] [--no-bench] [--no-conformance] [--sanitize] [--gpt2-bench|--gpt2-bench-only]" >&2
+           exit 2 ;;
     esac
 done
 
@@ -116,9 +123,32 @@ diff = float((x @ x.T).cpu().sub(x.cpu() @ x.cpu().T).abs().max().item())
 print(f"smoke: randn on {x.device}, GEMM vs CPU max |diff| {diff:.2e}")
 PYEOF
 
+# GPT-2 beside PyTorch (tools/bench/gpt2.py). Its --time-limit comes from what is left of the call, so that
+# it skips stages it could not finish and still ends with its table (its JSON is rewritten after each stage).
+RC_GPT2_BENCH=skipped
+gpt2_bench() {
+    local left=$(( ${BENCH_GPT2_BUDGET:-590} - (SECONDS - T0) ))
+    if (( left < 120 )); then
+        echo "   GPT-2 benchmark skipped: ${left} s left of the call"
+        return
+    fi
+    stamp "GPT-2 benchmark against PyTorch (tools/bench/gpt2.py; ${left} s left)"
+    timeout -k 10 "$left" "$PY" tools/bench/gpt2.py --out "$OUT/bench_gpt2" --time-limit $((left - 90)) \
+        ${BENCH_GPT2_ARGS:-}
+    RC_GPT2_BENCH=$?
+}
+if [[ $BENCH_GPT2 == only ]]; then
+    gpt2_bench
+    echo "exit code: gpt2 bench $RC_GPT2_BENCH; $((SECONDS - T0)) s"
+    [[ $RC_GPT2_BENCH == 0 ]]
+    exit
+fi
+
 stamp "cuda tests (pytest -m cuda)"
+# TESTS is split as the shell would split it, quotes included (-k 'a or b' stays one argument)
+eval "TEST_ARGS=(${TESTS:-packages plugins})"
 timeout -k 10 170 "$PY" -m pytest -m cuda -q -rfE -p no:cacheprovider --continue-on-collection-errors $ALLOC_IGNORE \
-    --junitxml="$OUT/cuda_tests.xml" ${TESTS:-packages plugins} 2>&1 | tail -n 80
+    --junitxml="$OUT/cuda_tests.xml" "${TEST_ARGS[@]}" 2>&1 | tail -n 80
 RC_TESTS=${PIPESTATUS[0]}
 
 RC_CONF=skipped
@@ -154,10 +184,10 @@ if [[ ${GPT2:-1} == 1 ]]; then
 fi
 
 RC_BENCH=skipped
-if [[ $BENCH == 1 ]]; then
+if [[ $RUN_BENCH == 1 ]]; then
     stamp "kernel benchmark"
     timeout -k 10 $((QUICK ? 100 : 170)) "$PY" tools/bench_kernels.py $([[ $QUICK == 1 ]] && echo --quick) \
-        --out "$OUT/bench_kernels.json" --summary "$OUT/bench_summary.txt" ${BENCH:-}
+        --out "$OUT/bench_kernels.json" --summary "$OUT/bench_summary.txt" ${BENCH:+$BENCH}
     RC_BENCH=$?
 fi
 
@@ -167,6 +197,8 @@ if [[ ${BENCH_ALLOC:-0} == 1 && -n $ALLOC ]]; then
     timeout -k 10 240 "$PY" tools/bench_alloc.py --out "$OUT" 2>&1 | tail -n 20
     RC_ALLOC=${PIPESTATUS[0]}
 fi
+
+[[ $BENCH_GPT2 == 1 ]] && gpt2_bench
 
 stamp "summary"
 "$PY" - "$OUT" <<'PYEOF'
@@ -190,7 +222,7 @@ for name in ("cuda_tests", "conformance"):
     if len(failed) > 40:
         print(f"   ... and {len(failed) - 40} more (see the log)")
 PYEOF
-echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC; $((SECONDS - T0)) s"
+echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC, gpt2 bench $RC_GPT2_BENCH; $((SECONDS - T0)) s"
 if [[ -f "$OUT/bench_summary.txt" ]]; then
     echo
     cat "$OUT/bench_summary.txt"
