@@ -162,7 +162,7 @@ class Trainer:
         for _ in range(accum):
             x, y = self._batch(self.loader)
             with self.autocast:
-                _, loss = self.model(x, y)
+                loss = self.model(x, y)[1]  # the (B, T, vocab) logits are not kept alive through backward
             (loss / accum).backward()
             loss_sum += float(loss.item())
         norm = clip_grad_norm_(self.model.parameters(), cfg.clip) if cfg.clip > 0 else math.nan

@@ -1,0 +1,1371 @@
+#!/usr/bin/env python3
+"""GPT-2 training, BluTrain beside PyTorch in one process: throughput, MFU, peak memory, loss parity, profile.
+
+Why this tool: a claim of speed or memory counts only when it is measured beside the baseline, in the same
+run, on the same machine, with the same shapes and hyper-parameters (issue 6). Every later performance change
+is judged by this table.
+
+    python tools/bench/gpt2.py                        # GPU: gpt2-124m, T=1024, micro-batch 16; fp32, tf32, bf16
+                                                      # × blutrain, torch, torch-compile (within 8 minutes)
+    python tools/bench/gpt2.py --quick                # about 2 minutes: no torch.compile, fewer warm-up steps
+    python tools/bench/gpt2.py --parity 200           # also: 200 steps of both from the same initial weights
+    python tools/bench/gpt2.py --profile              # also: per-kernel table of one BluTrain step, NVTX ranges
+    python tools/bench/gpt2.py --device cpu --quick   # CPU: tiny preset against PyTorch's CPU build
+
+What is compared
+- BluTrain: ``blutrain.models.gpt2.GPT2``, the ``adamw`` optimizer plugin, ``clip_grad_norm_``, eager.
+  BluTrain compiled has no row yet: ``blutrain.compiler`` has no ``compile()``; the output says so.
+- PyTorch: a reference written the way the seed paper's baseline is (nanoGPT style): stock ``nn.Linear``,
+  ``nn.LayerNorm``, ``nn.Embedding``, ``F.scaled_dot_product_attention(is_causal=True)``, GELU-tanh, the LM
+  head tied to the token embedding, ``torch.optim.AdamW`` (``fused=True`` where the build has it; the output
+  says which), ``torch.nn.utils.clip_grad_norm_``; eager, and ``torch.compile`` of the model (the optimizer
+  step stays eager, as in nanoGPT).
+- Both: nanoGPT's initialisation and decay groups (weight decay on tensors of two or more dims), AdamW
+  lr 6e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, clip 1.0, constant learning rate, no dropout, the
+  same batches (random tokens, or ``--data`` shards), the loss returned without keeping the logits alive.
+- Precision: fp32 = float32 with TF32 off on both sides; tf32 = TF32 GEMMs on both
+  (``torch.set_float32_matmul_precision("high")``, BluTrain's backend ``set_tf32``); bf16 = autocast with
+  float32 master weights (``blutrain.amp.autocast`` and ``torch.autocast``).
+
+How it is measured
+- Precisions run one after another; within a precision every implementation is built and warmed up, then
+  they take turns step by step (the first of each round rotates), so clock and thermal drift hit all alike.
+- Step time: CUDA events around the whole step (zero_grad, forward, backward, clip, optimizer) on each
+  framework's current stream, synchronised after each step; the median of ``--steps`` (>= 20) timed steps.
+  Host ms is the time until the step's Python call returns (launch cost; equals the step when it blocks).
+- MFU: FLOPs per token = 6·N + 12·L·H·Q·T (nanoGPT / PaLM appendix B: N parameters without the position
+  embedding, L layers, H heads, Q head size, T sequence length; causal masking not discounted), times tokens/s,
+  over a peak: the GEMM ceiling measured at the start (8192³ torch.matmul in the mode's dtype) and, in the
+  ``MFU spec`` column, NVIDIA's dense datasheet peak when the GPU is an H100 or H200.
+- Memory, per configuration, above what the process held before it was built: PyTorch's
+  ``max_memory_allocated`` over one steady step and ``max_memory_reserved`` over its life; BluTrain's the same
+  two numbers from its caching allocator (blutrain-alloc) when the cuda backend uses it, else CuPy's memory
+  pool measured exactly by a ``cupy.cuda.MemoryHook`` (live bytes at every malloc/free; pool bytes).
+- ``--parity N``: PyTorch's initial weights are copied into BluTrain, both train N steps on the same batches
+  (fp32, micro-batch 8 on the GPU unless told otherwise); max |Δloss| and both curves (parity.png).
+- ``--time-limit``: stages that would start after it are skipped with a note, so a run ends with its table.
+- ``--profile``: for one precision, per-phase GPU and host time (events and the host clock at the phase
+  boundaries), then one step under ``torch.profiler`` (CUPTI sees CuPy's kernels too) with NVTX ranges per
+  phase and per module (blocks, attn, mlp, ln_*, embeddings, lm_head; not the linears inside attn and mlp, whose
+  hooks would take BluTrain's MLP off its fused path): a per-kernel table (name, calls, total ms, share) for
+  BluTrain and for PyTorch eager, and the busy time against the step's span (the rest is the GPU waiting).
+
+Writes to ``--out`` (default $OUT when set, else tools/results/bench_gpt2): bench_gpt2.json (everything,
+rewritten after each stage so a killed run keeps what it finished), bench_gpt2.png, bench_gpt2.txt (the
+final table), parity.png, profile_*.trace.json.gz (Chrome/Perfetto traces). The table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import gzip
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+PRECISIONS = ("fp32", "tf32", "bf16")
+IMPLS = ("blutrain", "torch", "torch-compile")
+NOT_YET = ("blutrain-compile",)  # accepted by --impl, reported as not measured
+GPT2_TOKENS = 50257  # the GPT-2 tokenizer's vocabulary; presets pad the embedding to 50304
+GIB = 1024**3
+# NVIDIA datasheet peaks in TFLOP/s, dense (the tensor-core figures there are with 2:4 sparsity: halved here).
+SPEC_PEAKS: dict[str, dict[str, float]] = {
+    "H100 SXM": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5},
+    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0},
+    "H200": {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4},
+}
+GOALS = (  # issue 6's goals, reported against, never asserted
+    ("fp32", "tokens/s ≥ 1.08 × torch eager", "torch", "speed", 1.08),
+    ("bf16", "tokens/s ≥ 1.10 × torch.compile", "torch-compile", "speed", 1.10),
+    ("fp32", "peak allocated ≤ 0.6 × torch eager", "torch", "alloc", 0.6),
+)
+PhaseFn = Callable[[str], contextlib.AbstractContextManager[Any]]
+
+
+def no_phase(name: str) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """Optimisation settings shared by both frameworks (nanoGPT's GPT-2 recipe, constant learning rate)."""
+
+    lr: float = 6e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Row:
+    """One configuration's result; memory in bytes above the process's holdings before it was built."""
+
+    precision: str
+    impl: str
+    steps: int = 0
+    step_ms: float | None = None
+    step_ms_p10: float | None = None
+    step_ms_p90: float | None = None
+    host_ms: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    mfu_spec: float | None = None
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    memory_source: str | None = None
+    losses: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+# -- timing ------------------------------------------------------------------------------------------------
+class Clock:
+    """Times one framework's device work: CUDA events on its current stream, or the host clock on the CPU."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # "torch", "cupy" or "host"
+        if kind == "cupy":
+            import cupy
+
+            self._cp = cupy
+        elif kind == "torch":
+            import torch
+
+            self._torch = torch
+
+    def mark(self) -> Any:
+        if self.kind == "host":
+            return time.perf_counter()
+        ev = self._cp.cuda.Event() if self.kind == "cupy" else self._torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def ms(self, start: Any, end: Any) -> float:
+        """Milliseconds from ``start`` to ``end``; waits for ``end``."""
+        if self.kind == "host":
+            return float((end - start) * 1e3)
+        end.synchronize()
+        if self.kind == "cupy":
+            return float(self._cp.cuda.get_elapsed_time(start, end))
+        return float(start.elapsed_time(end))
+
+
+class PhaseRecorder:
+    """Marks the phases of a step: an NVTX range (Nsight), a profiler annotation when asked, and a clock
+    mark plus host time at each boundary, so one step splits into forward / backward / optimizer."""
+
+    def __init__(self, clock: Clock, nvtx: tuple[Callable[[str], None], Callable[[], None]],
+                 annotate: Callable[[str], Any] | None = None) -> None:
+        self.clock = clock
+        self.push, self.pop = nvtx
+        self.annotate = annotate
+        self.records: list[tuple[str, float, float, Any, Any]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        ev0 = self.clock.mark()
+        t0 = time.perf_counter()
+        self.push(name)
+        with self.annotate(name) if self.annotate else contextlib.nullcontext():
+            yield
+        self.pop()
+        t1 = time.perf_counter()
+        self.records.append((name, t0, t1, ev0, self.clock.mark()))
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per phase: median GPU ms (between its boundary events) and median host ms."""
+        out: dict[str, dict[str, list[float]]] = {}
+        for name, t0, t1, ev0, ev1 in self.records:
+            d = out.setdefault(name, {"gpu_ms": [], "host_ms": []})
+            d["gpu_ms"].append(self.clock.ms(ev0, ev1))
+            d["host_ms"].append((t1 - t0) * 1e3)
+        return {k: {m: statistics.median(v) for m, v in d.items()} for k, d in out.items()}
+
+
+def nvtx_functions(device: str) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """NVTX push/pop through CuPy (ranges show in Nsight Systems); no-ops on the CPU or without NVTX."""
+    if device == "cuda":
+        try:
+            from cupy.cuda import nvtx
+
+            return nvtx.RangePush, nvtx.RangePop
+        except Exception:
+            pass
+    return (lambda name: None), (lambda: None)
+
+
+# -- memory ------------------------------------------------------------------------------------------------
+class Meter:
+    """Peak memory of one configuration: ``baseline()`` before it is built, ``begin()``/``end()`` around a
+    steady step. Returns (peak allocated, peak reserved) above the baseline, in bytes."""
+
+    source = "n/a"
+
+    def baseline(self) -> None:
+        pass
+
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> tuple[int | None, int | None]:
+        return None, None
+
+
+class TorchMeter(Meter):
+    source = "torch.cuda max_memory_allocated / max_memory_reserved"
+
+    def __init__(self) -> None:
+        import torch
+
+        self.cuda = torch.cuda
+        self.base = self.base_reserved = 0
+
+    def baseline(self) -> None:
+        gc.collect()
+        self.cuda.synchronize()
+        self.cuda.empty_cache()  # cached blocks of earlier configurations are not this one's
+        self.base, self.base_reserved = self.cuda.memory_allocated(), self.cuda.memory_reserved()
+
+    def begin(self) -> None:
+        self.cuda.synchronize()
+        self.cuda.reset_peak_memory_stats()
+
+    def end(self) -> tuple[int | None, int | None]:
+        self.cuda.synchronize()
+        return (self.cuda.max_memory_allocated() - self.base,
+                self.cuda.max_memory_reserved() - self.base_reserved)
+
+
+class BluTrainAllocMeter(Meter):
+    """BluTrain's own caching allocator (blutrain-alloc, installed by the cuda backend): its peaks."""
+
+    source = "blutrain-alloc caching allocator: allocated_bytes_peak / reserved_bytes_peak"
+
+    def __init__(self, cuda: Any) -> None:
+        self.cuda = cuda
+        self.base = self.base_reserved = 0
+
+    def baseline(self) -> None:
+        gc.collect()
+        self.cuda.synchronize()
+        self.cuda.empty_cache()
+        self.base, self.base_reserved = self.cuda.memory_allocated(), self.cuda.memory_reserved()
+
+    def begin(self) -> None:
+        self.cuda.synchronize()
+        self.cuda.reset_peak_memory_stats()
+
+    def end(self) -> tuple[int | None, int | None]:
+        self.cuda.synchronize()
+        return (self.cuda.max_memory_allocated() - self.base,
+                self.cuda.max_memory_reserved() - self.base_reserved)
+
+
+class CupyPoolMeter(Meter):
+    """CuPy's default memory pool keeps no peak, so a ``cupy.cuda.MemoryHook`` follows it exactly during the
+    measured step: live bytes change by the chunk size at every malloc and free (the pool's own rounding),
+    and the pool's total bytes (cudaMalloc'd, live plus cached) can only grow at a malloc. The hook costs
+    host time, so it is on only for the measured step, never for timed ones."""
+
+    source = "CuPy memory pool, exact via cupy.cuda.MemoryHook (live chunk bytes; pool total bytes)"
+
+    def __init__(self) -> None:
+        import cupy
+        from cupy.cuda import memory_hook
+
+        self.pool = cupy.get_default_memory_pool()
+        pool = self.pool
+
+        class PoolPeakHook(memory_hook.MemoryHook):  # type: ignore[misc]
+            name = "BenchPoolPeak"
+
+            def __init__(self) -> None:
+                self.live = self.peak = int(pool.used_bytes())
+                self.total_peak = int(pool.total_bytes())
+
+            def malloc_postprocess(self, **kw: Any) -> None:
+                self.live += int(kw["mem_size"])
+                self.peak = max(self.peak, self.live)
+                self.total_peak = max(self.total_peak, int(pool.total_bytes()))
+
+            def free_postprocess(self, **kw: Any) -> None:
+                self.live -= int(kw["mem_size"])
+
+        self.hook_class = PoolPeakHook
+        self.hook: Any = None
+        self.base = self.base_reserved = 0
+
+    def baseline(self) -> None:
+        gc.collect()
+        self.pool.free_all_blocks()
+        self.base, self.base_reserved = int(self.pool.used_bytes()), int(self.pool.total_bytes())
+
+    def begin(self) -> None:
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+        self.hook = self.hook_class()
+        self.hook.__enter__()
+
+    def end(self) -> tuple[int | None, int | None]:
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+        self.hook.__exit__(None, None, None)
+        return self.hook.peak - self.base, self.hook.total_peak - self.base_reserved
+
+
+def blutrain_meter() -> Meter:
+    """BluTrain's allocator statistics when the cuda backend allocates through blutrain-alloc, else an exact
+    hook on CuPy's pool."""
+    from blutrain_backend_cupy import cuda
+
+    if hasattr(cuda, "max_memory_allocated"):
+        try:
+            cuda.max_memory_allocated()  # raises when CuPy's own pool is in use
+            return BluTrainAllocMeter(cuda)
+        except Exception:
+            pass
+    import cupy
+
+    if cupy.cuda.get_allocator() != cupy.get_default_memory_pool().malloc:
+        raise RuntimeError("BluTrain's CuPy allocator is neither blutrain-alloc nor CuPy's default pool: "
+                           "no peak statistic to read")
+    return CupyPoolMeter()
+
+
+def free_device_caches(device: str, compiled: bool = False) -> None:
+    """Give cached device memory back (both frameworks), so the next stage's peaks are its own."""
+    gc.collect()
+    with contextlib.suppress(ImportError):
+        import torch
+
+        if compiled:
+            torch._dynamo.reset()  # compiled graphs may hold the last models' tensors
+            gc.collect()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    if device != "cuda":
+        return
+    from blutrain_backend_cupy import cuda
+
+    cuda.synchronize()
+    if hasattr(cuda, "empty_cache"):
+        cuda.empty_cache()
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+# -- models and steps --------------------------------------------------------------------------------------
+def torch_reference(cfg: Any) -> Any:
+    """The PyTorch GPT-2 as nanoGPT writes it, with BluTrain's parameter names (so a state dict maps 1:1)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    C, nh = cfg.n_embd, cfg.n_head
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c_attn = nn.Linear(C, 3 * C)
+            self.c_proj = nn.Linear(C, C)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            B, T, _ = x.shape
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (z.view(B, T, nh, C // nh).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out: torch.Tensor = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+            return out
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c_fc = nn.Linear(C, 4 * C)
+            self.c_proj = nn.Linear(4 * C, C)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+            return out
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+            self.attn = CausalSelfAttention()
+            self.ln_2 = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
+            self.mlp = MLP()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = nn.ModuleDict({
+                "wte": nn.Embedding(cfg.vocab_size, C), "wpe": nn.Embedding(cfg.block_size, C),
+                "h": nn.ModuleList(Block() for _ in range(cfg.n_layer)),
+                "ln_f": nn.LayerNorm(C, eps=cfg.layer_norm_eps)})
+            self.lm_head = nn.Linear(C, cfg.vocab_size, bias=False)
+            self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+                if isinstance(m, nn.Linear) and m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+        def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            t = self.transformer
+            x = t.wte(idx) + t.wpe(torch.arange(idx.shape[1], device=idx.device))
+            for block in t.h:
+                x = block(x)
+            logits = self.lm_head(t.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+    return GPT()
+
+
+class TorchRunner:
+    """PyTorch eager or ``torch.compile`` of the reference model, with torch.optim.AdamW."""
+
+    def __init__(self, cfg: Any, device: str, precision: str, hp: Hyper, compiled: bool) -> None:
+        import torch
+
+        self.torch = torch
+        self.impl = "torch-compile" if compiled else "torch"
+        self.device = device
+        self.clock = Clock("torch" if device == "cuda" else "host")
+        torch.manual_seed(hp.seed)
+        with torch.device(device):
+            self.model = torch_reference(cfg)
+        self.params = list(self.model.parameters())
+        groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+                  {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
+        kw: dict[str, Any] = {"lr": hp.lr, "betas": hp.betas, "eps": hp.eps}
+        try:
+            self.opt = torch.optim.AdamW(groups, fused=True, **kw)
+            self.optimizer = "torch.optim.AdamW(fused=True)"
+        except (RuntimeError, TypeError, ValueError):
+            self.opt = torch.optim.AdamW(groups, foreach=True, **kw)
+            self.optimizer = "torch.optim.AdamW(foreach=True)"
+        self.clip = hp.clip
+        self.forward = torch.compile(self.model) if compiled else self.model
+        self.bf16 = precision == "bf16"
+
+    def stage(self, x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> Any:
+        return tuple(self.torch.from_numpy(a).to(self.device) for a in (x, y))
+
+    def step(self, batch: Any, phase: PhaseFn = no_phase) -> Any:
+        torch = self.torch
+        x, y = batch
+        with phase("forward"):
+            self.opt.zero_grad(set_to_none=True)
+            with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.bf16):
+                loss = self.forward(x, y)
+        with phase("backward"):
+            loss.backward()
+        with phase("optimizer"):
+            if self.clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+            self.opt.step()
+        return loss.detach()
+
+    def loss_value(self, loss: Any) -> float:
+        return float(loss.item())
+
+    def modules(self) -> list[tuple[str, Any]]:
+        return list(self.model.named_modules())
+
+    def state_numpy(self) -> dict[str, np.ndarray[Any, Any]]:
+        """The model's weights as float32 NumPy arrays under BluTrain's names (the tied head once)."""
+        return {k: v.detach().float().cpu().numpy() for k, v in self.model.state_dict().items()
+                if k != "lm_head.weight"}
+
+
+class BluTrainRunner:
+    """BluTrain eager: GPT2, the adamw plugin, clip_grad_norm_, blutrain.amp.autocast for bf16."""
+
+    impl = "blutrain"
+
+    def __init__(self, cfg: Any, device: str, precision: str, hp: Hyper,
+                 state: dict[str, np.ndarray[Any, Any]] | None = None) -> None:
+        import blutrain.tensor as bt
+        from blutrain.amp import autocast
+        from blutrain.models.gpt2 import GPT2
+        from blutrain.optim import clip_grad_norm_, create, weight_decay_groups
+
+        self.bt = bt
+        self.device = device
+        self.clock = Clock("cupy" if device == "cuda" else "host")
+        bt.manual_seed(hp.seed)
+        self.model = GPT2(cfg)
+        if state is not None:
+            self.model.load_state_dict({k: bt.from_numpy(v) for k, v in state.items()})
+        self.model.to(device)
+        self.model.train()
+        self.params = list(self.model.parameters())
+        self.opt = create("adamw", weight_decay_groups(self.params, hp.weight_decay), lr=hp.lr, betas=hp.betas,
+                          eps=hp.eps)
+        self.optimizer = "blutrain adamw plugin (multi-tensor kernel)"
+        self.clip = hp.clip
+        self.clip_fn = clip_grad_norm_
+        self.autocast = autocast(dtype="bfloat16", enabled=precision == "bf16")
+
+    def stage(self, x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> Any:
+        return tuple(self.bt.from_numpy(np.ascontiguousarray(a)).to(self.device) for a in (x, y))
+
+    def step(self, batch: Any, phase: PhaseFn = no_phase) -> Any:
+        x, y = batch
+        with phase("forward"):
+            self.opt.zero_grad(set_to_none=True)
+            with self.autocast:
+                loss = self.model(x, y)[1]  # the logits are not kept alive past the loss
+        with phase("backward"):
+            loss.backward()
+        with phase("optimizer"):
+            if self.clip > 0:
+                self.clip_fn(self.params, self.clip)
+            self.opt.step()
+        return loss
+
+    def loss_value(self, loss: Any) -> float:
+        return float(loss.item())
+
+    def modules(self) -> list[tuple[str, Any]]:
+        return list(self.model.named_modules())
+
+    def state_numpy(self) -> dict[str, np.ndarray[Any, Any]]:
+        return {k: np.asarray(v.cpu()) for k, v in self.model.state_dict().items()}
+
+
+Runner = TorchRunner | BluTrainRunner
+
+
+def build_runner(impl: str, cfg: Any, device: str, precision: str, hp: Hyper,
+                 state: dict[str, np.ndarray[Any, Any]] | None = None) -> Runner:
+    if impl == "blutrain":
+        return BluTrainRunner(cfg, device, precision, hp, state)
+    return TorchRunner(cfg, device, precision, hp, compiled=impl == "torch-compile")
+
+
+def compiled_note() -> str:
+    """Why there is no BluTrain-compiled row (issue 6 wants one once the compiler lands; never a fake one)."""
+    try:
+        from blutrain.compiler import compile as _  # noqa: F401
+    except Exception:
+        return "BluTrain compiled: not measured, blutrain.compiler has no compile() yet"
+    return ("BluTrain compiled: not measured; blutrain.compiler.compile exists in this tree, but this tool does not "
+            "drive it yet (a 'blutrain-compile' implementation is the next step)")
+
+
+def set_precision(precision: str, device: str, have_torch: bool) -> None:
+    """TF32 on or off for float32 GEMMs, on both sides (bf16 autocast leaves float32 GEMMs strict)."""
+    if have_torch:
+        import torch
+
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    import blutrain.tensor as bt
+
+    set_tf32 = getattr(bt.device(device).backend, "set_tf32", None)
+    if set_tf32 is not None:
+        set_tf32(precision == "tf32")
+
+
+# -- batches -----------------------------------------------------------------------------------------------
+class Batches:
+    """The same (x, y) int64 batches for every configuration: random tokens, or ``--data`` shards."""
+
+    def __init__(self, data: str | None, vocab: int, batch: int, seq: int, seed: int) -> None:
+        self.batch, self.seq = batch, seq
+        self.rng = np.random.default_rng(seed)
+        self.high = min(vocab, GPT2_TOKENS)
+        self.loader = None
+        if data:
+            from blutrain.data.loader import TokenLoader
+
+            self.loader = TokenLoader(data, batch, seq, seed=seed, vocab_size=vocab)
+        self.source = _describe(data, vocab)
+
+    def take(self, n: int) -> list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        out = []
+        for _ in range(n):
+            if self.loader is not None:
+                x, y = self.loader.next_batch()
+            else:
+                a = self.rng.integers(0, self.high, size=(self.batch, self.seq + 1), dtype=np.int64)
+                x, y = a[:, :-1], a[:, 1:]
+            out.append((np.ascontiguousarray(x), np.ascontiguousarray(y)))
+        return out
+
+
+# -- FLOPs and ceilings ------------------------------------------------------------------------------------
+def non_embedding_params(cfg: Any) -> int:
+    """Parameters without the position embedding (nanoGPT's count; the tied head is the token embedding)."""
+    C, L = cfg.n_embd, cfg.n_layer
+    per_block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C)
+    return cfg.vocab_size * C + L * per_block + 2 * C
+
+
+def flops_per_token(cfg: Any, seq: int) -> float:
+    """6·N + 12·L·H·Q·T (H·Q = n_embd)."""
+    return 6.0 * non_embedding_params(cfg) + 12.0 * cfg.n_layer * cfg.n_embd * seq
+
+
+def gemm_ceilings(device: str, precisions: list[str]) -> dict[str, float]:
+    """TFLOP/s of a large square torch.matmul in each mode's dtype (the machine's ceiling for GEMMs)."""
+    import torch
+
+    n = 8192 if device == "cuda" else 1024
+    out: dict[str, float] = {}
+    for prec in precisions:
+        if device == "cpu" and prec != "fp32":  # no TF32 on CPUs; bf16 GEMM speed there varies too much by ISA
+            continue
+        torch.set_float32_matmul_precision("high" if prec == "tf32" else "highest")
+        dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        clock = Clock("torch" if device == "cuda" else "host")
+        reps = 10 if device == "cuda" else 2
+        times = []
+        for trial in range(6):
+            start = clock.mark()
+            for _ in range(reps):
+                torch.matmul(a, b)
+            ms = clock.ms(start, clock.mark()) / reps
+            if trial:  # the first is warm-up
+                times.append(ms)
+        out[prec] = 2 * n**3 / (min(times) * 1e-3) / 1e12  # a ceiling: the best trial
+        del a, b
+    torch.set_float32_matmul_precision("highest")
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def spec_peaks(gpu_name: str) -> tuple[str | None, dict[str, float]]:
+    name = gpu_name.upper()
+    if "H200" in name:
+        key = "H200"
+    elif "H100" in name:
+        key = "H100 PCIe" if "PCIE" in name else "H100 NVL" if "NVL" in name else "H100 SXM"
+    else:
+        return None, {}
+    return key, SPEC_PEAKS[key]
+
+
+# -- the bench ---------------------------------------------------------------------------------------------
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.t0 = time.monotonic()
+        self.device: str = args.device
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        from blutrain.models.gpt2 import GPT2Config
+
+        self.cfg = GPT2Config.preset(args.preset)
+        self.hp = Hyper(lr=args.lr, clip=args.clip, seed=args.seed)
+        self.tokens = args.batch_size * args.seq_len
+        self.fpt = flops_per_token(self.cfg, args.seq_len)
+        self.notes: list[str] = []
+        self.rows: list[Row] = []
+        self.result: dict[str, Any] = {}
+        self.have_torch = True
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            self.have_torch = False
+            self.note("PyTorch is not installed (pip install torch==2.13.0 beside BluTrain): BluTrain rows only")
+        self.impls = [i for i in args.impl if i in IMPLS and (i == "blutrain" or self.have_torch)]
+        if "blutrain-compile" in args.impl:
+            self.note(compiled_note())
+        self.peaks: dict[str, float] = {}
+        self.spec_name: str | None = None
+        self.spec: dict[str, float] = {}
+        self.optimizers: dict[str, str] = {}
+
+    def note(self, text: str) -> None:
+        print(f"note: {text}", flush=True)
+        self.notes.append(text)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def out_of_time(self) -> bool:
+        return bool(self.args.time_limit) and self.elapsed() > self.args.time_limit
+
+    def stamp(self, text: str) -> None:
+        print(f"== [{self.elapsed():5.0f} s] {text}", flush=True)
+
+    # -- metadata and output ---------------------------------------------------------------------------
+    def metadata(self) -> dict[str, Any]:
+        a = self.args
+        meta: dict[str, Any] = {
+            "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            "command": "python " + " ".join(shlex.quote(x) for x in [
+                os.path.relpath(sys.argv[0], ROOT) if Path(sys.argv[0]).is_absolute() else sys.argv[0],
+                *sys.argv[1:]]),
+            "device": self.device, "preset": a.preset, "batch_size": a.batch_size, "seq_len": a.seq_len,
+            "tokens_per_step": self.tokens, "timed_steps": a.steps, "warmup_steps": a.warmup,
+            "precisions": a.precision, "impls": self.impls, "data": _describe(a.data, self.cfg.vocab_size),
+            "hyper": asdict(self.hp), "python": sys.version.split()[0], "numpy": np.__version__,
+            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "non_embedding_params": non_embedding_params(self.cfg),
+            "flops_per_token": self.fpt, "flops_formula": "6*N + 12*L*H*Q*T (N without position embedding)",
+            "gemm_ceiling_tflops": self.peaks, "spec_peak_name": self.spec_name, "spec_peak_tflops": self.spec,
+            "optimizers": self.optimizers,
+        }
+        with contextlib.suppress(Exception):
+            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True, timeout=10)
+            dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10)
+            meta["git"] = rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        if self.have_torch:
+            import torch
+
+            meta["torch"] = torch.__version__
+            meta["torch_threads"] = torch.get_num_threads()
+            meta["torch_cuda"] = torch.version.cuda
+        if self.device == "cuda":
+            import cupy
+
+            meta["cupy"] = cupy.__version__
+            props = cupy.cuda.runtime.getDeviceProperties(0)
+            meta["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+            meta["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
+            meta["cuda_driver_api"] = cupy.cuda.runtime.driverGetVersion()
+            with contextlib.suppress(Exception):
+                smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
+                                      "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+                meta["nvidia_smi"] = smi.stdout.strip().splitlines()[0]
+        else:
+            with contextlib.suppress(OSError):
+                for line in Path("/proc/cpuinfo").read_text().splitlines():
+                    if line.startswith("model name"):
+                        meta["cpu"] = line.split(":", 1)[1].strip()
+                        break
+        return meta
+
+    def save(self) -> None:
+        self.result["rows"] = [asdict(r) for r in self.rows]
+        self.result["ratios"] = self.ratios()
+        self.result["notes"] = self.notes
+        self.result["elapsed_s"] = round(self.elapsed(), 1)
+        path = self.out / "bench_gpt2.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.result, indent=2, default=str))
+        os.replace(tmp, path)
+
+    def row(self, precision: str, impl: str) -> Row | None:
+        return next((r for r in self.rows if r.precision == precision and r.impl == impl and not r.error), None)
+
+    def ratios(self) -> dict[str, dict[str, float | None]]:
+        """BluTrain over each PyTorch row of the same precision: tokens/s, peak allocated, peak reserved."""
+        out: dict[str, dict[str, float | None]] = {}
+        for prec in PRECISIONS:
+            ours = self.row(prec, "blutrain")
+            if ours is None:
+                continue
+            for impl in ("torch", "torch-compile"):
+                ref = self.row(prec, impl)
+                if ref is None:
+                    continue
+                out[f"{prec} blutrain/{impl}"] = {
+                    "tokens_per_s": _div(ours.tokens_per_s, ref.tokens_per_s),
+                    "peak_allocated": _div(ours.peak_allocated, ref.peak_allocated),
+                    "peak_reserved": _div(ours.peak_reserved, ref.peak_reserved)}
+        return out
+
+    # -- stages ----------------------------------------------------------------------------------------
+    def ceilings(self) -> None:
+        if not self.have_torch:
+            return
+        self.stamp("GEMM ceilings (torch.matmul, " + ("8192³" if self.device == "cuda" else "1024³") + ")")
+        self.peaks = gemm_ceilings(self.device, self.args.precision)
+        if self.device == "cuda":
+            self.spec_name, self.spec = spec_peaks(self.result["meta"].get("gpu", ""))
+        print("   " + ", ".join(f"{k} {v:,.1f} TFLOP/s" if v >= 1 else f"{k} {v:.3g} TFLOP/s"
+                                for k, v in self.peaks.items())
+              + (f"; datasheet {self.spec_name}: " + ", ".join(f"{k} {v:,.1f}" for k, v in self.spec.items())
+                 if self.spec else "; no datasheet peak for this device (MFU spec column empty)"), flush=True)
+        self.result["meta"]["gemm_ceiling_tflops"] = self.peaks
+        self.result["meta"]["spec_peak_name"] = self.spec_name
+        self.result["meta"]["spec_peak_tflops"] = self.spec
+
+    def meter(self, impl: str) -> Meter:
+        if self.device != "cuda":
+            return Meter()
+        return blutrain_meter() if impl == "blutrain" else TorchMeter()
+
+    def precision_stage(self, precision: str, batches: list[Any]) -> None:
+        """Build and warm up every implementation in this precision, then time them in turns. Returns with
+        nothing of them referenced, so the caller can give their memory back."""
+        self.stamp(f"{precision}: build and warm up {', '.join(self.impls)}")
+        set_precision(precision, self.device, self.have_torch)
+        runners = []
+        for impl in self.impls:
+            row = Row(precision, impl)
+            self.rows.append(row)
+            ready = self.prepare(row, batches)
+            if ready is not None:
+                runners.append((*ready, row))
+        self.stamp(f"{precision}: {self.args.steps} timed steps each, alternating")
+        self.alternate(runners)
+
+    def prepare(self, row: Row, batches: list[Any]) -> tuple[Runner, list[Any]] | None:
+        """A built runner with its staged batches after warm-up; its memory peaks measured on one more step."""
+        a = self.args
+        t_build = time.monotonic()
+        try:
+            meter = self.meter(row.impl)
+            row.memory_source = meter.source
+            meter.baseline()
+            runner = build_runner(row.impl, self.cfg, self.device, row.precision, self.hp)
+            self.optimizers[row.impl] = runner.optimizer
+            staged = [runner.stage(x, y) for x, y in batches]
+            for i in range(max(a.warmup, 1)):
+                _finite(runner.loss_value(runner.step(staged[i % len(staged)])), row.impl, i)
+            meter.begin()
+            _finite(runner.loss_value(runner.step(staged[a.warmup % len(staged)])), row.impl, a.warmup)
+            row.peak_allocated, row.peak_reserved = meter.end()
+        except Exception as exc:
+            row.error = _error(exc)
+            self.note(f"{row.precision} {row.impl}: failed while building/warming up: {row.error}")
+            traceback.print_exc()
+            return None
+        mem = (f", peak allocated {_gib(row.peak_allocated)}, reserved {_gib(row.peak_reserved)} GiB"
+               if row.peak_allocated is not None else "")
+        print(f"   {row.impl}: ready in {time.monotonic() - t_build:.1f} s{mem}", flush=True)
+        return runner, staged
+
+    def alternate(self, runners: list[tuple[Runner, list[Any], Row]]) -> None:
+        """Round i steps every runner once, starting at runner i mod n; each step timed on its own clock."""
+        times: dict[str, list[tuple[float, float]]] = {r.impl: [] for _, _, r in runners}
+        for i in range(self.args.steps):
+            for j in range(len(runners)):
+                runner, staged, row = runners[(i + j) % len(runners)]
+                if row.error:
+                    continue
+                try:
+                    clock = runner.clock
+                    start = clock.mark()
+                    t0 = time.perf_counter()
+                    loss = runner.step(staged[i % len(staged)])
+                    host = (time.perf_counter() - t0) * 1e3
+                    ms = clock.ms(start, clock.mark())
+                    row.losses.append(_finite(runner.loss_value(loss), row.impl, i))
+                    times[row.impl].append((ms, host))
+                except Exception as exc:
+                    row.error = _error(exc)
+                    self.note(f"{row.precision} {row.impl}: failed in timed step {i}: {row.error}")
+                    traceback.print_exc()
+        for _, _, row in runners:
+            ts = times[row.impl]
+            if not ts:
+                continue
+            step = [t for t, _ in ts]
+            row.steps = len(ts)
+            row.step_ms = statistics.median(step)
+            row.step_ms_p10, row.step_ms_p90 = _quantile(step, 0.1), _quantile(step, 0.9)
+            row.host_ms = statistics.median(h for _, h in ts)
+            row.tokens_per_s = self.tokens / (row.step_ms * 1e-3)
+            achieved = self.fpt * row.tokens_per_s / 1e12
+            peak, spec = self.peaks.get(row.precision), self.spec.get(row.precision)
+            row.mfu = achieved / peak if peak else None
+            row.mfu_spec = achieved / spec if spec else None
+            print(f"   {row.impl:<14} {row.step_ms:9.2f} ms  {row.tokens_per_s:12,.0f} tok/s  host "
+                  f"{row.host_ms:8.2f} ms  (p10 {row.step_ms_p10:.2f}, p90 {row.step_ms_p90:.2f})", flush=True)
+
+    def parity(self, steps: int, batches: Batches) -> None:
+        a = self.args
+        precision = a.parity_precision
+        self.stamp(f"loss parity: {steps} steps, {precision}, micro-batch {batches.batch} × {batches.seq}, "
+                   "PyTorch's initial weights copied into BluTrain")
+        set_precision(precision, self.device, self.have_torch)
+        ref = TorchRunner(self.cfg, self.device, precision, self.hp, compiled=False)
+        state = ref.state_numpy()
+        ours = BluTrainRunner(self.cfg, self.device, precision, self.hp, state=state)
+        copied = ours.state_numpy()
+        missing = sorted(set(state) ^ set(copied))
+        if missing:
+            raise RuntimeError(f"parity: state dict names differ between the models: {missing[:6]}")
+        weight_diff = max(float(np.max(np.abs(copied[k] - v))) for k, v in state.items())
+        print(f"   weights copied: {len(state)} tensors, max |Δw| {weight_diff:.1e}; optimizer "
+              f"{ref.optimizer} against {ours.optimizer}", flush=True)
+        curves: dict[str, list[float]] = {"torch": [], "blutrain": []}
+        done = 0
+        for i in range(steps):
+            if self.out_of_time():
+                self.note(f"parity stopped at step {i} of {steps}: past --time-limit {a.time_limit} s")
+                break
+            [(x, y)] = batches.take(1)
+            curves["torch"].append(_finite(ref.loss_value(ref.step(ref.stage(x, y))), "torch", i))
+            curves["blutrain"].append(_finite(ours.loss_value(ours.step(ours.stage(x, y))), "blutrain", i))
+            done = i + 1
+            if i in (0, steps - 1) or (i + 1) % max(steps // 5, 1) == 0:
+                print(f"   step {i:4d}: torch {curves['torch'][-1]:.6f}  blutrain {curves['blutrain'][-1]:.6f}  "
+                      f"|Δ| {abs(curves['torch'][-1] - curves['blutrain'][-1]):.2e}", flush=True)
+        diffs = [abs(t - b) for t, b in zip(curves["torch"], curves["blutrain"], strict=True)]
+        worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else None
+        result = {"steps": done, "requested_steps": steps, "precision": precision, "batch_size": batches.batch,
+                  "seq_len": batches.seq, "data": batches.source, "weights_max_abs_diff": weight_diff,
+                  "max_abs_dloss": diffs[worst] if worst is not None else None, "at_step": worst,
+                  "first_step_abs_dloss": diffs[0] if diffs else None, "goal_fp32": 2e-3, "curves": curves,
+                  "optimizers": {"torch": ref.optimizer, "blutrain": ours.optimizer}}
+        self.result["parity"] = result
+        if worst is not None:
+            verdict = ("meets" if diffs[worst] < 2e-3 else "misses") if precision == "fp32" else "(goal is for fp32)"
+            print(f"   max |Δloss| {diffs[worst]:.2e} at step {worst} over {done} steps; first step "
+                  f"{diffs[0]:.2e}; {verdict} the issue's goal < 2e-3", flush=True)
+            self.parity_plot(result)
+
+    def parity_plot(self, p: dict[str, Any]) -> None:
+        plt = _pyplot()
+        if plt is None:
+            return
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(3, 1))
+        steps = range(len(p["curves"]["torch"]))
+        ax.plot(steps, p["curves"]["torch"], label="PyTorch (reference)", lw=1.5)
+        ax.plot(steps, p["curves"]["blutrain"], label="BluTrain", lw=1.0, ls="--")
+        ax.set_ylabel("training loss")
+        ax.set_title(f"GPT-2 {self.args.preset} loss parity, {p['precision']}, same initial weights and batches\n"
+                     f"max |Δloss| {p['max_abs_dloss']:.2e} over {p['steps']} steps", fontsize=10)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        diffs = [max(abs(t - b), 1e-12) for t, b in zip(p["curves"]["torch"], p["curves"]["blutrain"], strict=True)]
+        ax2.semilogy(steps, diffs, color="C3", lw=1.0)
+        ax2.axhline(2e-3, color="grey", ls=":", lw=1)
+        ax2.set_ylabel("|Δloss|")
+        ax2.set_xlabel("step")
+        ax2.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(self.out / "parity.png", dpi=120)
+        plt.close(fig)
+
+    def profile(self, batches: list[Any]) -> None:
+        a = self.args
+        precision = a.profile_precision or a.precision[0]
+        self.stamp(f"profile: {precision}, BluTrain and PyTorch eager, one step each after warm-up")
+        set_precision(precision, self.device, self.have_torch)
+        nvtx = nvtx_functions(self.device)
+        report: dict[str, Any] = {"precision": precision}
+        for impl in [i for i in ("blutrain", "torch") if i in self.impls]:
+            report[impl] = self.profile_one(impl, precision, batches, nvtx)
+            self.print_profile(impl, report[impl])
+            free_device_caches(self.device)
+        self.result["profile"] = report
+
+    def profile_one(self, impl: str, precision: str, batches: list[Any],
+                    nvtx: tuple[Callable[[str], None], Callable[[], None]]) -> dict[str, Any]:
+        runner = build_runner(impl, self.cfg, self.device, precision, self.hp)
+        staged = [runner.stage(x, y) for x, y in batches]
+        for i in range(max(self.args.warmup, 2)):
+            runner.loss_value(runner.step(staged[i % len(staged)]))
+        # phases first, with no per-module hooks yet: medians of 5 steps
+        rec = PhaseRecorder(runner.clock, nvtx)
+        totals = []
+        for i in range(5):
+            start = runner.clock.mark()
+            t0 = time.perf_counter()
+            loss = runner.step(staged[i % len(staged)], rec)
+            host = (time.perf_counter() - t0) * 1e3
+            totals.append((runner.clock.ms(start, runner.clock.mark()), host))
+            runner.loss_value(loss)
+        entry: dict[str, Any] = {"phases": rec.summary(), "step_ms": statistics.median(t for t, _ in totals),
+                                 "host_ms": statistics.median(h for _, h in totals)}
+        entry.update(self.kernel_profile(runner, impl, precision, staged[0], nvtx))
+        return entry
+
+    def kernel_profile(self, runner: Runner, impl: str, precision: str, batch: Any,
+                       nvtx: tuple[Callable[[str], None], Callable[[], None]]) -> dict[str, Any]:
+        """One step under torch.profiler with NVTX/annotation ranges per phase and per module; the kernels
+        it saw, grouped by name. CUPTI reports every kernel of the process, CuPy's included."""
+        if not self.have_torch:
+            return {"kernels_note": "torch.profiler needs PyTorch"}
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        push, pop = nvtx
+        handles = []
+        for name, mod in runner.modules():
+            # blocks and their attn / mlp / ln_*, embeddings, ln_f, lm_head; not the linears inside attn and
+            # mlp: a hook there makes BluTrain's MLP leave its fused bias+GELU path, changing what is profiled
+            if not name or name.count(".") > 3:
+                continue
+            handles.append(mod.register_forward_pre_hook(lambda m, args, n=name: push(n)))
+            handles.append(mod.register_forward_hook(lambda m, args, out: pop()))
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
+        try:
+            with profile(activities=activities) as prof:
+                rec = PhaseRecorder(runner.clock, nvtx, annotate=record_function)
+                runner.loss_value(runner.step(batch, rec))
+                if self.device == "cuda":
+                    torch.cuda.synchronize()
+        finally:
+            for h in handles:
+                h.remove()
+        raw = self.out / f"profile_{impl}_{precision}.trace.json"
+        prof.export_chrome_trace(str(raw))
+        table = (kernel_table(raw) if self.device == "cuda" else
+                 {"kernels_note": "per-kernel table: GPU only (on the CPU the profiler cannot see NumPy's work)"})
+        with raw.open("rb") as src, gzip.open(str(raw) + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        raw.unlink()
+        table["trace"] = raw.name + ".gz"
+        return table
+
+    def print_profile(self, impl: str, e: dict[str, Any]) -> None:
+        print(f"\n   {impl}: step {e['step_ms']:.2f} ms on the device clock, host {e['host_ms']:.2f} ms until the "
+              "step returned", flush=True)
+        for name, ph in e["phases"].items():
+            print(f"     {name:<10} device {ph['gpu_ms']:9.2f} ms   host {ph['host_ms']:9.2f} ms")
+        if "kernels" not in e:
+            print(f"     {e.get('kernels_note', '')}")
+            return
+        print(f"     {e['kernel_count']} kernels/copies in the profiled step, busy {e['busy_ms']:.2f} ms of a "
+              f"{e['span_ms']:.2f} ms span ({e['busy_ms'] / max(e['span_ms'], 1e-9):.0%}); trace {e['trace']}")
+        top = 25 if impl == "blutrain" else 12
+        print(f"     {'kernel':<72} {'calls':>6} {'total ms':>9} {'share':>6}")
+        for k in e["kernels"][:top]:
+            print(f"     {k['name'][:72]:<72} {k['calls']:>6} {k['total_ms']:>9.3f} {k['share']:>6.1%}")
+
+    # -- the end -----------------------------------------------------------------------------------------
+    def table(self) -> str:
+        a = self.args
+        cfgtxt = (f"GPT-2 {a.preset} ({non_embedding_params(self.cfg) / 1e6:.2f} M params without wpe) on "
+                  f"{self.result['meta'].get('gpu') or self.result['meta'].get('cpu') or self.device}, "
+                  f"micro-batch {a.batch_size} × T {a.seq_len} = {self.tokens:,} tokens/step, median of "
+                  f"{a.steps} timed steps")
+        cuda = self.device == "cuda"
+        head = (f"{'prec':<5} {'impl':<14} {'step ms':>9} {'host ms':>8} {'tokens/s':>11} {'×torch':>7} "
+                f"{'×compile':>8} {'MFU':>6} {'MFU spec':>8}")
+        if cuda:
+            head += f" {'alloc GiB':>9} {'rsrv GiB':>9} {'alloc/torch':>11} {'rsrv/torch':>10}"
+        lines = [cfgtxt, head, "-" * len(head)]
+        for r in self.rows:
+            if r.error or r.step_ms is None:
+                lines.append(f"{r.precision:<5} {r.impl:<14} failed: {(r.error or 'no timed step')[:90]}")
+                continue
+            torch_row, comp_row = self.row(r.precision, "torch"), self.row(r.precision, "torch-compile")
+            vs_torch = _div(r.tokens_per_s, torch_row.tokens_per_s) if torch_row and r.impl != "torch" else None
+            vs_comp = _div(r.tokens_per_s, comp_row.tokens_per_s) if comp_row and r.impl == "blutrain" else None
+            line = (f"{r.precision:<5} {r.impl:<14} {r.step_ms:>9.2f} {r.host_ms:>8.2f} {r.tokens_per_s:>11,.0f} "
+                    f"{_x(vs_torch):>7} {_x(vs_comp):>8} {_pct(r.mfu):>6} {_pct(r.mfu_spec):>8}")
+            if cuda:
+                mine = r.impl != "torch" and torch_row is not None
+                line += (f" {_gib(r.peak_allocated):>9} {_gib(r.peak_reserved):>9} "
+                         f"{_x(_div(r.peak_allocated, torch_row.peak_allocated) if mine and torch_row else None):>11} "
+                         f"{_x(_div(r.peak_reserved, torch_row.peak_reserved) if mine and torch_row else None):>10}")
+            lines.append(line)
+        goals = []
+        for prec, text, ref, kind, bound in GOALS if cuda else ():
+            ours, theirs = self.row(prec, "blutrain"), self.row(prec, ref)
+            if ours is None or theirs is None:
+                continue
+            if kind == "speed":
+                v = _div(ours.tokens_per_s, theirs.tokens_per_s)
+                ok = v is not None and v >= bound
+            else:
+                v = _div(ours.peak_allocated, theirs.peak_allocated)
+                ok = v is not None and v <= bound
+            if v is not None:
+                goals.append(f"goal {prec} {text}: {v:.2f}× — {'met' if ok else 'not met'}")
+        p = self.result.get("parity")
+        if p and p.get("max_abs_dloss") is not None:
+            goals.append(f"loss parity {p['precision']}: max |Δloss| {p['max_abs_dloss']:.2e} over {p['steps']} steps "
+                         f"(goal < 2e-3 in fp32)")
+        return "\n".join(lines + (["", *goals] if goals else []))
+
+    def chart(self) -> None:
+        plt = _pyplot()
+        rows = [r for r in self.rows if r.tokens_per_s]
+        if plt is None or not rows:
+            return
+        precs = [p for p in PRECISIONS if any(r.precision == p for r in rows)]
+        impls = [i for i in IMPLS if any(r.impl == i for r in rows)]
+        with_mem = self.device == "cuda" and any(r.peak_allocated for r in rows)
+        fig, axes = plt.subplots(1, 2 if with_mem else 1, figsize=(12 if with_mem else 7, 4.5), squeeze=False)
+        width = 0.8 / len(impls)
+        colors = {"blutrain": "C0", "torch": "C1", "torch-compile": "C2"}
+        for k, impl in enumerate(impls):
+            xs = [i + (k - (len(impls) - 1) / 2) * width for i in range(len(precs))]
+            tps = [(self.row(p, impl).tokens_per_s or 0) if self.row(p, impl) else 0 for p in precs]
+            bars = axes[0][0].bar(xs, tps, width, label=impl, color=colors[impl])
+            axes[0][0].bar_label(bars, labels=[_count(v) for v in tps], fontsize=7)
+            if with_mem:
+                alloc = [(self.row(p, impl).peak_allocated or 0) / GIB if self.row(p, impl) else 0 for p in precs]
+                rsrv = [(self.row(p, impl).peak_reserved or 0) / GIB if self.row(p, impl) else 0 for p in precs]
+                axes[0][1].bar(xs, rsrv, width, color=colors[impl], alpha=0.3, hatch="//", edgecolor=colors[impl])
+                axes[0][1].bar(xs, alloc, width, color=colors[impl], label=impl)
+        axes[0][0].set_title(f"GPT-2 {self.args.preset}, {self.tokens:,} tokens/step: tokens/s (higher is better)",
+                             fontsize=9)
+        axes[0][0].set_xticks(range(len(precs)), precs)
+        axes[0][0].legend(fontsize=8)
+        if with_mem:
+            axes[0][1].set_title("peak memory, GiB: allocated (solid), reserved (hatched)", fontsize=9)
+            axes[0][1].set_xticks(range(len(precs)), precs)
+            axes[0][1].legend(fontsize=8)
+        meta = self.result["meta"]
+        fig.suptitle(f"{meta.get('gpu') or meta.get('cpu') or self.device}; torch {meta.get('torch', '-')}, "
+                     f"cupy {meta.get('cupy', '-')}; {meta['date_utc']} UTC", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(self.out / "bench_gpt2.png", dpi=120)
+        plt.close(fig)
+
+    def run(self) -> int:
+        a = self.args
+        self.result["meta"] = self.metadata()
+        print(f"GPT-2 {a.preset} on {self.device}: precisions {','.join(a.precision)}; implementations "
+              f"{','.join(self.impls)}; {a.steps} timed steps after {a.warmup} warm-up; "
+              f"out {self.out}", flush=True)
+        self.ceilings()
+        self.save()
+        batches = Batches(a.data, self.cfg.vocab_size, a.batch_size, a.seq_len, a.seed)
+        staged = batches.take(min(max(a.steps, a.warmup + 1), 8))
+        for precision in a.precision:
+            if precision == "tf32" and self.device == "cpu":
+                self.note("tf32 is a GPU mode: skipped on the CPU")
+                continue
+            if self.out_of_time():
+                self.note(f"{precision}: skipped, past --time-limit {a.time_limit} s")
+                continue
+            self.precision_stage(precision, staged)
+            free_device_caches(self.device, compiled="torch-compile" in self.impls)
+            self.save()
+        if a.parity:
+            if "blutrain" not in self.impls or not self.have_torch:
+                self.note("parity needs both BluTrain and PyTorch")
+            elif self.out_of_time():
+                self.note(f"parity: skipped, past --time-limit {a.time_limit} s")
+            else:
+                pb = Batches(a.data, self.cfg.vocab_size, a.parity_batch_size, a.seq_len, a.seed + 1)
+                try:
+                    self.parity(a.parity, pb)
+                except Exception as exc:
+                    self.note(f"parity failed: {_error(exc)}")
+                    traceback.print_exc()
+                free_device_caches(self.device)
+                self.save()
+        if a.profile:
+            if self.out_of_time():
+                self.note(f"profile: skipped, past --time-limit {a.time_limit} s")
+            else:
+                try:
+                    self.profile(staged)
+                except Exception as exc:
+                    self.note(f"profile failed: {_error(exc)}")
+                    traceback.print_exc()
+                free_device_caches(self.device)
+                self.save()
+        for impl, text in self.optimizers.items():
+            self.note(f"optimizer {impl}: {text}")
+        self.note(f"FLOPs per token {self.fpt / 1e6:,.1f} M = 6·N + 12·L·H·Q·T with N = "
+                  f"{non_embedding_params(self.cfg):,} (no position embedding), T = {a.seq_len}; MFU against the "
+                  "measured GEMM ceiling of the mode" + (f", MFU spec against {self.spec_name} dense datasheet peaks"
+                                                         if self.spec else ""))
+        sources = sorted({r.memory_source for r in self.rows if r.memory_source and r.peak_allocated is not None})
+        for s in sources:
+            self.note(f"memory: {s}; above what the process held before the configuration was built")
+        if "blutrain-compile" not in a.impl:
+            self.note(compiled_note())
+        self.save()
+        self.chart()
+        text = self.table()
+        (self.out / "bench_gpt2.txt").write_text(text + "\n")
+        print(f"\nwrote {self.out / 'bench_gpt2.json'}, bench_gpt2.png, bench_gpt2.txt"
+              + (", parity.png" if (self.out / "parity.png").exists() and a.parity else "")
+              + (", profile_*.trace.json.gz" if a.profile else "") + f" in {self.elapsed():.0f} s\n")
+        print(text)
+        return 1 if any(r.error for r in self.rows) else 0
+
+
+def kernel_table(trace: Path) -> dict[str, Any]:
+    """Device activity of a Chrome trace grouped by name: calls, total ms, share of the busy time."""
+    data = json.loads(trace.read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    cats = ("kernel", "gpu_memcpy", "gpu_memset")
+    agg: dict[str, list[float]] = {}
+    first, last = math.inf, -math.inf
+    for ev in events:
+        cat = ev.get("cat", "")
+        if ev.get("ph") != "X" or cat not in cats:
+            continue
+        name = ev.get("name", "?") if cat == "kernel" else f"[{cat}] {ev.get('name', '?')}"
+        a = agg.setdefault(name, [0, 0.0])
+        a[0] += 1
+        a[1] += float(ev.get("dur", 0.0)) / 1e3
+        first = min(first, float(ev.get("ts", 0.0)))
+        last = max(last, float(ev.get("ts", 0.0)) + float(ev.get("dur", 0.0)))
+    busy = sum(v[1] for v in agg.values())
+    rows = sorted(({"name": k, "calls": int(v[0]), "total_ms": v[1], "share": v[1] / busy if busy else 0.0}
+                   for k, v in agg.items()), key=lambda r: -r["total_ms"])
+    if not rows:
+        return {"kernels_note": "the profiler saw no device kernels: run under nsys to use the NVTX ranges"}
+    return {"kernels": rows, "kernel_count": int(sum(v[0] for v in agg.values())), "busy_ms": busy,
+            "span_ms": (last - first) / 1e3 if rows else 0.0}
+
+
+# -- small helpers -----------------------------------------------------------------------------------------
+def _describe(data: str | None, vocab: int) -> str:
+    return f"shards {data}" if data else f"uniform random tokens in [0, {min(vocab, GPT2_TOKENS)})"
+
+
+def _finite(value: float, impl: str, step: int) -> float:
+    if not math.isfinite(value):
+        raise FloatingPointError(f"{impl}: non-finite loss {value} at step {step}")
+    return value
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.2f}×" if v is not None else "-"
+
+
+def _pct(v: float | None) -> str:
+    return f"{v:.1%}" if v is not None else "-"
+
+
+def _count(v: float) -> str:
+    return "" if not v else f"{v / 1e3:,.1f}k" if v >= 1e3 else f"{v:.0f}"
+
+
+def _gib(v: int | None) -> str:
+    return f"{v / GIB:.2f}" if v is not None else "-"
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed: no PNG written", flush=True)
+        return None
+    return plt
+
+
+def _csv(choices: tuple[str, ...] | None) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        bad = [s for s in items if choices is not None and s not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(choices or ())}, "
+                                             f"got {text!r}")
+        return items
+
+    return parse
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--preset", help="GPT-2 preset (default gpt2-124m on cuda, tiny on cpu)")
+    ap.add_argument("--batch-size", type=int, default=16, help="micro-batch (default 16)")
+    ap.add_argument("--seq-len", type=int, help="T (default 1024 on cuda, 128 on cpu; at most block_size)")
+    ap.add_argument("--precision", type=_csv(PRECISIONS), help="default fp32,tf32,bf16 (cuda), fp32 (cpu)")
+    ap.add_argument("--impl", type=_csv((*IMPLS, *NOT_YET)),
+                    help="default blutrain,torch,torch-compile (cuda; no torch-compile with --quick), "
+                         "blutrain,torch (cpu)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per configuration (default 20)")
+    ap.add_argument("--warmup", type=int, help="warm-up steps per configuration (default 3, 2 with --quick)")
+    ap.add_argument("--data", help="a directory or glob of token shards (blutrain prepare); default random tokens")
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--clip", type=float, default=1.0, help="global-norm clip (0: none)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parity", type=int, nargs="?", const=-1, default=0, metavar="N",
+                    help="loss parity over N steps (default 200, 50 with --quick)")
+    ap.add_argument("--parity-batch-size", type=int,
+                    help="micro-batch of the parity run (default 8 on cuda, to fit the 8-minute budget; "
+                         "--batch-size on cpu)")
+    ap.add_argument("--parity-precision", choices=PRECISIONS, default="fp32")
+    ap.add_argument("--profile", action="store_true", help="per-kernel table of one step, phases, NVTX ranges")
+    ap.add_argument("--profile-precision", choices=PRECISIONS, help="default: the first of --precision")
+    ap.add_argument("--quick", action="store_true", help="a 2-minute subset")
+    ap.add_argument("--time-limit", type=float,
+                    help="seconds after which remaining stages are skipped (default 480 on cuda, 120 with "
+                         "--quick, none on cpu; 0: none)")
+    ap.add_argument("--out", help="output folder (default $OUT when set, else tools/results/bench_gpt2)")
+    a = ap.parse_args(argv)
+    cpu = a.device == "cpu"
+    a.preset = a.preset or ("tiny" if cpu else "gpt2-124m")
+    a.seq_len = a.seq_len or (128 if cpu else 1024)
+    a.precision = a.precision or (["fp32"] if cpu else list(PRECISIONS))
+    a.impl = a.impl or (["blutrain", "torch"] if cpu or a.quick else list(IMPLS))
+    a.warmup = a.warmup if a.warmup is not None else (2 if a.quick else 3)
+    if a.parity == -1:
+        a.parity = 50 if a.quick else 200
+    a.parity_batch_size = a.parity_batch_size or (a.batch_size if cpu else min(a.batch_size, 8))
+    if a.time_limit is None:
+        a.time_limit = 0 if cpu else (120 if a.quick else 480)
+    a.out = a.out or os.environ.get("OUT") or str(ROOT / "tools" / "results" / "bench_gpt2")
+    for name in ("batch_size", "seq_len", "steps", "parity_batch_size"):
+        if getattr(a, name) <= 0:
+            ap.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    if a.warmup < 0 or a.parity < 0:
+        ap.error("--warmup and --parity must be >= 0")
+    if a.steps < 20:
+        print(f"note: --steps {a.steps}: issue 6 asks for the median of at least 20 timed steps", flush=True)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from blutrain.models.gpt2 import PRESETS
+
+    if args.preset not in PRESETS:
+        raise SystemExit(f"--preset: unknown preset {args.preset!r}; expected one of {', '.join(PRESETS)}")
+    if args.seq_len > PRESETS[args.preset]["block_size"]:
+        raise SystemExit(f"--seq-len {args.seq_len} exceeds the preset's block_size "
+                         f"{PRESETS[args.preset]['block_size']}")
+    if args.device == "cuda":
+        from blutrain_backend_cupy import cuda
+
+        if not cuda.is_available():
+            raise SystemExit("no usable GPU (blutrain_backend_cupy.cuda.is_available() is False): run on the GPU "
+                             "machine, or pass --device cpu")
+    return Bench(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
