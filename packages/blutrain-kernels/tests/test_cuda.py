@@ -569,6 +569,139 @@ def test_flash_attention_leaves_masks_and_other_head_dims_to_the_generic_kernel(
     assert cuda.sdpa(q32, q32, q32, None, False, 1.0) is None
 
 
+# float32 runs on tensor cores with 3xTF32 splitting: several query and key tiles with tails (the
+# cp.async pipeline refills its buffers, causal warps skip blocks), and inputs that are not 16-byte
+# aligned.
+ATTN_F32_CASES = [(1, 333, 333), (2, 100, 300), (1, 300, 77)]
+
+
+@pytest.mark.parametrize(("bh", "L", "S"), ATTN_F32_CASES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_float32_forward_over_many_tiles(bh: int, L: int, S: int, D: int, causal: bool) -> None:
+    from blutrain.kernels import cuda
+
+    q, k, v, _ = _attn_data(bh, L, S, D, np.float32, 18)
+    res = cuda.sdpa(dev(q, np.float32), dev(k, np.float32), dev(v, np.float32), None, causal, D**-0.5)
+    assert res is not None
+    rout, rlse = cpu_nn.sdpa(q, k, v, None, causal, D**-0.5)
+    check(res[0], rout, np.float32)
+    check(res[1], rlse, np.float32)
+
+
+@pytest.mark.parametrize(("bh", "L", "S"), ATTN_F32_CASES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_float32_backward_over_many_tiles(bh: int, L: int, S: int, D: int, causal: bool) -> None:
+    from blutrain.kernels import cuda
+
+    q, k, v, g = _attn_data(bh, L, S, D, np.float32, 19)
+    out, lse = cpu_nn.sdpa(q, k, v, None, causal, D**-0.5)
+    out, lse = f64(out, np.float32), f64(lse, np.float32)
+    res = cuda.sdpa_backward(dev(g, np.float32), dev(q, np.float32), dev(k, np.float32), dev(v, np.float32),
+                             dev(out, np.float32), dev(lse, np.float32), None, causal, D**-0.5)
+    assert res is not None
+    refs = cpu_nn.sdpa_backward(g, q, k, v, out, lse, None, causal, D**-0.5)
+    for got, ref in zip(res, refs, strict=True):
+        check(got, ref, np.float32, floor=1.0)
+
+
+def test_flash_attention_float32_accepts_unaligned_inputs() -> None:
+    from blutrain.kernels import cuda
+
+    q, k, v, g = _attn_data(2, 90, 90, 64, np.float32, 20)
+
+    def unaligned(a: np.ndarray[Any, Any]) -> Any:  # contiguous, but 4 bytes past a 16-byte boundary
+        buf = dev(np.concatenate([np.zeros(1), a.ravel()]), np.float32)
+        return buf[1:].reshape(a.shape)
+
+    res = cuda.sdpa(unaligned(q), unaligned(k), unaligned(v), None, True, 0.125)
+    assert res is not None
+    rout, rlse = cpu_nn.sdpa(q, k, v, None, True, 0.125)
+    check(res[0], rout, np.float32)
+    check(res[1], rlse, np.float32)
+    grads = cuda.sdpa_backward(unaligned(g), unaligned(q), unaligned(k), unaligned(v), unaligned(f64(rout, np.float32)),
+                               dev(rlse, np.float32), None, True, 0.125)
+    assert grads is not None
+    refs = cpu_nn.sdpa_backward(g, q, k, v, f64(rout, np.float32), f64(rlse, np.float32), None, True, 0.125)
+    for got, ref in zip(grads, refs, strict=True):
+        check(got, ref, np.float32, floor=1.0)
+
+
+# bfloat16 runs on tensor cores (attention_bf16.cu): several query and key tiles with tails on both
+# sides, L != S both ways (causal keys past the last query get zero gradients), 4-D inputs, inputs
+# that are not 16-byte aligned, and a backward that is the same bits on every call.
+ATTN_BF16_CASES = [(1, 77, 77), (2, 200, 150), (1, 150, 300), (3, 256, 256)]
+
+
+@pytest.mark.parametrize(("bh", "L", "S"), ATTN_BF16_CASES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_bfloat16_forward_over_many_tiles(bh: int, L: int, S: int, D: int, causal: bool) -> None:
+    from blutrain.kernels import cuda
+
+    q, k, v, _ = _attn_data(bh, L, S, D, BF16, 21)
+    res = cuda.sdpa(dev(q, BF16), dev(k, BF16), dev(v, BF16), None, causal, D**-0.5)
+    assert res is not None
+    rout, rlse = cpu_nn.sdpa(q, k, v, None, causal, D**-0.5)
+    check(res[0], rout, BF16)
+    check(res[1], rlse, np.float32)
+
+
+@pytest.mark.parametrize(("bh", "L", "S"), ATTN_BF16_CASES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_bfloat16_backward_over_many_tiles(bh: int, L: int, S: int, D: int, causal: bool) -> None:
+    from blutrain.kernels import cuda
+
+    q, k, v, g = _attn_data(bh, L, S, D, BF16, 22)
+    out, lse = cpu_nn.sdpa(q, k, v, None, causal, D**-0.5)
+    out, lse = f64(out, BF16), f64(lse, np.float32)
+    res = cuda.sdpa_backward(dev(g, BF16), dev(q, BF16), dev(k, BF16), dev(v, BF16), dev(out, BF16),
+                             dev(lse, np.float32), None, causal, D**-0.5)
+    assert res is not None
+    refs = cpu_nn.sdpa_backward(g, q, k, v, out, lse, None, causal, D**-0.5)
+    for got, ref in zip(res, refs, strict=True):
+        check(got, ref, BF16, floor=1.0)
+
+
+def test_flash_attention_bfloat16_handles_batch_head_dims_and_unaligned_inputs() -> None:
+    from blutrain.kernels import cuda
+
+    r = rng(23)
+    q, k, v, g = (f64(r.standard_normal((2, 3, 90, 128)), BF16) for _ in range(4))
+
+    def unaligned(a: np.ndarray[Any, Any]) -> Any:  # contiguous, but 2 bytes past a 16-byte boundary
+        buf = dev(np.concatenate([np.zeros(1), a.ravel()]), BF16)
+        return buf[1:].reshape(a.shape)
+
+    res = cuda.sdpa(unaligned(q), unaligned(k), unaligned(v), None, True, 0.1)
+    assert res is not None
+    rout, rlse = cpu_nn.sdpa(q, k, v, None, True, 0.1)
+    check(res[0], rout, BF16)
+    check(res[1], rlse, np.float32)
+    out = f64(rout, BF16)
+    grads = cuda.sdpa_backward(unaligned(g), unaligned(q), unaligned(k), unaligned(v), unaligned(out),
+                               dev(rlse, np.float32), None, True, 0.1)
+    assert grads is not None
+    refs = cpu_nn.sdpa_backward(g, q, k, v, out, f64(rlse, np.float32), None, True, 0.1)
+    for got, ref in zip(grads, refs, strict=True):
+        check(got, ref, BF16, floor=1.0)
+
+
+def test_flash_attention_bfloat16_backward_is_deterministic() -> None:
+    from blutrain.kernels import cuda
+
+    q, k, v, g = (dev(a, BF16) for a in _attn_data(4, 300, 300, 64, BF16, 24))
+    res = cuda.sdpa(q, k, v, None, True, 0.125)
+    assert res is not None
+    first = cuda.sdpa_backward(g, q, k, v, res[0], res[1], None, True, 0.125)
+    second = cuda.sdpa_backward(g, q, k, v, res[0], res[1], None, True, 0.125)
+    assert first is not None and second is not None
+    for a, b in zip(first, second, strict=True):
+        assert np.array_equal(host(a), host(b))
+
+
 # ------------------------------------------------------------------------------------------- Philox
 
 

@@ -29,7 +29,8 @@ from blutrain.tensor.errors import ShapeError, TensorTypeError
 
 Array = Any
 _DIR = Path(__file__).parent
-FAMILIES = ("adamw", "attention", "cross_entropy", "embedding", "gelu", "layernorm", "philox", "reduce", "softmax")
+FAMILIES = ("adamw", "attention", "attention_bf16", "cross_entropy", "embedding", "gelu", "layernorm", "philox",
+            "reduce", "softmax")
 _OPTIONS = ("-std=c++17",)
 _DEFAULT_SMEM = 48 * 1024
 
@@ -733,6 +734,16 @@ def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs
 _ATT_TILE = 64
 
 
+# float32 tiles as attention.cu instantiates them, per head dim: (forward keys, dq keys, dk/dv queries) per
+# step; each kernel's own side is _ATT_TILE rows (4 warps x 16).
+_ATT_F32_TILES = {64: (64, 32, 32), 128: (32, 32, 32)}
+
+
+def _aligned16(a: Array) -> Array:
+    """``a`` itself, or a copy when its data is not 16-byte aligned (cp.async moves 16-byte chunks)."""
+    return a if a.data.ptr % 16 == 0 else a.copy()
+
+
 def _attn_shapes(q: Array, k: Array, v: Array, mask: Array | None) -> tuple[str, int, int, int, int] | None:
     suffix = _suffix(q.dtype)
     if suffix is None or mask is not None or q.ndim < 2 or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -755,12 +766,15 @@ def sdpa(q: Array, k: Array, v: Array, mask: Array | None, causal: bool, scale: 
     if shapes is None:
         return None
     suffix, BH, L, S, D = shapes
+    if suffix == "bf16":
+        return _sdpa_bf16(q, k, v, BH, L, S, D, causal, scale)
     cp = _cp()
     qc, kc, vc = (cp.ascontiguousarray(t).reshape(BH, -1, D) for t in (q, k, v))
     out = cp.empty((BH, L, D), q.dtype)
     lse = cp.empty((BH, L), np.float32)
-    smem = (3 * _ATT_TILE * (D + 1) + _ATT_TILE * (_ATT_TILE + 1)) * 4
-    _launch("attention", f"attn_fwd_{suffix}_d{D}", ((L + _ATT_TILE - 1) // _ATT_TILE, BH), (128,),
+    qc, kc, vc = (_aligned16(t) for t in (qc, kc, vc))  # 3xTF32 tensor cores; rows padded to D + 4 floats
+    smem = (_ATT_TILE + 2 * _ATT_F32_TILES[D][0]) * (D + 4) * 4
+    _launch("attention", f"attn_fwd_f32_d{D}", ((L + _ATT_TILE - 1) // _ATT_TILE, BH), (128,),
             (qc, kc, vc, out, lse, np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal))), smem)
     return out.reshape(q.shape), lse.reshape(q.shape[:-1])
 
@@ -772,19 +786,69 @@ def sdpa_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Ar
     if shapes is None or grad.shape != q.shape or out.shape != q.shape:
         return None
     suffix, BH, L, S, D = shapes
+    if suffix == "bf16":
+        return _sdpa_bf16_backward(grad, q, k, v, out, lse, BH, L, S, D, causal, scale)
     cp = _cp()
     qc, kc, vc, gc, oc = (cp.ascontiguousarray(t).reshape(BH, -1, D) for t in (q, k, v, grad, out))
     lsec = cp.ascontiguousarray(lse, dtype=np.float32).reshape(BH, L)
-    delta = cp.sum(gc.astype(np.float32) * oc.astype(np.float32), axis=-1, dtype=np.float32)
     dq = cp.empty((BH, L, D), q.dtype)
     dk = cp.empty((BH, S, D), q.dtype)
     dv = cp.empty((BH, S, D), q.dtype)
     t = _ATT_TILE
     args = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)))
-    _launch("attention", f"attn_bwd_dq_{suffix}_d{D}", ((L + t - 1) // t, BH), (128,),
-            (qc, kc, vc, gc, lsec, delta, dq, *args), (4 * t * (D + 1) + t * (t + 1)) * 4)
-    _launch("attention", f"attn_bwd_dkv_{suffix}_d{D}", ((S + t - 1) // t, BH), (128,),
-            (qc, kc, vc, gc, lsec, delta, dk, dv, *args), (4 * t * (D + 1) + 2 * t * (t + 1) + 2 * t) * 4)
+    # 3xTF32 tensor cores; dq's kernel also writes Delta = rowsum(dO * out) for dk/dv's
+    qc, kc, vc, gc, oc, lsec = (_aligned16(a) for a in (qc, kc, vc, gc, oc, lsec))
+    delta = cp.empty((BH, L), np.float32)
+    _, bn, bq = _ATT_F32_TILES[D]
+    _launch("attention", f"attn_bwd_dq_f32_d{D}", ((L + t - 1) // t, BH), (128,),
+            (qc, kc, vc, gc, oc, lsec, delta, dq, *args), (2 * t + 2 * bn) * (D + 4) * 4)
+    _launch("attention", f"attn_bwd_dkv_f32_d{D}", ((S + t - 1) // t, BH), (128,),
+            (qc, kc, vc, gc, lsec, delta, dk, dv, *args), ((2 * t + 2 * bq) * (D + 4) + 2 * bq) * 4)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+# bfloat16 attention on the tensor cores (attention_bf16.cu). Tile shape (kernel name suffix, warps, rows per
+# block), rows being queries (forward, dq) or keys (dk/dv), plus queries per step for dk/dv; the forward's is
+# chosen per (head dim, causal), as measured on an H100. Forward and dq step over 64 keys at a time.
+_ATT_BF16_FWD = {(64, False): ("w4m2", 4, 128), (64, True): ("w4m2", 4, 128),
+                 (128, False): ("w4m2s", 4, 128), (128, True): ("w4m1", 4, 64)}
+_ATT_BF16_DKV = {64: ("w4q64", 4, 64, 64), 128: ("w4q32", 4, 64, 32)}
+_ATT_BF16_DQ = {64: ("w4b3", 4, 64), 128: ("w4", 4, 64)}
+_ATT_BF16_KEYS = 64
+
+
+def _sdpa_bf16(q: Array, k: Array, v: Array, BH: int, L: int, S: int, D: int, causal: bool,
+               scale: float) -> tuple[Array, Array]:
+    cp = _cp()
+    qc, kc, vc = (_aligned16(cp.ascontiguousarray(t).reshape(BH, -1, D)) for t in (q, k, v))
+    out = cp.empty((BH, L, D), q.dtype)
+    lse = cp.empty((BH, L), np.float32)
+    name, warps, rows = _ATT_BF16_FWD[D, bool(causal)]
+    smem = (rows + 4 * _ATT_BF16_KEYS) * D * 2  # the query tile and two stages of key and value tiles
+    _launch("attention_bf16", f"attn_bf16_fwd_d{D}_{name}", ((L + rows - 1) // rows, BH), (32 * warps,),
+            (qc, kc, vc, out, lse, np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal))), smem)
+    return out.reshape(q.shape), lse.reshape(q.shape[:-1])
+
+
+def _sdpa_bf16_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, BH: int, L: int, S: int,
+                        D: int, causal: bool, scale: float) -> tuple[Array, Array, Array]:
+    """dq per query tile first (it also writes Delta and lse * log2(e) per row), then dk/dv per key tile; no
+    atomics: deterministic."""
+    cp = _cp()
+    qc, kc, vc, gc, oc = (_aligned16(cp.ascontiguousarray(t).reshape(BH, -1, D)) for t in (q, k, v, grad, out))
+    lsec = cp.ascontiguousarray(lse, dtype=np.float32).reshape(BH, L)
+    delta = cp.empty((BH, L), np.float32)
+    lse2 = cp.empty((BH, L), np.float32)
+    dq = cp.empty((BH, L, D), q.dtype)
+    dk = cp.empty((BH, S, D), q.dtype)
+    dv = cp.empty((BH, S, D), q.dtype)
+    args = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)))
+    name, warps, rows = _ATT_BF16_DQ[D]
+    _launch("attention_bf16", f"attn_bf16_bwd_dq_d{D}_{name}", ((L + rows - 1) // rows, BH), (32 * warps,),
+            (qc, kc, vc, oc, gc, lsec, lse2, delta, dq, *args), (3 * rows + 4 * _ATT_BF16_KEYS) * D * 2)
+    name, warps, keys, queries = _ATT_BF16_DKV[D]
+    _launch("attention_bf16", f"attn_bf16_bwd_dkv_d{D}_{name}", ((S + keys - 1) // keys, BH), (32 * warps,),
+            (qc, kc, vc, gc, lse2, delta, dk, dv, *args), (2 * keys + 4 * queries) * D * 2 + 4 * queries * 4)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 

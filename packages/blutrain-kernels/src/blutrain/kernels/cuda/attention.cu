@@ -1,398 +1,581 @@
 // Flash attention (online softmax; no L x S matrix in memory), forward and backward, causal
-// (top-left aligned: query i sees keys 0..i) or not, head dim D = 64 or 128, float32 and bf16
-// storage with float math. A first, correctness-first version: SIMT FFMA tiles, no tensor cores.
+// (top-left aligned: query i sees keys 0..i) or not, head dim D = 64 or 128. Layout: q [BH, L, D],
+// k and v [BH, S, D], out [BH, L, D], lse [BH, L] float32 (natural log of the row's sum of
+// exp(scale * q.k)), all contiguous. bfloat16 lives in attention_bf16.cu.
 //
-// Layout: q [BH, L, D], k and v [BH, S, D], out [BH, L, D], lse [BH, L] float32 (natural log of
-// the row's sum of exp(scale * q.k)), all contiguous. Tiles: BM = 64 queries x BN = 64 keys per step,
-// 128 threads as 16 x 8: thread (ty, tx) owns rows ty*4..ty*4+3 and columns tx + 8j, so a row's
-// max and sum combine over 8 neighbouring lanes with shuffles. Shared rows are padded by one float
-// so that column reads hit distinct banks. Dynamic shared memory (the host raises the limit):
-//   forward: (3*64*(D+1) + 64*65) floats;  dq: (4*64*(D+1) + 64*65);  dk/dv: (4*64*(D+1) + 2*64*65 + 128).
+// float32 (attn_*_f32_d*): tensor cores with 3xTF32 (mma.sync m16n8k8), the scheme PyTorch's fp32
+// memory-efficient attention (xFormers' CUTLASS kernel, OpMultiplyAddFastF32) uses. The fp32 FFMA
+// ceiling of an H100 is ~51 TFLOP/s; TF32 mma.sync is several times that, so three TF32 products
+// per product still win. Each operand x is split as hi = tf32(x) (round to nearest), lo = x - hi,
+// and a.b ~ hi_a hi_b + hi_a lo_b + lo_a hi_b with float32 accumulation: the dropped lo_a lo_b and the
+// roundings are ~2^-21 relative per product, float32-level (one-pass TF32, ~2^-11, is not). The split
+// is three ALU ops per fragment element, in registers, so shared memory holds plain float32.
+//   The tensor core's own float32 adds truncate, so an accumulator that sums over every tile (out, dq,
+//   dk, dv) would drift with the sequence length (~1e-5 at 2048): each tile's product is staged in a
+//   zeroed accumulator and added to the running one with an ordinary rounded add.
+//   Tiles: 4 warps (128 threads); each warp owns 16 rows of the block's 64-row tile (queries in the
+//   forward and dq, keys in dk/dv) and the whole other side of the step (BN keys or BQ queries), so a
+//   row's softmax statistics combine over the 4 lanes of a quad with two shuffles. Shared rows are
+//   padded to D + 4 floats: the fragment reads (row g, column t) and (row 2t, column g) of m16n8k8 then
+//   hit 32 distinct banks. Operand tiles arrive with cp.async (16 B, zero-fill past the end), K and V
+//   (or Q and dO) in separate groups so that the next tile of one loads while the other is in use.
+//   The accumulator of S = Q K^T (rows g, g+8; columns 2t, 2t+1) is reused as the A operand of P V
+//   (which wants columns t and t+4) by renaming the reduction index: logical key t is physical key 2t,
+//   t+4 is 2t+1, and V's fragment reads the same physical rows, so no shuffle is needed.
+//   Under causal masking, a warp skips the 8-key (8-query) column blocks its rows cannot see.
+//   Occupancy (warps per SM, bounded by registers and shared memory) is what the speed follows, hence
+//   the narrow other side: measured on an H100, 16 warps/SM beat 12 by 10-15 %, and 8 warps per block
+//   lost to 4.
+// attn_fwd_f32:     grid (ceil(L/64), BH); BN = 64 keys per step (D = 64, 4 blocks/SM) or 32 (D = 128,
+//                   3 blocks/SM); smem (64 + 2*BN)*(D+4) floats. Heaviest causal tiles first.
+//                   FLOPs 4*BH*L*S*D (half when causal), x3 on the tensor cores; bytes: q once, k and v
+//                   once per query tile, out and lse once.
+// attn_bwd_dq_f32:  grid (ceil(L/64), BH), BN = 32 keys per step; first Delta = rowsum(dO * out)
+//                   (written for the next kernel), then per key tile dP = dO V^T,
+//                   P = exp(scale S - lse), dS = P (dP - Delta), dq += scale dS K.
+//                   smem (2*64 + 2*BN)*(D+4) floats.
+// attn_bwd_dkv_f32: grid (ceil(S/64), BH), BQ = 32 queries per step: dP^T = V dO^T, P^T, dS^T,
+//                   dv += P^T dO, dk += scale dS^T Q. Separate from dq (which recomputes P and dP)
+//                   instead of atomics on dq: deterministic. smem (2*64 + 2*BQ)*(D+4) + 2*BQ floats.
 //
-// attn_fwd_*:    grid (ceil(L/64), BH). Per key tile: S = q k^T * scale (in log2 units), running
-//                max m and sum l per row, O = O * 2^(m_old - m_new) + P V; finally out = O / l and
-//                lse = ln2 * (m + log2 l). FLOPs 4*BH*L*S*D (half when causal); bytes: read q once,
-//                k and v once per query tile, write out and lse.
-// attn_bwd_dq_*: grid (ceil(L/64), BH). Recomputes P = exp(scale q.k - lse) per key tile,
-//                dS = P * (dO.v - Delta) with Delta = rowsum(dO * out) (precomputed, float32),
-//                dq = scale * dS k.
-// attn_bwd_dkv_*: grid (ceil(S/64), BH), one key tile per block looping over query tiles:
-//                dv = P^T dO, dk = scale * dS^T q. Two kernels instead of atomics: deterministic.
 #include "common.cuh"
 
-#define ATT_BM 64
-#define ATT_BN 64
-#define ATT_THREADS 128
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-template <typename T, int D>
-__device__ __forceinline__ void load_tile(float* __restrict__ dst, const T* __restrict__ src, int row0, int nrows,
-                                          int rows_valid) {
-    // dst[r][d] (stride D+1) = src[row0 + r][d], zero for rows at or past rows_valid.
-    for (int e = threadIdx.x; e < nrows * D; e += ATT_THREADS) {
-        const int r = e / D, d = e - r * D;
-        const int gr = row0 + r;
-        dst[r * (D + 1) + d] = gr < rows_valid ? to_float(src[(long long)gr * D + d]) : 0.f;
+// ------------------------------------------------------------------ float32: 3xTF32 tensor cores
+
+// hi = x rounded to TF32 (half a TF32 ulp added, low 13 bits cleared), lo = x - hi (exact). lo goes to
+// the tensor core as it is: mma reads the top 19 bits of a .tf32 operand, so lo is truncated there
+// (~2^-21 |x| at most, of either sign since hi was rounded to nearest).
+__device__ __forceinline__ void tf32_split(float x, unsigned& hi, unsigned& lo) {
+    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// A: 16 x 8 (rows g, g+8; columns t, t+4), B: 8 x 8 (rows t, t+4; column g), C: 16 x 8 (rows g, g+8;
+// columns 2t, 2t+1), with g = lane / 4 and t = lane % 4.
+struct FragA {
+    unsigned hi[4], lo[4];
+};
+struct FragB {
+    unsigned hi[2], lo[2];
+};
+
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// c += a b to float32 accuracy: the small cross terms first, the big product last.
+__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const FragA& a, const FragB& b) {
+    mma_tf32(c, a.lo, b.hi);
+    mma_tf32(c, a.hi, b.lo);
+    mma_tf32(c, a.hi, b.hi);
+}
+
+// A from 16 shared rows of stride ST (m at row 0, column k0).
+template <int ST>
+__device__ __forceinline__ void frag_a_rows(FragA& f, const float* m, int g, int t) {
+    tf32_split(m[g * ST + t], f.hi[0], f.lo[0]);
+    tf32_split(m[(g + 8) * ST + t], f.hi[1], f.lo[1]);
+    tf32_split(m[g * ST + t + 4], f.hi[2], f.lo[2]);
+    tf32_split(m[(g + 8) * ST + t + 4], f.hi[3], f.lo[3]);
+}
+
+// B[k][n] = m[n][k]: 8 shared rows are B's columns (K in Q K^T; m at row n0, column k0).
+template <int ST>
+__device__ __forceinline__ void frag_b_cols(FragB& f, const float* m, int g, int t) {
+    tf32_split(m[g * ST + t], f.hi[0], f.lo[0]);
+    tf32_split(m[g * ST + t + 4], f.hi[1], f.lo[1]);
+}
+
+// B[k][n] = m[k][n] under the renamed reduction index (logical k = t, t+4 -> physical rows 2t, 2t+1):
+// V in P V (m at row k0, column n0).
+template <int ST>
+__device__ __forceinline__ void frag_b_rows(FragB& f, const float* m, int g, int t) {
+    tf32_split(m[2 * t * ST + g], f.hi[0], f.lo[0]);
+    tf32_split(m[(2 * t + 1) * ST + g], f.hi[1], f.lo[1]);
+}
+
+// A from an accumulator block (columns 2t, 2t+1 are logical t, t+4: see frag_b_rows).
+__device__ __forceinline__ void frag_a_acc(FragA& f, const float (&c)[4]) {
+    tf32_split(c[0], f.hi[0], f.lo[0]);
+    tf32_split(c[2], f.hi[1], f.lo[1]);
+    tf32_split(c[1], f.hi[2], f.lo[2]);
+    tf32_split(c[3], f.hi[3], f.lo[3]);
+}
+
+// 2^x on the special-function unit (2 ulp), without exp2f's denormal fix-up: weights under 2^-126
+// become 0, which no float32 softmax sum can see. 2^-inf = 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void zero(float (&c)[4]) { c[0] = c[1] = c[2] = c[3] = 0.f; }
+
+// acc[n] (16 x 8 each) += A (16 x 8*KS, shared rows) B^T, for column blocks lo <= n < hi of the NT that
+// b's rows hold (8 rows each). acc starts at zero for each tile: at most 3*KS truncating adds.
+template <int NT, int KS, int ST>
+__device__ __forceinline__ void warp_mma_abt(float (&acc)[NT][4], const float* a, const float* b, int lo, int hi,
+                                             int g, int t) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+        FragA fa;
+        frag_a_rows<ST>(fa, a + ks * 8, g, t);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            if (n >= lo && n < hi) {
+                FragB fb;
+                frag_b_cols<ST>(fb, b + n * 8 * ST + ks * 8, g, t);
+                mma_3xtf32(acc[n], fa, fb);
+            }
+        }
     }
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void attn_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                         T* __restrict__ out, float* __restrict__ lse, int L, int S, float scale,
-                                         int causal) {
-    extern __shared__ float smem[];
-    float* sQ = smem;
-    float* sK = sQ + ATT_BM * (D + 1);
-    float* sV = sK + ATT_BN * (D + 1);
-    float* sP = sV + ATT_BN * (D + 1);
-    constexpr int DJ = D / 8;
-    const int bh = blockIdx.y, q0 = blockIdx.x * ATT_BM;
-    const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
-    const T* qb = q + (long long)bh * L * D;
-    const T* kb = k + (long long)bh * S * D;
-    const T* vb = v + (long long)bh * S * D;
-    const float sl2 = scale * LOG2E;
-
-    load_tile<T, D>(sQ, qb, q0, ATT_BM, L);
-    float m[4], l[4], o[4][DJ];
+// acc[n] (16 x 8 each, n < NT) += P (16 x 8*KT, accumulator blocks p[kk]) B, B's rows in shared memory;
+// reduction blocks lo <= kk < hi only (the others are zero in P). The tensor core's float32 adds
+// truncate, so acc, which sums over every tile, is only added to with rounding: each CH-block chunk of
+// the product goes to a zeroed stage first (P's split is redone per chunk: registers are scarcer).
+template <int KT, int NT, int CH, int ST>
+__device__ __forceinline__ void warp_mma_pb(float (&acc)[NT][4], const float (&p)[KT][4], const float* b, int lo,
+                                            int hi, int g, int t) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        m[i] = -BT_INF;
-        l[i] = 0.f;
+    for (int c0 = 0; c0 < NT; c0 += CH) {
+        float st[CH][4];
 #pragma unroll
-        for (int jj = 0; jj < DJ; ++jj) o[i][jj] = 0.f;
-    }
-    const int kend = causal ? min(S, q0 + ATT_BM) : S;
-    for (int k0 = 0; k0 < kend; k0 += ATT_BN) {
-        __syncthreads();  // the previous step is done with sK, sV, sP (and sQ is loaded)
-        load_tile<T, D>(sK, kb, k0, ATT_BN, S);
-        load_tile<T, D>(sV, vb, k0, ATT_BN, S);
-        __syncthreads();
-        float s[4][8];
+        for (int n = 0; n < CH; ++n) zero(st[n]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int kk = 0; kk < KT; ++kk) {
+            if (kk >= lo && kk < hi) {
+                FragA fa;
+                frag_a_acc(fa, p[kk]);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) s[i][j] = 0.f;
-        }
-        for (int d = 0; d < D; ++d) {
-            float qv[4], kv[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) qv[i] = sQ[(ty * 4 + i) * (D + 1) + d];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) kv[j] = sK[(tx + 8 * j) * (D + 1) + d];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) s[i][j] += qv[i] * kv[j];
+                for (int n = 0; n < CH; ++n) {
+                    FragB fb;
+                    frag_b_rows<ST>(fb, b + kk * 8 * ST + (c0 + n) * 8, g, t);
+                    mma_3xtf32(st[n], fa, fb);
+                }
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = q0 + ty * 4 + i;
+        for (int n = 0; n < CH; ++n) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[c0 + n][i] += st[n][i];
+        }
+    }
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared without passing through registers; zero-filled when !valid (src unread).
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Wait until at most N of this thread's committed groups are in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// dst[r][0..D) (stride D+4) = src[row0 + r][0..D), zero for rows at or past rows_valid.
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_rows_async(float* dst, const float* src, int row0, int rows_valid) {
+    constexpr int C = D / 4;  // 16-byte chunks per row
+#pragma unroll
+    for (int e = threadIdx.x; e < ROWS * C; e += THREADS) {
+        const int r = e / C, c = e % C;
+        const int gr = row0 + r;
+        const bool ok = gr < rows_valid;
+        cp_async16(dst + r * (D + 4) + c * 4, src + (long long)(ok ? gr : 0) * D + c * 4, ok);
+    }
+}
+
+// dst[i] = src[row0 + i] for i < N (zero at or past rows_valid): lse and Delta of a query tile.
+template <int N>
+__device__ __forceinline__ void load_vec_async(float* dst, const float* src, int row0, int rows_valid) {
+    if (threadIdx.x < N) {
+        const int row = row0 + threadIdx.x;
+        const bool ok = row < rows_valid;
+        cp_async4(dst + threadIdx.x, src + (ok ? row : 0), ok);
+    }
+}
+
+// Number of 8-wide column blocks (from 0) that rows up to last_row can see under causal masking when
+// the tile's columns start at c0: all NT without causal, none when last_row < c0.
+template <int NT> __device__ __forceinline__ int causal_blocks(int causal, int last_row, int c0) {
+    if (!causal) return NT;
+    if (last_row < c0) return 0;
+    return min(NT, (last_row - c0) / 8 + 1);
+}
+
+// WARPS x 16 queries per block, BN keys per step; output blocks staged CH at a time.
+template <int D, int WARPS, int BN, int CH>
+__device__ __forceinline__ void attn_fwd_tc(const float* __restrict__ q, const float* __restrict__ k,
+                                            const float* __restrict__ v, float* __restrict__ out,
+                                            float* __restrict__ lse, int L, int S, float scale, int causal) {
+    constexpr int BM = WARPS * 16, TH = WARPS * 32, ST = D + 4, NT = BN / 8, DT = D / 8;
+    extern __shared__ __align__(16) float tc_smem[];
+    float* sQ = tc_smem;
+    float* sK = sQ + BM * ST;
+    float* sV = sK + BN * ST;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y;
+    const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  // heaviest causal tiles first
+    const int qw = q0 + warp * 16;                                            // this warp's first row
+    const float* qb = q + (long long)bh * L * D;
+    const float* kb = k + (long long)bh * S * D;
+    const float* vb = v + (long long)bh * S * D;
+    const float sl2 = scale * LOG2E;
+
+    load_rows_async<D, BM, TH>(sQ, qb, q0, L);
+    load_rows_async<D, BN, TH>(sK, kb, 0, S);
+    cp_async_commit();
+    load_rows_async<D, BN, TH>(sV, vb, 0, S);
+    cp_async_commit();
+
+    float o[DT][4], m[2] = {-BT_INF, -BT_INF}, l[2] = {0.f, 0.f};  // l: this lane's part of the row sum
+#pragma unroll
+    for (int n = 0; n < DT; ++n) zero(o[n]);
+
+    const int kend = causal ? min(S, q0 + BM) : S;
+    for (int k0 = 0; k0 < kend; k0 += BN) {
+        const bool more = k0 + BN < kend;
+        const int nhi = causal_blocks<NT>(causal, qw + 15, k0);
+        cp_async_wait<1>();  // Q and this K tile
+        __syncthreads();
+        float s[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) zero(s[n]);
+        warp_mma_abt<NT, D / 8, ST>(s, sQ + warp * 16 * ST, sK, 0, nhi, g, t);
+        __syncthreads();  // every warp is done with sK
+        if (more) load_rows_async<D, BN, TH>(sK, kb, k0 + BN, S);
+        cp_async_commit();
+
+        const bool edge = k0 + BN > S || (causal && k0 + BN - 1 > qw);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = qw + g + 8 * h;
             float mx = -BT_INF;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int col = k0 + tx + 8 * j;
-                const bool masked = col >= S || (causal && col > row);
-                s[i][j] = masked ? -BT_INF : s[i][j] * sl2;
-                mx = fmaxf(mx, s[i][j]);
+            for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float x = s[n][2 * h + e] * sl2;
+                    if (edge) {
+                        const int col = k0 + n * 8 + 2 * t + e;
+                        if (col >= S || (causal && col > row)) x = -BT_INF;
+                    }
+                    s[n][2 * h + e] = x;
+                    mx = fmaxf(mx, x);
+                }
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-            const float m_new = fmaxf(m[i], mx);
-            const bool none = m_new == -BT_INF;  // nothing visible yet in this row
-            const float alpha = none ? 1.f : exp2f(m[i] - m_new);
+            const float mn = fmaxf(m[h], mx);
+            const float mref = mn == -BT_INF ? 0.f : mn;  // a row with nothing visible yet stays at zero
+            const float alpha = exp2_ftz(m[h] - mref);
+            m[h] = mn;
             float rs = 0.f;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const float p = none ? 0.f : exp2f(s[i][j] - m_new);
-                sP[(ty * 4 + i) * (ATT_BN + 1) + tx + 8 * j] = p;
-                rs += p;
-            }
-            rs += __shfl_xor_sync(0xffffffffu, rs, 1);
-            rs += __shfl_xor_sync(0xffffffffu, rs, 2);
-            rs += __shfl_xor_sync(0xffffffffu, rs, 4);
-            l[i] = l[i] * alpha + rs;
-            m[i] = m_new;
+            for (int n = 0; n < NT; ++n) {
 #pragma unroll
-            for (int jj = 0; jj < DJ; ++jj) o[i][jj] *= alpha;
+                for (int e = 0; e < 2; ++e) {
+                    const float p = exp2_ftz(s[n][2 * h + e] - mref);
+                    s[n][2 * h + e] = p;
+                    rs += p;
+                }
+            }
+            l[h] = l[h] * alpha + rs;
+#pragma unroll
+            for (int n = 0; n < DT; ++n) {
+                o[n][2 * h] *= alpha;
+                o[n][2 * h + 1] *= alpha;
+            }
         }
+
+        cp_async_wait<1>();  // this V tile (the next K may still be in flight)
         __syncthreads();
-        for (int j = 0; j < ATT_BN; ++j) {
-            float pv[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) pv[i] = sP[(ty * 4 + i) * (ATT_BN + 1) + j];
-#pragma unroll
-            for (int jj = 0; jj < DJ; ++jj) {
-                const float vv = sV[j * (D + 1) + tx + 8 * jj];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) o[i][jj] += pv[i] * vv;
-            }
-        }
+        warp_mma_pb<NT, DT, CH, ST>(o, s, sV, 0, nhi, g, t);
+        __syncthreads();  // every warp is done with sV
+        if (more) load_rows_async<D, BN, TH>(sV, vb, k0 + BN, S);
+        cp_async_commit();
     }
+    cp_async_wait<0>();
+
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int row = q0 + ty * 4 + i;
+    for (int h = 0; h < 2; ++h) {
+        float lt = l[h];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        const int row = qw + g + 8 * h;
         if (row < L) {
-            const float inv = 1.f / l[i];
-            T* orow = out + ((long long)bh * L + row) * D;
+            const float inv = 1.f / lt;
+            float* orow = out + ((long long)bh * L + row) * D + 2 * t;
 #pragma unroll
-            for (int jj = 0; jj < DJ; ++jj) orow[tx + 8 * jj] = from_float<T>(o[i][jj] * inv);
-            if (tx == 0) lse[(long long)bh * L + row] = (m[i] + log2f(l[i])) * LN2;
+            for (int n = 0; n < DT; ++n) {
+                *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+            }
+            if (t == 0) lse[(long long)bh * L + row] = (m[h] + log2f(lt)) * LN2;
         }
     }
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void attn_bwd_dq(const T* __restrict__ q, const T* __restrict__ k,
-                                            const T* __restrict__ v, const T* __restrict__ dout,
-                                            const float* __restrict__ lse, const float* __restrict__ delta,
-                                            T* __restrict__ dq, int L, int S, float scale, int causal) {
-    extern __shared__ float smem[];
-    float* sQ = smem;
-    float* sdO = sQ + ATT_BM * (D + 1);
-    float* sK = sdO + ATT_BM * (D + 1);
-    float* sV = sK + ATT_BN * (D + 1);
-    float* sS = sV + ATT_BN * (D + 1);
-    constexpr int DJ = D / 8;
-    const int bh = blockIdx.y, q0 = blockIdx.x * ATT_BM;
-    const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
+// WARPS x 16 queries per block, BN keys per step.
+template <int D, int WARPS, int BN, int CH>
+__device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, const float* __restrict__ k,
+                                               const float* __restrict__ v, const float* __restrict__ dout,
+                                               const float* __restrict__ out, const float* __restrict__ lse,
+                                               float* __restrict__ delta, float* __restrict__ dq, int L, int S,
+                                               float scale, int causal) {
+    constexpr int BM = WARPS * 16, TH = WARPS * 32, ST = D + 4, NT = BN / 8, DT = D / 8;
+    extern __shared__ __align__(16) float tc_smem[];
+    float* sQ = tc_smem;
+    float* sdO = sQ + BM * ST;
+    float* sK = sdO + BM * ST;
+    float* sV = sK + BN * ST;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y;
+    const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+    const int qw = q0 + warp * 16;
+    const long long rowbase = (long long)bh * L;
+    const float* kb = k + (long long)bh * S * D;
+    const float* vb = v + (long long)bh * S * D;
     const float sl2 = scale * LOG2E;
-    load_tile<T, D>(sQ, q + (long long)bh * L * D, q0, ATT_BM, L);
-    load_tile<T, D>(sdO, dout + (long long)bh * L * D, q0, ATT_BM, L);
-    float lse2[4], dlt[4], acc[4][DJ];
+
+    load_rows_async<D, BM, TH>(sQ, q + rowbase * D, q0, L);
+    load_rows_async<D, BM, TH>(sdO, dout + rowbase * D, q0, L);
+    load_rows_async<D, BN, TH>(sV, vb, 0, S);
+    cp_async_commit();
+    load_rows_async<D, BN, TH>(sK, kb, 0, S);
+    cp_async_commit();
+    float lse2[2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int row = q0 + ty * 4 + i;
-        lse2[i] = row < L ? lse[(long long)bh * L + row] * LOG2E : 0.f;
-        dlt[i] = row < L ? delta[(long long)bh * L + row] : 0.f;
-#pragma unroll
-        for (int jj = 0; jj < DJ; ++jj) acc[i][jj] = 0.f;
+    for (int h = 0; h < 2; ++h) {
+        const int row = qw + g + 8 * h;
+        lse2[h] = row < L ? lse[rowbase + row] * LOG2E : 0.f;
     }
-    const T* kb = k + (long long)bh * S * D;
-    const T* vb = v + (long long)bh * S * D;
-    const int kend = causal ? min(S, q0 + ATT_BM) : S;
-    for (int k0 = 0; k0 < kend; k0 += ATT_BN) {
-        __syncthreads();
-        load_tile<T, D>(sK, kb, k0, ATT_BN, S);
-        load_tile<T, D>(sV, vb, k0, ATT_BN, S);
-        __syncthreads();
-        float s[4][8], dp[4][8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                s[i][j] = 0.f;
-                dp[i][j] = 0.f;
-            }
-        }
-        for (int d = 0; d < D; ++d) {
-            float qv[4], ov[4], kv[8], vv[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                qv[i] = sQ[(ty * 4 + i) * (D + 1) + d];
-                ov[i] = sdO[(ty * 4 + i) * (D + 1) + d];
-            }
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                kv[j] = sK[(tx + 8 * j) * (D + 1) + d];
-                vv[j] = sV[(tx + 8 * j) * (D + 1) + d];
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    s[i][j] += qv[i] * kv[j];
-                    dp[i][j] += ov[i] * vv[j];
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = q0 + ty * 4 + i;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int col = k0 + tx + 8 * j;
-                const bool masked = col >= S || (causal && col > row);
-                const float p = masked ? 0.f : exp2f(s[i][j] * sl2 - lse2[i]);
-                sS[(ty * 4 + i) * (ATT_BN + 1) + tx + 8 * j] = p * (dp[i][j] - dlt[i]);
-            }
-        }
-        __syncthreads();
-        for (int j = 0; j < ATT_BN; ++j) {
-            float dsv[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) dsv[i] = sS[(ty * 4 + i) * (ATT_BN + 1) + j];
-#pragma unroll
-            for (int jj = 0; jj < DJ; ++jj) {
-                const float kv = sK[j * (D + 1) + tx + 8 * jj];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[i][jj] += dsv[i] * kv;
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int row = q0 + ty * 4 + i;
+    cp_async_wait<1>();
+    __syncthreads();
+
+    // Delta = rowsum(dO * out) for this warp's 16 rows, one row per pass of the warp; saved for dk/dv.
+    float dl[2] = {0.f, 0.f};
+    for (int r = 0; r < 16; ++r) {
+        const int row = qw + r;
+        float acc = 0.f;
         if (row < L) {
-            T* r = dq + ((long long)bh * L + row) * D;
+            const float* orow = out + (rowbase + row) * D;
 #pragma unroll
-            for (int jj = 0; jj < DJ; ++jj) r[tx + 8 * jj] = from_float<T>(acc[i][jj] * scale);
+            for (int c = lane * 2; c < D; c += 64) {
+                const float2 ov = *reinterpret_cast<const float2*>(orow + c);
+                acc += ov.x * sdO[(warp * 16 + r) * ST + c] + ov.y * sdO[(warp * 16 + r) * ST + c + 1];
+            }
+        }
+#pragma unroll
+        for (int w = 16; w > 0; w >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, w);
+        if (r == g) dl[0] = acc;
+        if (r == g + 8) dl[1] = acc;
+        if (lane == 0 && row < L) delta[rowbase + row] = acc;
+    }
+
+    float a[DT][4];
+#pragma unroll
+    for (int n = 0; n < DT; ++n) zero(a[n]);
+    const int kend = causal ? min(S, q0 + BM) : S;
+    for (int k0 = 0; k0 < kend; k0 += BN) {
+        const bool more = k0 + BN < kend;
+        const int nhi = causal_blocks<NT>(causal, qw + 15, k0);
+        cp_async_wait<1>();  // this V tile
+        __syncthreads();
+        float dp[NT][4], s[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            zero(dp[n]);
+            zero(s[n]);
+        }
+        warp_mma_abt<NT, DT, ST>(dp, sdO + warp * 16 * ST, sV, 0, nhi, g, t);
+        __syncthreads();
+        if (more) load_rows_async<D, BN, TH>(sV, vb, k0 + BN, S);
+        cp_async_commit();
+
+        cp_async_wait<1>();  // this K tile
+        __syncthreads();
+        warp_mma_abt<NT, DT, ST>(s, sQ + warp * 16 * ST, sK, 0, nhi, g, t);
+        const bool edge = k0 + BN > S || (causal && k0 + BN - 1 > qw);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int h = i >> 1;
+                float p = exp2_ftz(s[n][i] * sl2 - lse2[h]);
+                if (edge) {
+                    const int col = k0 + n * 8 + 2 * t + (i & 1);
+                    if (col >= S || (causal && col > qw + g + 8 * h)) p = 0.f;
+                }
+                s[n][i] = p * (dp[n][i] - dl[h]);  // dS
+            }
+        }
+        warp_mma_pb<NT, DT, CH, ST>(a, s, sK, 0, nhi, g, t);
+        __syncthreads();
+        if (more) load_rows_async<D, BN, TH>(sK, kb, k0 + BN, S);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = qw + g + 8 * h;
+        if (row < L) {
+            float* r = dq + (rowbase + row) * D + 2 * t;
+#pragma unroll
+            for (int n = 0; n < DT; ++n) {
+                *reinterpret_cast<float2*>(r + n * 8) = make_float2(a[n][2 * h] * scale, a[n][2 * h + 1] * scale);
+            }
         }
     }
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void attn_bwd_dkv(const T* __restrict__ q, const T* __restrict__ k,
-                                             const T* __restrict__ v, const T* __restrict__ dout,
-                                             const float* __restrict__ lse, const float* __restrict__ delta,
-                                             T* __restrict__ dk, T* __restrict__ dv, int L, int S, float scale,
-                                             int causal) {
-    extern __shared__ float smem[];
-    float* sK = smem;
-    float* sV = sK + ATT_BN * (D + 1);
-    float* sQ = sV + ATT_BN * (D + 1);
-    float* sdO = sQ + ATT_BM * (D + 1);
-    float* sP = sdO + ATT_BM * (D + 1);   // [key][query], stride BM+1
-    float* sdS = sP + ATT_BN * (ATT_BM + 1);
-    float* sL = sdS + ATT_BN * (ATT_BM + 1);  // per query row of the tile: lse in log2 units
-    float* sD = sL + ATT_BM;                   // per query row: Delta
-    constexpr int DJ = D / 8;
-    const int bh = blockIdx.y, k0 = blockIdx.x * ATT_BN;
-    const int ty = threadIdx.x >> 3, tx = threadIdx.x & 7;
+// WARPS x 16 keys per block, BQ queries per step.
+template <int D, int WARPS, int BQ, int CH>
+__device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, const float* __restrict__ k,
+                                                const float* __restrict__ v, const float* __restrict__ dout,
+                                                const float* __restrict__ lse, const float* __restrict__ delta,
+                                                float* __restrict__ dk, float* __restrict__ dv, int L, int S,
+                                                float scale, int causal) {
+    constexpr int BN = WARPS * 16, TH = WARPS * 32, ST = D + 4, NQ = BQ / 8, DT = D / 8;
+    extern __shared__ __align__(16) float tc_smem[];
+    float* sK = tc_smem;
+    float* sV = sK + BN * ST;
+    float* sQ = sV + BN * ST;
+    float* sdO = sQ + BQ * ST;
+    float* sL = sdO + BQ * ST;  // lse of the tile's queries
+    float* sD = sL + BQ;        // Delta of the tile's queries
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y, k0 = blockIdx.x * BN;
+    const int kw = k0 + warp * 16;  // this warp's first key
+    const long long rowbase = (long long)bh * L;
+    const float* qb = q + rowbase * D;
+    const float* ob = dout + rowbase * D;
     const float sl2 = scale * LOG2E;
-    load_tile<T, D>(sK, k + (long long)bh * S * D, k0, ATT_BN, S);
-    load_tile<T, D>(sV, v + (long long)bh * S * D, k0, ATT_BN, S);
-    float ak[4][DJ], av[4][DJ];
+    const int qstart = causal ? (k0 / BQ) * BQ : 0;  // earlier queries see none of these keys
+
+    load_rows_async<D, BN, TH>(sK, k + (long long)bh * S * D, k0, S);
+    load_rows_async<D, BN, TH>(sV, v + (long long)bh * S * D, k0, S);
+    load_rows_async<D, BQ, TH>(sdO, ob, qstart, L);
+    load_vec_async<BQ>(sL, lse + rowbase, qstart, L);
+    load_vec_async<BQ>(sD, delta + rowbase, qstart, L);
+    cp_async_commit();
+    load_rows_async<D, BQ, TH>(sQ, qb, qstart, L);
+    cp_async_commit();
+
+    float ak[DT][4], av[DT][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int jj = 0; jj < DJ; ++jj) {
-            ak[i][jj] = 0.f;
-            av[i][jj] = 0.f;
-        }
+    for (int n = 0; n < DT; ++n) {
+        zero(ak[n]);
+        zero(av[n]);
     }
-    const T* qb = q + (long long)bh * L * D;
-    const T* ob = dout + (long long)bh * L * D;
-    const int qstart = causal ? (k0 / ATT_BM) * ATT_BM : 0;  // earlier queries see none of these keys
-    for (int q0 = qstart; q0 < L; q0 += ATT_BM) {
+    for (int q0 = qstart; q0 < L; q0 += BQ) {
+        const bool more = q0 + BQ < L;
+        // Query blocks entirely before this warp's first key see none of its keys (kw - q0 is a
+        // multiple of 8).
+        const int nlo = causal ? min(NQ, max(0, (kw - q0) / 8)) : 0;
+        cp_async_wait<1>();  // dO, lse and Delta of this tile (and K, V)
         __syncthreads();
-        load_tile<T, D>(sQ, qb, q0, ATT_BM, L);
-        load_tile<T, D>(sdO, ob, q0, ATT_BM, L);
-        for (int r = threadIdx.x; r < ATT_BM; r += ATT_THREADS) {
-            const int row = q0 + r;
-            sL[r] = row < L ? lse[(long long)bh * L + row] * LOG2E : BT_INF;  // +inf: p = 0
-            sD[r] = row < L ? delta[(long long)bh * L + row] : 0.f;
+        float dpt[NQ][4], st[NQ][4];
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+            zero(dpt[n]);
+            zero(st[n]);
         }
+        warp_mma_abt<NQ, DT, ST>(dpt, sV + warp * 16 * ST, sdO, nlo, NQ, g, t);
+        cp_async_wait<0>();  // Q of this tile
         __syncthreads();
-        float st[4][8];
+        warp_mma_abt<NQ, DT, ST>(st, sK + warp * 16 * ST, sQ, nlo, NQ, g, t);
+        const bool edge = k0 + BN > S || q0 + BQ > L || (causal && kw + 15 > q0);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) st[i][j] = 0.f;
-        }
-        for (int d = 0; d < D; ++d) {
-            float kv[4], qv[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) kv[i] = sK[(ty * 4 + i) * (D + 1) + d];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) qv[j] = sQ[(tx + 8 * j) * (D + 1) + d];
+        for (int n = 0; n < NQ; ++n) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) st[i][j] += kv[i] * qv[j];
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int key = k0 + ty * 4 + i;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int qr = q0 + tx + 8 * j;
-                const bool masked = key >= S || qr >= L || (causal && key > qr);
-                st[i][j] = masked ? 0.f : exp2f(st[i][j] * sl2 - sL[tx + 8 * j]);
-                sP[(ty * 4 + i) * (ATT_BM + 1) + tx + 8 * j] = st[i][j];
-            }
-        }
-        // dP^T = v dO^T, reusing st's registers for P and a fresh accumulator for dP^T.
-        float dpt[4][8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) dpt[i][j] = 0.f;
-        }
-        for (int d = 0; d < D; ++d) {
-            float vv[4], ov[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) vv[i] = sV[(ty * 4 + i) * (D + 1) + d];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) ov[j] = sdO[(tx + 8 * j) * (D + 1) + d];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) dpt[i][j] += vv[i] * ov[j];
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                sdS[(ty * 4 + i) * (ATT_BM + 1) + tx + 8 * j] = st[i][j] * (dpt[i][j] - sD[tx + 8 * j]);
-            }
-        }
-        __syncthreads();
-        for (int c = 0; c < ATT_BM; ++c) {
-            float pv[4], dsv[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                pv[i] = sP[(ty * 4 + i) * (ATT_BM + 1) + c];
-                dsv[i] = sdS[(ty * 4 + i) * (ATT_BM + 1) + c];
-            }
-#pragma unroll
-            for (int jj = 0; jj < DJ; ++jj) {
-                const float ov = sdO[c * (D + 1) + tx + 8 * jj];
-                const float qv = sQ[c * (D + 1) + tx + 8 * jj];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    av[i][jj] += pv[i] * ov;
-                    ak[i][jj] += dsv[i] * qv;
+                const int c = n * 8 + 2 * t + (i & 1);
+                float p = exp2_ftz(st[n][i] * sl2 - sL[c] * LOG2E);
+                if (edge) {
+                    const int key = kw + g + 8 * (i >> 1), qr = q0 + c;
+                    if (key >= S || qr >= L || (causal && key > qr)) p = 0.f;
                 }
+                st[n][i] = p;                         // P^T
+                dpt[n][i] = p * (dpt[n][i] - sD[c]);  // dS^T
             }
         }
+        warp_mma_pb<NQ, DT, CH, ST>(av, st, sdO, nlo, NQ, g, t);
+        __syncthreads();  // every warp is done with sdO, sL, sD
+        if (more) {
+            load_rows_async<D, BQ, TH>(sdO, ob, q0 + BQ, L);
+            load_vec_async<BQ>(sL, lse + rowbase, q0 + BQ, L);
+            load_vec_async<BQ>(sD, delta + rowbase, q0 + BQ, L);
+        }
+        cp_async_commit();
+        warp_mma_pb<NQ, DT, CH, ST>(ak, dpt, sQ, nlo, NQ, g, t);
+        __syncthreads();  // every warp is done with sQ
+        if (more) load_rows_async<D, BQ, TH>(sQ, qb, q0 + BQ, L);
+        cp_async_commit();
     }
+    cp_async_wait<0>();
+
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int key = k0 + ty * 4 + i;
+    for (int h = 0; h < 2; ++h) {
+        const int key = kw + g + 8 * h;
         if (key < S) {
-            T* rk = dk + ((long long)bh * S + key) * D;
-            T* rv = dv + ((long long)bh * S + key) * D;
+            float* rk = dk + ((long long)bh * S + key) * D + 2 * t;
+            float* rv = dv + ((long long)bh * S + key) * D + 2 * t;
 #pragma unroll
-            for (int jj = 0; jj < DJ; ++jj) {
-                rk[tx + 8 * jj] = from_float<T>(ak[i][jj] * scale);
-                rv[tx + 8 * jj] = from_float<T>(av[i][jj]);
+            for (int n = 0; n < DT; ++n) {
+                *reinterpret_cast<float2*>(rk + n * 8) = make_float2(ak[n][2 * h] * scale, ak[n][2 * h + 1] * scale);
+                *reinterpret_cast<float2*>(rv + n * 8) = make_float2(av[n][2 * h], av[n][2 * h + 1]);
             }
         }
     }
 }
 
-#define ATTN_KERNELS(SUFFIX, T, D)                                                                          \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_##SUFFIX(                           \
-        const T* q, const T* k, const T* v, T* out, float* lse, int L, int S, float scale, int causal) {    \
-        attn_fwd<T, D>(q, k, v, out, lse, L, S, scale, causal);                                             \
-    }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dq_##SUFFIX(                        \
-        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dq, int L, \
-        int S, float scale, int causal) {                                                                   \
-        attn_bwd_dq<T, D>(q, k, v, dout, lse, delta, dq, L, S, scale, causal);                              \
-    }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_bwd_dkv_##SUFFIX(                       \
-        const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dk, T* dv, \
-        int L, int S, float scale, int causal) {                                                            \
-        attn_bwd_dkv<T, D>(q, k, v, dout, lse, delta, dk, dv, L, S, scale, causal);                         \
+// Tile shapes (the host's _ATT_F32_TILES must agree): warps per block, the other side of the tile,
+// output blocks per stage, and the blocks per SM that registers are budgeted for.
+#define ATTN_TC_FWD(NAME, D, WARPS, BN, CH, MINB)                                                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
+        NAME(const float* q, const float* k, const float* v, float* out, float* lse, int L, int S, float scale, \
+             int causal) {                                                                                  \
+        attn_fwd_tc<D, WARPS, BN, CH>(q, k, v, out, lse, L, S, scale, causal);                              \
     }
-ATTN_KERNELS(f32_d64, float, 64)
-ATTN_KERNELS(f32_d128, float, 128)
-ATTN_KERNELS(bf16_d64, bf16, 64)
-ATTN_KERNELS(bf16_d128, bf16, 128)
+#define ATTN_TC_DQ(NAME, D, WARPS, BN, CH, MINB)                                                           \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
+        NAME(const float* q, const float* k, const float* v, const float* dout, const float* out,          \
+             const float* lse, float* delta, float* dq, int L, int S, float scale, int causal) {             \
+        attn_bwd_dq_tc<D, WARPS, BN, CH>(q, k, v, dout, out, lse, delta, dq, L, S, scale, causal);          \
+    }
+#define ATTN_TC_DKV(NAME, D, WARPS, BQ, CH, MINB)                                                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
+        NAME(const float* q, const float* k, const float* v, const float* dout, const float* lse,          \
+             const float* delta, float* dk, float* dv, int L, int S, float scale, int causal) {             \
+        attn_bwd_dkv_tc<D, WARPS, BQ, CH>(q, k, v, dout, lse, delta, dk, dv, L, S, scale, causal);          \
+    }
+ATTN_TC_FWD(attn_fwd_f32_d64, 64, 4, 64, 4, 4)
+ATTN_TC_FWD(attn_fwd_f32_d128, 128, 4, 32, 4, 3)
+ATTN_TC_DQ(attn_bwd_dq_f32_d64, 64, 4, 32, 4, 4)
+ATTN_TC_DQ(attn_bwd_dq_f32_d128, 128, 4, 32, 4, 2)
+ATTN_TC_DKV(attn_bwd_dkv_f32_d64, 64, 4, 32, 4, 3)
+ATTN_TC_DKV(attn_bwd_dkv_f32_d128, 128, 4, 32, 4, 2)
