@@ -351,7 +351,7 @@ class Tensor:
                 raise ShapeError(f"expand: cannot expand shape {list(self.shape)} to {list(sz)}")
         if any(s < 0 for s in target):
             raise ShapeError(f"expand: -1 is not allowed for a new leading dim, got {list(sz)}")
-        xp = self.device.backend.xp
+        xp = array_module(self._data)  # the array's own module: the compiler's tracer registers one
         return self._view_op("expand", xp.broadcast_to(self._data, target), {"shape": self.shape})
 
     def expand_as(self, other: Tensor) -> Tensor:

@@ -40,6 +40,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--config", type=Path, help="a TOML file of TrainConfig fields")
     for flag, kind, text in _FLAGS:
         p.add_argument(f"--{flag}", type=kind, default=None, help=text)
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="trace each training step once and replay it as one compiled graph (blutrain.compiler)")
     p.set_defaults(func=run_train)
 
     g = sub.add_parser("generate", help="continue a prompt with a trained checkpoint")
@@ -62,6 +64,8 @@ def build_config(args: argparse.Namespace) -> Any:
         value = getattr(args, name)
         if value is not None:
             setattr(cfg, name, value)
+    if getattr(args, "compile", None):
+        cfg.compile = True
     return cfg
 
 

@@ -43,6 +43,7 @@ class TrainConfig:
     seed: int = 1337
     sample_tokens: int = 200
     prompt: str = "def "
+    compile: bool = False  # run each step as one compiled graph (blutrain.compiler)
     model_overrides: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:

@@ -97,6 +97,11 @@ class Trainer:
         self.optimizer = create(cfg.optimizer, groups, lr=cfg.lr, **extra)
         self.loader = TokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len, seed=cfg.seed,
                                   vocab_size=self.data.vocab_size)
+        self.compiled_step: Any = None
+        if cfg.compile:
+            from blutrain.compiler import compile as compile_step
+
+            self.compiled_step = compile_step(self._step_body)
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.val_history: list[tuple[int, float]] = []
@@ -149,12 +154,37 @@ class Trainer:
         cfg = self.cfg
         return warmup_cosine(step, cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.lr * cfg.min_lr_ratio)
 
+    def _step_body(self, batches: list[tuple[bt.Tensor, bt.Tensor]]) -> tuple[list[bt.Tensor], bt.Tensor | None]:
+        """One optimizer step on ``batches`` (the micro-batches): what ``--compile`` traces and replays.
+        It ends with ``zero_grad`` so that no gradient outlives the compiled graph."""
+        losses = []
+        for x, y in batches:
+            with self.autocast:
+                _, loss = self.model(x, y)
+            (loss / len(batches)).backward()
+            losses.append(loss)
+        norm = clip_grad_norm_(self.model.parameters(), self.cfg.clip) if self.cfg.clip > 0 else None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return losses, norm
+
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.compiled_step is not None:
+            self.model.train()
+            batches = [self._batch(self.loader) for _ in range(cfg.grad_accum_steps)]
+            losses, norm_t = self.compiled_step(batches)
+            loss_mean = sum(float(loss.item()) for loss in losses) / len(losses)
+            dt = time.perf_counter() - t0
+            self.step += 1
+            tokens = cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len
+            return {"step": self.step, "loss": loss_mean, "lr": lr,
+                    "grad_norm": float(norm_t) if norm_t is not None else math.nan,
+                    "tok_per_s": tokens / dt, "step_ms": dt * 1e3}
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         accum = cfg.grad_accum_steps

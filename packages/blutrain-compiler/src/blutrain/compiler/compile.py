@@ -1,0 +1,305 @@
+"""``compile(fn)``: trace a whole training step once, optimize it, and replay it.
+
+Calls of the compiled function, per signature (the shapes, dtypes and devices of its tensor
+arguments, and its other non-float arguments):
+
+1. the first ``warmup`` calls run ``fn`` eagerly (they create the optimizer's state);
+2. the next call traces ``fn`` — it really runs, so it returns real results — into a
+   ``blutrain``-dialect module, runs the pass pipeline and builds an executor;
+3. every later call re-runs ``fn``'s Python in probe mode (no kernel runs; Python's own side
+   effects such as the optimizer's step count and the learning-rate schedule happen as in eager
+   mode, and changed scalar kernel arguments are picked up), then runs the compiled program once:
+   on CUDA one graph launch.
+
+``BLUTRAIN_DUMP_IR=dir`` writes the module after tracing and after every pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xdsl.dialects.builtin import ArrayAttr, IntAttr, ModuleOp
+from xdsl.passes import ModulePass
+
+from blutrain.compiler.dialect import context
+from blutrain.compiler.errors import CompilerError, GraphBreakError, TracingError
+from blutrain.compiler.executor import CPUExecutor, CUDAGraphExecutor, Program
+from blutrain.compiler.graph import build_module
+from blutrain.compiler.passes import DEFAULT_PIPELINE
+from blutrain.compiler.registry import passes as pass_registry
+from blutrain.compiler.trace import TraceArray, Tracer, tracing
+from blutrain.tensor.tensor import Tensor
+
+log = logging.getLogger("blutrain.compiler")
+
+
+# -- arguments and results as flat lists -----------------------------------------------------------
+def _flatten(tree: Any, leaves: list[Any]) -> Any:
+    """The structure of ``tree`` with each leaf replaced by its index in ``leaves``."""
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_flatten(t, leaves) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _flatten(v, leaves) for k, v in tree.items()}
+    leaves.append(tree)
+    return _Leaf(len(leaves) - 1)
+
+
+class _Leaf:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _unflatten(spec: Any, leaves: list[Any]) -> Any:
+    if isinstance(spec, _Leaf):
+        return leaves[spec.index]
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_unflatten(s, leaves) for s in spec)
+    if isinstance(spec, dict):
+        return {k: _unflatten(v, leaves) for k, v in spec.items()}
+    return spec
+
+
+def _signature(leaves: list[Any]) -> tuple[Any, ...]:
+    sig: list[Any] = []
+    for x in leaves:
+        if isinstance(x, Tensor):
+            sig.append(("tensor", x.shape, x.dtype.name, str(x.device)))
+        elif isinstance(x, float):
+            sig.append("float")  # floats are data: the probe picks up their effect on kernels
+        else:
+            sig.append((type(x).__name__, repr(x)))
+    return tuple(sig)
+
+
+# -- one compiled graph ------------------------------------------------------------------------------
+@dataclass
+class CompileStats:
+    """What one compiled graph is: its size and memory plan."""
+
+    traced_ops: int
+    ops: int
+    fused_regions: int
+    arena_bytes: int
+    buffer_bytes: int
+    device: str
+
+
+class CompiledGraph:
+    """The trace, the optimized module and the executor of one signature."""
+
+    def __init__(self, owner: CompiledFunction, tracer: Tracer, module: ModuleOp, traced_module: str,
+                 out_spec: Any, out_leaves: list[Any], tensor_positions: list[int], dynamic: frozenset[int]) -> None:
+        self.owner = owner
+        self.tracer = tracer
+        self.module = module
+        self.traced_ir = traced_module
+        self.out_spec = out_spec
+        self.out_leaves = out_leaves  # vid for traced tensors, the Python value otherwise
+        self.tensor_positions = tensor_positions
+        self.dynamic = dynamic
+        self.merged = {int(a.data) for a in _merged(module)}
+        device = tracer.device or "cpu"
+        self.device = device
+        self.program = Program(module, device)
+        inputs = [tracer.concrete[v] for v in tracer.inputs]
+        state = [tracer.concrete[v] for v in tracer.state_order]
+        executor_cls = CUDAGraphExecutor if device == "cuda" else CPUExecutor
+        self.executor: CPUExecutor | CUDAGraphExecutor = executor_cls(self.program, inputs, state)
+        ops = next(iter(module.body.block.ops)).regions[0].block.ops
+        self.stats = CompileStats(
+            traced_ops=len(tracer.events), ops=sum(1 for _ in ops), fused_regions=sum(1 for o in ops
+                                                                                     if o.name == "blutrain.fused"),
+            arena_bytes=_attr(module, "blutrain.arena_bytes"), buffer_bytes=_attr(module, "blutrain.buffer_bytes"),
+            device=device)
+
+    def run(self, leaves: list[Any]) -> Any:
+        tensors: list[Tensor] = [leaves[i] for i in self.tensor_positions]
+        probe = Tracer("probe", self.tracer)
+        saved = [t._data for t in tensors]
+        for t, vid in zip(tensors, self.tracer.inputs, strict=True):
+            t._data = TraceArray(self.tracer.concrete[vid], vid)
+        try:
+            with tracing(probe):
+                out = self.owner.fn(*self.owner_args(leaves))
+        finally:
+            for t, data in zip(tensors, saved, strict=True):
+                t._data = data
+        if probe.cursor != len(self.tracer.events):
+            raise GraphBreakError(f"this call ran {probe.cursor} ops, the traced call {len(self.tracer.events)}; the "
+                                  "compiled function must take the same path on every call")
+        if probe.changed:
+            for uid, template in probe.changed.items():
+                if not self.program.update(uid, template) and uid in self.merged:
+                    raise CompilerError(f"traced op {uid} was merged with an identical op by CSE, and its scalar "
+                                        "arguments changed since; compile with passes that leave out 'cse'")
+            self.executor.updated()
+        results = self.executor.run([t._data for t in tensors])
+        return self._outputs(out, results)
+
+    def owner_args(self, leaves: list[Any]) -> tuple[Any, ...]:
+        return tuple(_unflatten(self.owner.arg_spec, leaves))
+
+    def _outputs(self, probe_out: Any, results: list[Any]) -> Any:
+        leaves: list[Any] = []
+        _flatten(probe_out, leaves)
+        by_vid = dict(zip(self.program_output_vids(), results, strict=True))
+        final: list[Any] = []
+        for x in leaves:
+            if isinstance(x, Tensor) and isinstance(x._data, TraceArray):
+                final.append(Tensor._make(by_vid[x._data.vid], x.dtype, x.device))
+            else:
+                final.append(x)
+        return _unflatten(self.out_spec, final)
+
+    def program_output_vids(self) -> list[int]:
+        return [v for v in self.out_leaves if isinstance(v, int)]
+
+
+def _merged(module: ModuleOp) -> list[IntAttr]:
+    a = module.attributes.get("blutrain.merged")
+    return [x for x in a.data if isinstance(x, IntAttr)] if isinstance(a, ArrayAttr) else []
+
+
+def _attr(module: ModuleOp, name: str) -> int:
+    a = module.attributes.get(name)
+    return int(a.data) if isinstance(a, IntAttr) else 0
+
+
+def _dump(directory: str | None, index: int, name: str, module: ModuleOp, sig_index: int) -> None:
+    if not directory:
+        return
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"graph{sig_index}_{index:02d}_{name}.mlir").write_text(str(module))
+
+
+def run_pipeline(module: ModuleOp, names: Sequence[str], dump_dir: str | None = None, sig_index: int = 0) -> None:
+    """Run the passes ``names`` (from the pass registry) on ``module`` in order."""
+    registry = pass_registry()
+    ctx = context()
+    _dump(dump_dir, 0, "traced", module, sig_index)
+    for i, name in enumerate(names, 1):
+        found = registry.get(name)
+        p: ModulePass = found() if isinstance(found, type) else found
+        p.apply(ctx, module)
+        _dump(dump_dir, i, name, module, sig_index)
+    module.verify()
+
+
+class CompiledFunction:
+    """The callable :func:`compile` returns; ``ir()`` shows the compiled module as MLIR text."""
+
+    def __init__(self, fn: Callable[..., Any], warmup: int = 1, passes: Sequence[str] | None = None) -> None:
+        if not callable(fn):
+            raise CompilerError(f"compile: expected a callable, got {type(fn).__name__}")
+        if not isinstance(warmup, int) or warmup < 0:
+            raise CompilerError(f"compile: warmup must be an int >= 0, got {warmup!r}")
+        self.fn = fn
+        self.warmup = warmup
+        self.pipeline = tuple(passes) if passes is not None else DEFAULT_PIPELINE
+        self.graphs: dict[tuple[Any, ...], CompiledGraph] = {}
+        self.calls: dict[tuple[Any, ...], int] = {}
+        self.arg_spec: Any = None
+        self.last: CompiledGraph | None = None
+        self.traces = 0
+
+    def __call__(self, *args: Any) -> Any:
+        leaves: list[Any] = []
+        self.arg_spec = _flatten(args, leaves)
+        sig = _signature(leaves)
+        n = self.calls.get(sig, 0)
+        self.calls[sig] = n + 1
+        if n < self.warmup:
+            return self.fn(*args)
+        graph = self.graphs.get(sig)
+        if graph is None:
+            return self._trace(sig, leaves, frozenset())
+        out = graph.run(leaves)
+        self.last = graph
+        return out
+
+    def _trace(self, sig: tuple[Any, ...], leaves: list[Any], dynamic: frozenset[int]) -> Any:
+        log.debug("blutrain.compiler: tracing %s for signature %s", getattr(self.fn, "__name__", "fn"), sig)
+        tracer = Tracer()
+        positions = [i for i, x in enumerate(leaves) if isinstance(x, Tensor)]
+        saved = [leaves[i]._data for i in positions]
+        try:
+            with tracing(tracer):
+                for i in positions:
+                    leaves[i]._data = tracer.add_input(leaves[i]._data)
+                out = self.fn(*_unflatten(self.arg_spec, leaves))
+        finally:
+            for i, data in zip(positions, saved, strict=True):
+                leaves[i]._data = data
+        out_leaves: list[Any] = []
+        out_spec = _flatten(out, out_leaves)
+        markers: list[Any] = []
+        vids: list[int] = []
+        real: list[Any] = []
+        for x in out_leaves:
+            if isinstance(x, Tensor) and isinstance(x._data, TraceArray):
+                markers.append(x._data.vid)
+                vids.append(x._data.vid)
+                real.append(Tensor._make(x._data.concrete.copy(), x.dtype, x.device))
+            elif isinstance(x, Tensor):
+                raise TracingError("compile: the function returned a tensor it did not compute (an input or a "
+                                   "parameter); return computed tensors only")
+            else:
+                markers.append(None)
+                real.append(x)
+        module = build_module(tracer, vids, dynamic)
+        traced_text = str(module)
+        self.traces += 1
+        run_pipeline(module, self.pipeline, os.environ.get("BLUTRAIN_DUMP_IR"), self.traces - 1)
+        graph = CompiledGraph(self, tracer, module, traced_text, out_spec, markers, positions, dynamic)
+        self.graphs[sig] = graph
+        self.last = graph
+        log.debug("blutrain.compiler: %d traced ops → %d ops, %d fused regions; arena %d bytes (unplanned %d)",
+                  graph.stats.traced_ops, graph.stats.ops, graph.stats.fused_regions, graph.stats.arena_bytes,
+                  graph.stats.buffer_bytes)
+        return _unflatten(out_spec, real)
+
+    # -- inspection --------------------------------------------------------------------------------
+    def _graph(self) -> CompiledGraph:
+        if self.last is None:
+            raise CompilerError("nothing is compiled yet: call the compiled function first (the first "
+                                f"{self.warmup} call(s) run eagerly, the next one traces)")
+        return self.last
+
+    def ir(self) -> str:
+        """The optimized module of the most recent signature, as MLIR text."""
+        return str(self._graph().module)
+
+    def traced_ir(self) -> str:
+        """The module as traced, before any pass."""
+        return self._graph().traced_ir
+
+    @property
+    def stats(self) -> CompileStats:
+        return self._graph().stats
+
+    def reset(self) -> None:
+        """Forget every compiled graph (e.g. after replacing the model's parameters)."""
+        self.graphs.clear()
+        self.calls.clear()
+        self.last = None
+
+
+def compile(fn: Callable[..., Any], *, warmup: int = 1, passes: Sequence[str] | None = None) -> CompiledFunction:
+    """Compile ``fn`` (e.g. a training step: forward, ``backward()``, ``optimizer.step()``, ``zero_grad()``).
+
+    ``warmup`` eager calls come first (optimizers create their state on their first step); the next
+    call traces; later calls replay. ``passes`` names the pipeline (default: DCE, CSE, elementwise
+    fusion, kernel selection, in-place analysis and memory planning).
+    """
+    return CompiledFunction(fn, warmup=warmup, passes=passes)
+
+
+__all__ = ["CompileStats", "CompiledFunction", "CompiledGraph", "compile", "run_pipeline"]

@@ -1,0 +1,38 @@
+"""The built-in passes and codegen targets: a plugin of ``blutrain_register_passes`` like any other.
+
+Each pass is an xDSL :class:`~xdsl.passes.ModulePass` with a ``name``; :data:`DEFAULT_PIPELINE` is
+the order :func:`blutrain.compiler.compile` runs them in. The pass modules import xDSL, so this
+module (loaded with every plugin) imports them only when the hook is called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from blutrain.tensor.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from blutrain.compiler.registry import PassRegistry
+
+DEFAULT_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "elementwise-fusion",
+                                     "kernel-selection", "memory-plan")
+
+
+@hookimpl
+def blutrain_register_passes(registry: PassRegistry) -> None:
+    from blutrain.compiler import codegen_cuda, codegen_numpy
+    from blutrain.compiler.passes.aliasing import InplaceAliasing
+    from blutrain.compiler.passes.cse import CommonSubexpressionElimination
+    from blutrain.compiler.passes.dce import DeadCodeElimination
+    from blutrain.compiler.passes.fusion import ElementwiseFusion
+    from blutrain.compiler.passes.memory import MemoryPlan
+    from blutrain.compiler.passes.select import KernelSelection
+
+    for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, ElementwiseFusion,
+              KernelSelection, MemoryPlan):
+        registry.register(p.name, p)
+    registry.register("codegen-numpy", codegen_numpy.TARGET)
+    registry.register("codegen-cuda", codegen_cuda.TARGET)
+
+
+__all__ = ["DEFAULT_PIPELINE", "blutrain_register_passes"]

@@ -1,0 +1,634 @@
+"""Tracing: run a function once for real while recording every kernel it dispatches.
+
+Every op of ``blutrain.tensor`` ends in one call of a kernel found in the flat table
+:data:`blutrain.tensor.dispatch.TABLE` — forward ops, autograd's derivative rules and the optimizers'
+multi-tensor kernels alike. While a :class:`Tracer` is active, that table holds a recording wrapper
+for every registered kernel, so nothing is missed and no op module is patched. Arrays computed during
+the trace are :class:`TraceArray` proxies around the real result (the trace executes the step, so
+its first call returns real values); operations that ops perform on arrays outside kernels (views,
+``astype``, ``a[key] = v``) go through the proxy and are recorded too. A proxy refuses to be read
+on the host: ``.item()``, ``bool(t)``, ``float(t)`` raise :class:`DataDependentError` naming the
+line of the traced function. Arrays that existed before the trace (parameters, optimizer state,
+buffers) reach kernels as plain backend arrays; they become the graph's *state*, identified by the
+array that owns their memory (views of them are recorded as ``view`` events).
+
+The same machinery re-runs the function in *probe* mode on later calls: kernels do not run, each
+intercepted call is matched against the recorded event of the same position (same op, same
+operands) and answers with the recorded proxies. Python's own side effects (the optimizer's step
+count, a learning-rate schedule) happen as in eager mode, and scalar kernel arguments that changed
+(``lr``, the step) are reported so that the executor can update them. A call that takes another
+path raises :class:`GraphBreakError`.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from blutrain.compiler.dialect import Operand, scalars_equal
+from blutrain.compiler.errors import DataDependentError, GraphBreakError, TracingError
+from blutrain.tensor import dispatch
+from blutrain.tensor.backend import ARRAY_MODULES
+from blutrain.tensor.dtype import DType, from_numpy_dtype
+from blutrain.tensor.kernel import Kernel, kernels
+
+
+class _Local(threading.local):
+    tracer: Tracer | None = None
+
+
+_local = _Local()
+
+
+def active() -> Tracer | None:
+    """The tracer of this thread, or None."""
+    return _local.tracer
+
+
+# -- values and events ---------------------------------------------------------------------------
+@dataclass
+class Value:
+    """One array of the trace: a buffer (``root == vid``) or a strided view of one."""
+
+    vid: int
+    shape: tuple[int, ...]
+    dtype: DType
+    root: int
+    offset: int = 0  # elements from the root's first element
+    strides: tuple[int, ...] = ()  # elements
+
+
+@dataclass
+class Event:
+    """One recorded call: a kernel, a view or an in-place assignment.
+
+    ``template`` is the call's positional arguments with :class:`Operand` markers for arrays;
+    ``ret`` is the return value with ``Operand(i)`` for ``results[i]``.
+    """
+
+    uid: int
+    kind: str  # "kernel" | "view" | "assign"
+    op: str
+    device: str
+    dtype: str
+    template: tuple[Any, ...]
+    operands: list[int]
+    results: list[int]
+    ret: Any = None
+    writes: tuple[int, ...] = ()
+    proxies: list[TraceArray] = field(default_factory=list)
+
+
+def _ptr(a: Any) -> int:
+    if isinstance(a, np.ndarray):
+        return int(a.__array_interface__["data"][0])
+    data = getattr(a, "data", None)
+    ptr = getattr(data, "ptr", None)  # CuPy
+    if isinstance(ptr, int):
+        return ptr
+    return int(a.__array_interface__["data"][0])
+
+
+def _owner(a: Any) -> Any:
+    """The array that owns ``a``'s memory (the end of its ``base`` chain)."""
+    array_type = type(a)
+    owner = a
+    while True:  # as_strided/broadcast_to views have a non-array base (NumPy's DummyArray) in the chain
+        a = getattr(a, "base", None)
+        if a is None:
+            return owner
+        if isinstance(a, array_type):
+            owner = a
+
+
+def _memory(a: Any) -> Any:
+    """The allocation ``a`` lives in: CuPy's memory object (its views need not keep a ``base``), or
+    NumPy's owning array."""
+    if isinstance(a, np.ndarray):
+        return _owner(a)
+    data = getattr(a, "data", None)
+    mem = getattr(data, "mem", None)
+    return mem if mem is not None else _owner(a)
+
+
+def _root_array(a: Any) -> Any:
+    """An array over the whole allocation of ``a``: its owner (NumPy), or a flat array over the
+    CuPy memory block, so that every view of it has a non-negative offset."""
+    if isinstance(a, np.ndarray):
+        return _owner(a)
+    data = getattr(a, "data", None)
+    mem = getattr(data, "mem", None)
+    if mem is None:
+        return _owner(a)
+    owner = _owner(a)
+    if owner.data.ptr == mem.ptr and owner.nbytes == mem.size and owner.flags.c_contiguous:
+        return owner
+    xp = ARRAY_MODULES[type(a)]
+    return xp.ndarray((mem.size // a.dtype.itemsize,), a.dtype, memptr=xp.cuda.MemoryPointer(mem, 0))
+
+
+def _is_array(x: Any) -> bool:
+    return type(x) in ARRAY_MODULES and type(x) is not TraceArray
+
+
+def _device_of(a: Any) -> str:
+    return "cpu" if isinstance(a, np.ndarray) else "cuda"
+
+
+def user_frame() -> str:
+    """``file:line: code`` of the innermost frame outside blutrain's tensor/autograd/compiler/kernels,
+    NumPy and CuPy: the line of the traced function that did what the error is about."""
+    skip = ("blutrain/tensor/", "blutrain/autograd/", "blutrain/compiler/", "blutrain/kernels/",
+            "blutrain_backend_cupy", "/numpy/", "/cupy/", "/cupyx/")
+    for frame in reversed(traceback.extract_stack()):
+        name = frame.filename.replace("\\", "/")
+        if not any(s in name for s in skip):
+            return f"{Path(frame.filename)}:{frame.lineno}: {frame.line or ''}".rstrip()
+    return "<unknown>"
+
+
+# -- the proxy -----------------------------------------------------------------------------------
+class TraceArray:
+    """A traced array: the real array computed during the trace, and its value id in the graph."""
+
+    __slots__ = ("__weakref__", "concrete", "vid")
+
+    def __init__(self, concrete: Any, vid: int) -> None:
+        self.concrete = concrete
+        self.vid = vid
+
+    # metadata comes from the real array
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.concrete.shape  # type: ignore[no-any-return]
+
+    @property
+    def ndim(self) -> int:
+        return self.concrete.ndim  # type: ignore[no-any-return]
+
+    @property
+    def size(self) -> int:
+        return self.concrete.size  # type: ignore[no-any-return]
+
+    @property
+    def dtype(self) -> Any:
+        return self.concrete.dtype
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.concrete.strides  # type: ignore[no-any-return]
+
+    @property
+    def itemsize(self) -> int:
+        return self.concrete.itemsize  # type: ignore[no-any-return]
+
+    @property
+    def nbytes(self) -> int:
+        return self.concrete.nbytes  # type: ignore[no-any-return]
+
+    @property
+    def flags(self) -> Any:
+        return self.concrete.flags
+
+    @property
+    def base(self) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return len(self.concrete)
+
+    def __repr__(self) -> str:
+        return f"TraceArray(%{self.vid}, shape={self.shape}, dtype={self.dtype})"
+
+    # recorded operations
+    def astype(self, dtype: Any, copy: bool = True) -> TraceArray:
+        return _tracer("astype").cast(self, dtype)
+
+    def copy(self) -> TraceArray:
+        return _tracer("copy").copy(self)
+
+    def reshape(self, *shape: Any, order: str = "C") -> TraceArray:
+        return _tracer("reshape").view(self, lambda c: c.reshape(*shape))
+
+    def transpose(self, *axes: Any) -> TraceArray:
+        return _tracer("transpose").view(self, lambda c: c.transpose(*axes))
+
+    @property
+    def T(self) -> TraceArray:
+        return self.transpose()
+
+    def __getitem__(self, key: Any) -> Any:
+        if any(_is_array(k) for k in (key if isinstance(key, tuple) else (key,))):
+            return self.concrete[key]  # a host-side check masking with its own (untraced) result
+        _basic_key(key, "indexing a traced array")
+        return _tracer("indexing").view(self, lambda c: c[key])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _tracer("assignment").assign(self, key, value)
+
+    # host reads: the values exist only on the device, at a later time
+    def _host_read(self, what: str) -> Any:
+        raise DataDependentError(
+            f"{user_frame()}\n  {what} reads the value of a traced tensor on the host while blutrain.compiler "
+            "traces this function; Python control flow that depends on tensor values cannot be compiled. "
+            "Keep the value on the device (where, clamp, masked ops) or move this line out of the compiled "
+            "function (e.g. read the returned loss after the call).")
+
+    def item(self, *args: Any) -> Any:
+        return self._host_read(".item()")
+
+    def tolist(self) -> Any:
+        return self._host_read(".tolist()")
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        return self._host_read("a device-to-host copy")
+
+    def __bool__(self) -> bool:
+        return bool(self._host_read("bool(tensor)"))
+
+    def __float__(self) -> float:
+        return float(self._host_read("float(tensor)"))
+
+    def __int__(self) -> int:
+        return int(self._host_read("int(tensor)"))
+
+    def __index__(self) -> int:
+        return int(self._host_read("using a tensor as an index"))
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._host_read("converting to a NumPy array (or writing a traced value into an untraced array)")
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._host_read("__dlpack__")
+
+    # Argument checks on the host (index bounds, class ids of a loss's target on the CPU) read the
+    # values: they see the traced call's values and are not repeated on later calls.
+    def min(self, *args: Any, **kwargs: Any) -> Any:
+        return self.concrete.min(*args, **kwargs)
+
+    def max(self, *args: Any, **kwargs: Any) -> Any:
+        return self.concrete.max(*args, **kwargs)
+
+    def __lt__(self, other: Any) -> Any:
+        return self.concrete < other
+
+    def __le__(self, other: Any) -> Any:
+        return self.concrete <= other
+
+    def __gt__(self, other: Any) -> Any:
+        return self.concrete > other
+
+    def __ge__(self, other: Any) -> Any:
+        return self.concrete >= other
+
+    def __eq__(self, other: object) -> Any:
+        return self.concrete == other
+
+    def __ne__(self, other: object) -> Any:
+        return self.concrete != other
+
+    __hash__ = object.__hash__
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        raise TracingError(f"{user_frame()}\n  NumPy's {ufunc.__name__} was called on a traced array outside a "
+                           "kernel; only dispatched kernels, views and astype can be traced")
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if func is np.broadcast_to:
+            return _trace_module.broadcast_to(*args, **kwargs)
+        raise TracingError(f"{user_frame()}\n  numpy.{func.__name__} was called on a traced array outside a "
+                           "kernel; only dispatched kernels, views and astype can be traced")
+
+
+def _basic_key(key: Any, what: str) -> None:
+    items = key if isinstance(key, tuple) else (key,)
+    for k in items:
+        if not (k is None or k is Ellipsis or isinstance(k, (int, slice, np.integer))):
+            raise TracingError(f"{user_frame()}\n  {what} with a {type(k).__name__} key outside a kernel cannot "
+                               "be traced")
+
+
+def _tracer(what: str) -> Tracer:
+    tr = _local.tracer
+    if tr is None:
+        raise TracingError(f"{what} on a traced array after its trace ended: a traced tensor escaped the compiled "
+                           "function (keep tensors created inside it inside, or return them)")
+    return tr
+
+
+class _StrideTricks:
+    @staticmethod
+    def as_strided(x: Any, shape: Any = None, strides: Any = None, **kwargs: Any) -> Any:
+        if not isinstance(x, TraceArray):
+            raise TracingError("as_strided: expected a traced array")
+        xp = ARRAY_MODULES[type(_owner(x.concrete))]
+        return _tracer("as_strided").view(x, lambda c: xp.lib.stride_tricks.as_strided(c, shape, strides))
+
+
+class _Lib:
+    stride_tricks = _StrideTricks()
+
+
+class _TraceModule:
+    """What :func:`blutrain.tensor.backend.array_module` returns for a traced array: the few
+    array-module functions op code calls outside kernels."""
+
+    lib = _Lib()
+
+    @staticmethod
+    def broadcast_to(x: Any, shape: Any, **kwargs: Any) -> Any:
+        if not isinstance(x, TraceArray):
+            raise TracingError("broadcast_to: expected a traced array")
+        xp = ARRAY_MODULES[type(_owner(x.concrete))]
+        return _tracer("broadcast_to").view(x, lambda c: xp.broadcast_to(c, shape))
+
+    def __getattr__(self, name: str) -> Any:
+        raise TracingError(f"{user_frame()}\n  the array-module function {name!r} was called on a traced array "
+                           "outside a kernel; only dispatched kernels, views and astype can be traced")
+
+
+_trace_module = _TraceModule()
+ARRAY_MODULES[TraceArray] = _trace_module  # type: ignore[assignment]
+
+
+# -- the tracer ----------------------------------------------------------------------------------
+def _arrays_equal(a: Any, b: Any) -> bool:
+    xp = ARRAY_MODULES[type(a)]
+    if a.dtype.kind == "f" or a.dtype.kind == "c" or a.dtype.name == "bfloat16":
+        return bool(xp.array_equal(a, b, equal_nan=True))
+    return bool(xp.array_equal(a, b))
+
+
+class Tracer:
+    """Records (``mode="trace"``) or replays and checks (``mode="probe"``) one function's calls."""
+
+    def __init__(self, mode: str = "trace", recorded: Tracer | None = None) -> None:
+        self.mode = mode
+        self.values: list[Value] = []
+        self.concrete: list[Any] = []  # vid → the real array of the trace (buffers and views)
+        self.events: list[Event] = []
+        self.state: dict[int, tuple[Any, int]] = {}  # id(allocation) → (allocation, vid)
+        self.state_order: list[int] = []  # vids of state buffers, in order of first use
+        self.inputs: list[int] = []
+        self.device: str | None = None
+        self.recorded = recorded
+        self.cursor = 0
+        self.changed: dict[int, tuple[Any, ...]] = {}
+        if recorded is not None:
+            self.values, self.concrete, self.state = recorded.values, recorded.concrete, dict(recorded.state)
+            self.state_order, self.inputs, self.device = list(recorded.state_order), recorded.inputs, recorded.device
+
+    # values
+    def _new_value(self, concrete: Any, root: int | None = None, offset: int = 0,
+                   strides: tuple[int, ...] | None = None) -> int:
+        vid = len(self.values)
+        itemsize = concrete.dtype.itemsize
+        st = tuple(s // itemsize for s in concrete.strides) if strides is None else strides
+        self.values.append(Value(vid, tuple(concrete.shape), from_numpy_dtype(concrete.dtype),
+                                 vid if root is None else root, offset, st))
+        self.concrete.append(concrete)
+        return vid
+
+    def add_input(self, concrete: Any) -> TraceArray:
+        self._check_device(_device_of(concrete))
+        vid = self._new_value(concrete)
+        self.inputs.append(vid)
+        return TraceArray(concrete, vid)
+
+    def _check_device(self, dev: str) -> None:
+        if self.device is None:
+            self.device = dev
+        elif dev != self.device:
+            raise TracingError(f"{user_frame()}\n  the traced function uses arrays on {self.device} and on {dev}; "
+                               "a compiled function runs on one device")
+
+    def _resolve(self, a: Any) -> int:
+        """The vid of an array argument: a proxy's own, or a state buffer (or a view of one)."""
+        if isinstance(a, TraceArray):
+            return a.vid
+        memory = _memory(a)
+        found = self.state.get(id(memory))
+        if found is None:
+            if self.mode == "probe":
+                raise GraphBreakError(f"{user_frame()}\n  a kernel read an array the traced call did not use (a "
+                                      "parameter or buffer was replaced since the trace); call the compiled "
+                                      "function's reset() after replacing model state")
+            owner = _root_array(a)
+            self._check_device(_device_of(owner))
+            vid = self._new_value(owner)
+            self.state[id(memory)] = (memory, vid)
+            self.state_order.append(vid)
+        else:
+            vid = found[1]
+        owner = self.concrete[vid]
+        if a is owner or (a.shape == owner.shape and a.strides == owner.strides and _ptr(a) == _ptr(owner)):
+            return vid
+        if a.dtype != owner.dtype:
+            raise TracingError(f"{user_frame()}\n  a kernel read a {a.dtype} view of a {owner.dtype} array; "
+                               "reinterpreting views cannot be traced")
+        return self._view_event(vid, a)
+
+    def _view_event(self, root: int, result: Any) -> int:
+        """Record ``result`` (a real array inside the buffer ``root``) as a view of it."""
+        base = self.concrete[root]
+        itemsize = base.dtype.itemsize
+        offset = (_ptr(result) - _ptr(base)) // itemsize
+        strides = tuple(s // itemsize for s in result.strides)
+        template = (Operand(0), offset, tuple(result.shape), strides)
+        if self.mode == "probe":
+            ev = self._match("view", "view", template, [root])
+            return ev.results[0]
+        vid = self._new_value(result, root, offset, strides)
+        self._record(Event(len(self.events), "view", "view", self.device or "cpu", self.values[root].dtype.name,
+                           template, [root], [vid], Operand(0)))
+        return vid
+
+    def _record(self, ev: Event) -> None:
+        self.events.append(ev)
+
+    def _match(self, kind: str, op: str, template: tuple[Any, ...], operands: list[int]) -> Event:
+        """The recorded event at the cursor, checked against this call; changed scalars are noted."""
+        assert self.recorded is not None
+        events = self.recorded.events
+        if self.cursor >= len(events):
+            raise GraphBreakError(f"{user_frame()}\n  this call runs more ops than the traced one ({len(events)}); "
+                                  "the compiled function must take the same path on every call")
+        ev = events[self.cursor]
+        self.cursor += 1
+        if ev.kind != kind or ev.op != op or ev.operands != operands or len(ev.template) != len(template):
+            raise GraphBreakError(f"{user_frame()}\n  op {self.cursor - 1} of this call is {op} on values "
+                                  f"{operands}, the traced call had {ev.op} on {ev.operands}; the compiled "
+                                  "function must take the same path on every call")
+        changed = False
+        for old, new in zip(ev.template, template, strict=True):
+            if scalars_equal(old, new):
+                continue
+            if isinstance(old, (int, float)) and isinstance(new, (int, float)) and type(old) is type(new):
+                changed = True  # a scalar argument (lr, step): the executor updates it
+                continue
+            raise GraphBreakError(f"{user_frame()}\n  op {self.cursor - 1} ({op}) of this call has argument {new!r} "
+                                  f"where the traced call had {old!r}")
+        if changed:
+            self.changed[ev.uid] = template
+        return ev
+
+    # the argument encoding of a call: arrays become Operand markers
+    def _template(self, args: Any, operands: list[int], concrete: list[Any]) -> Any:
+        if isinstance(args, TraceArray) or _is_array(args):
+            operands.append(self._resolve(args))
+            concrete.append(args.concrete if isinstance(args, TraceArray) else args)
+            return Operand(len(operands) - 1)
+        if isinstance(args, tuple):
+            return tuple(self._template(a, operands, concrete) for a in args)
+        if isinstance(args, list):
+            return [self._template(a, operands, concrete) for a in args]
+        return args
+
+    # intercepted operations
+    def kernel(self, key: tuple[str, str, DType], fn: Kernel, args: tuple[Any, ...]) -> Any:
+        op, device, dtype = key
+        self._check_device(device)
+        operands: list[int] = []
+        concrete: list[Any] = []
+        template = self._template(args, operands, concrete)
+        if self.mode == "probe":
+            ev = self._match("kernel", op, template, operands)
+            return _rebuild(ev.ret, ev.proxies)
+        real_args = _substitute(template, concrete)
+        before = [c.copy() for c in concrete]
+        out = fn(*real_args)
+        writes = tuple(i for i, (b, c) in enumerate(zip(before, concrete, strict=True)) if not _arrays_equal(b, c))
+        del before
+        owners = {id(_memory(c)) for c in concrete}
+        results: list[int] = []
+        proxies: list[TraceArray] = []
+
+        def wrap(x: Any) -> Any:
+            if _is_array(x):
+                if id(_memory(x)) in owners:
+                    raise TracingError(f"{user_frame()}\n  kernel {op!r} returned a view of one of its inputs; "
+                                       "such kernels cannot be traced")
+                vid = self._new_value(x)
+                results.append(vid)
+                proxies.append(TraceArray(x, vid))
+                return Operand(len(results) - 1)
+            if isinstance(x, tuple):
+                return tuple(wrap(v) for v in x)
+            if x is None:
+                return None
+            raise TracingError(f"{user_frame()}\n  kernel {op!r} returned a {type(x).__name__}; traced kernels "
+                               "return arrays, tuples of arrays or None")
+
+        ret = wrap(out)
+        self._record(Event(len(self.events), "kernel", op, device, dtype.name, tuple(template), operands, results,
+                           ret, writes, proxies))
+        return _rebuild(ret, proxies)
+
+    def view(self, src: TraceArray, make: Callable[[Any], Any]) -> TraceArray:
+        """A view op on a traced array (reshape, transpose, slicing, broadcast_to, as_strided)."""
+        result = make(src.concrete)
+        root = self.values[src.vid].root
+        if not _is_array(result) or _memory(result) is not _memory(self.concrete[root]):
+            # NumPy copied (a reshape of a non-contiguous array): a copy kernel, then the view
+            copied = self.copy(src)
+            return self.view(copied, make)
+        vid = self._view_event(root, result)
+        if self.mode == "probe":
+            return TraceArray(self.concrete[vid], vid)
+        return TraceArray(result, vid)
+
+    def cast(self, src: TraceArray, np_dtype: Any) -> TraceArray:
+        dt = from_numpy_dtype(src.concrete.dtype)
+        out = dispatch.kernel("cast", self.device or "cpu", dt)(src, np.dtype(np_dtype))
+        assert isinstance(out, TraceArray)
+        return out
+
+    def copy(self, src: TraceArray) -> TraceArray:
+        dt = from_numpy_dtype(src.concrete.dtype)
+        out = dispatch.kernel("copy", self.device or "cpu", dt)(src)
+        assert isinstance(out, TraceArray)
+        return out
+
+    def assign(self, target: TraceArray, key: Any, value: Any) -> None:
+        _basic_key(key, "assigning into a traced array")
+        operands: list[int] = []
+        concrete: list[Any] = []
+        template = self._template((target, key, value), operands, concrete)
+        if self.mode == "probe":
+            self._match("assign", "assign", template, operands)
+            return
+        target.concrete[key] = value.concrete if isinstance(value, TraceArray) else value
+        self._record(Event(len(self.events), "assign", "assign", self.device or "cpu",
+                           self.values[target.vid].dtype.name, template, operands, [], None, (0,)))
+
+
+def _substitute(template: Any, concrete: list[Any]) -> Any:
+    if isinstance(template, Operand):
+        return concrete[template.index]
+    if isinstance(template, tuple):
+        return tuple(_substitute(t, concrete) for t in template)
+    if isinstance(template, list):
+        return [_substitute(t, concrete) for t in template]
+    return template
+
+
+def _rebuild(ret: Any, proxies: list[TraceArray]) -> Any:
+    if isinstance(ret, Operand):
+        return proxies[ret.index]
+    if isinstance(ret, tuple):
+        return tuple(_rebuild(r, proxies) for r in ret)
+    return ret
+
+
+def _wrap_kernel(key: tuple[str, str, DType], fn: Kernel) -> Kernel:
+    def traced_kernel(*args: Any) -> Any:
+        tr = _local.tracer
+        if tr is None:
+            return fn(*args)
+        return tr.kernel(key, fn, args)
+
+    traced_kernel.__name__ = f"traced_{key[0]}"
+    return traced_kernel
+
+
+_install_lock = threading.Lock()
+# the wrapped table of the current kernel registry, built once (id of the registry → (size, table))
+_wrapped: dict[int, tuple[int, dict[tuple[str, str, DType], Kernel]]] = {}
+
+
+@contextmanager
+def tracing(tracer: Tracer) -> Iterator[Tracer]:
+    """Make ``tracer`` this thread's tracer and route every kernel of the table through it.
+
+    Other threads keep running their kernels untouched (the wrappers pass through when their
+    thread has no tracer); the table is emptied afterwards and refills lazily, as after a plugin
+    change.
+    """
+    if _local.tracer is not None:
+        raise TracingError("a compiled function was called while another one is being traced; nested "
+                           "compilation is not supported")
+    with _install_lock:
+        registry = kernels()
+        cached = _wrapped.get(id(registry))
+        if cached is None or cached[0] != len(registry):
+            wrapped = {key: _wrap_kernel(key, entry.fn) for key, entry in registry.entries().items()}
+            _wrapped.clear()
+            _wrapped[id(registry)] = cached = (len(registry), wrapped)
+        dispatch.TABLE.update(cached[1])
+    _local.tracer = tracer
+    try:
+        yield tracer
+    finally:
+        _local.tracer = None
+        with _install_lock:
+            dispatch.TABLE.clear()
+
+
+__all__ = ["Event", "TraceArray", "Tracer", "Value", "active", "tracing", "user_frame"]
