@@ -14,7 +14,8 @@ is judged by this table.
 
 What is compared
 - BluTrain: ``blutrain.models.gpt2.GPT2``, the ``adamw`` optimizer plugin, ``clip_grad_norm_``, eager.
-  BluTrain compiled has no row yet: ``blutrain.compiler`` has no ``compile()``; the output says so.
+  BluTrain compiled (``--impl blutrain-compile``): the same step (forward, backward, clip, AdamW, zero_grad)
+  through ``blutrain.compiler.compile``; its first call runs eagerly, the second traces, the rest replay.
 - PyTorch: a reference written the way the seed paper's baseline is (nanoGPT style): stock ``nn.Linear``,
   ``nn.LayerNorm``, ``nn.Embedding``, ``F.scaled_dot_product_attention(is_causal=True)``, GELU-tanh, the LM
   head tied to the token embedding, ``torch.optim.AdamW`` (``fused=True`` where the build has it; the output
@@ -62,6 +63,7 @@ import contextlib
 import datetime
 import gc
 import gzip
+import itertools
 import json
 import math
 import os
@@ -82,8 +84,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 PRECISIONS = ("fp32", "tf32", "bf16")
-IMPLS = ("blutrain", "torch", "torch-compile")
-NOT_YET = ("blutrain-compile",)  # accepted by --impl, reported as not measured
+IMPLS = ("blutrain", "blutrain-compile", "torch", "torch-compile")
 GPT2_TOKENS = 50257  # the GPT-2 tokenizer's vocabulary; presets pad the embedding to 50304
 GIB = 1024**3
 # NVIDIA datasheet peaks in TFLOP/s, dense (the tensor-core figures there are with 2:4 sparsity: halved here).
@@ -565,6 +566,33 @@ class BluTrainRunner:
         return {k: np.asarray(v.cpu()) for k, v in self.model.state_dict().items()}
 
 
+class BluTrainCompiledRunner(BluTrainRunner):
+    """BluTrain compiled: the whole step through ``blutrain.compiler.compile`` (no phases: it is one program)."""
+
+    impl = "blutrain-compile"
+
+    def __init__(self, cfg: Any, device: str, precision: str, hp: Hyper,
+                 state: dict[str, np.ndarray[Any, Any]] | None = None) -> None:
+        super().__init__(cfg, device, precision, hp, state)
+        from blutrain.compiler import compile as compile_step
+
+        self.compiled = compile_step(self._whole_step)
+
+    def _whole_step(self, x: Any, y: Any) -> Any:
+        with self.autocast:
+            loss = self.model(x, y)[1]
+        loss.backward()
+        if self.clip > 0:
+            self.clip_fn(self.params, self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+    def step(self, batch: Any, phase: PhaseFn = no_phase) -> Any:
+        with phase("step"):
+            return self.compiled(*batch)
+
+
 Runner = TorchRunner | BluTrainRunner
 
 
@@ -572,17 +600,9 @@ def build_runner(impl: str, cfg: Any, device: str, precision: str, hp: Hyper,
                  state: dict[str, np.ndarray[Any, Any]] | None = None) -> Runner:
     if impl == "blutrain":
         return BluTrainRunner(cfg, device, precision, hp, state)
+    if impl == "blutrain-compile":
+        return BluTrainCompiledRunner(cfg, device, precision, hp, state)
     return TorchRunner(cfg, device, precision, hp, compiled=impl == "torch-compile")
-
-
-def compiled_note() -> str:
-    """Why there is no BluTrain-compiled row (issue 6 wants one once the compiler lands; never a fake one)."""
-    try:
-        from blutrain.compiler import compile as _  # noqa: F401
-    except Exception:
-        return "BluTrain compiled: not measured, blutrain.compiler has no compile() yet"
-    return ("BluTrain compiled: not measured; blutrain.compiler.compile exists in this tree, but this tool does not "
-            "drive it yet (a 'blutrain-compile' implementation is the next step)")
 
 
 def set_precision(precision: str, device: str, have_torch: bool) -> None:
@@ -703,9 +723,7 @@ class Bench:
         except ImportError:
             self.have_torch = False
             self.note("PyTorch is not installed (pip install torch==2.13.0 beside BluTrain): BluTrain rows only")
-        self.impls = [i for i in args.impl if i in IMPLS and (i == "blutrain" or self.have_torch)]
-        if "blutrain-compile" in args.impl:
-            self.note(compiled_note())
+        self.impls = [i for i in args.impl if i in IMPLS and (i.startswith("blutrain") or self.have_torch)]
         self.peaks: dict[str, float] = {}
         self.spec_name: str | None = None
         self.spec: dict[str, float] = {}
@@ -790,15 +808,15 @@ class Bench:
     def ratios(self) -> dict[str, dict[str, float | None]]:
         """BluTrain over each PyTorch row of the same precision: tokens/s, peak allocated, peak reserved."""
         out: dict[str, dict[str, float | None]] = {}
-        for prec in PRECISIONS:
-            ours = self.row(prec, "blutrain")
+        for prec, mine in itertools.product(PRECISIONS, ("blutrain", "blutrain-compile")):
+            ours = self.row(prec, mine)
             if ours is None:
                 continue
             for impl in ("torch", "torch-compile"):
                 ref = self.row(prec, impl)
                 if ref is None:
                     continue
-                out[f"{prec} blutrain/{impl}"] = {
+                out[f"{prec} {mine}/{impl}"] = {
                     "tokens_per_s": _div(ours.tokens_per_s, ref.tokens_per_s),
                     "peak_allocated": _div(ours.peak_allocated, ref.peak_allocated),
                     "peak_reserved": _div(ours.peak_reserved, ref.peak_reserved)}
@@ -823,7 +841,7 @@ class Bench:
     def meter(self, impl: str) -> Meter:
         if self.device != "cuda":
             return Meter()
-        return blutrain_meter() if impl == "blutrain" else TorchMeter()
+        return blutrain_meter() if impl.startswith("blutrain") else TorchMeter()
 
     def precision_stage(self, precision: str, batches: list[Any]) -> None:
         """Build and warm up every implementation in this precision, then time them in turns. Returns with
@@ -901,7 +919,7 @@ class Bench:
             peak, spec = self.peaks.get(row.precision), self.spec.get(row.precision)
             row.mfu = achieved / peak if peak else None
             row.mfu_spec = achieved / spec if spec else None
-            print(f"   {row.impl:<14} {row.step_ms:9.2f} ms  {row.tokens_per_s:12,.0f} tok/s  host "
+            print(f"   {row.impl:<16} {row.step_ms:9.2f} ms  {row.tokens_per_s:12,.0f} tok/s  host "
                   f"{row.host_ms:8.2f} ms  (p10 {row.step_ms_p10:.2f}, p90 {row.step_ms_p90:.2f})", flush=True)
 
     def parity(self, steps: int, batches: Batches) -> None:
@@ -1065,19 +1083,20 @@ class Bench:
                   f"micro-batch {a.batch_size} × T {a.seq_len} = {self.tokens:,} tokens/step, median of "
                   f"{a.steps} timed steps")
         cuda = self.device == "cuda"
-        head = (f"{'prec':<5} {'impl':<14} {'step ms':>9} {'host ms':>8} {'tokens/s':>11} {'×torch':>7} "
+        head = (f"{'prec':<5} {'impl':<16} {'step ms':>9} {'host ms':>8} {'tokens/s':>11} {'×torch':>7} "
                 f"{'×compile':>8} {'MFU':>6} {'MFU spec':>8}")
         if cuda:
             head += f" {'alloc GiB':>9} {'rsrv GiB':>9} {'alloc/torch':>11} {'rsrv/torch':>10}"
         lines = [cfgtxt, head, "-" * len(head)]
         for r in self.rows:
             if r.error or r.step_ms is None:
-                lines.append(f"{r.precision:<5} {r.impl:<14} failed: {(r.error or 'no timed step')[:90]}")
+                lines.append(f"{r.precision:<5} {r.impl:<16} failed: {(r.error or 'no timed step')[:90]}")
                 continue
             torch_row, comp_row = self.row(r.precision, "torch"), self.row(r.precision, "torch-compile")
             vs_torch = _div(r.tokens_per_s, torch_row.tokens_per_s) if torch_row and r.impl != "torch" else None
-            vs_comp = _div(r.tokens_per_s, comp_row.tokens_per_s) if comp_row and r.impl == "blutrain" else None
-            line = (f"{r.precision:<5} {r.impl:<14} {r.step_ms:>9.2f} {r.host_ms:>8.2f} {r.tokens_per_s:>11,.0f} "
+            vs_comp = (_div(r.tokens_per_s, comp_row.tokens_per_s) if comp_row and r.impl.startswith("blutrain")
+                       else None)
+            line = (f"{r.precision:<5} {r.impl:<16} {r.step_ms:>9.2f} {r.host_ms:>8.2f} {r.tokens_per_s:>11,.0f} "
                     f"{_x(vs_torch):>7} {_x(vs_comp):>8} {_pct(r.mfu):>6} {_pct(r.mfu_spec):>8}")
             if cuda:
                 mine = r.impl != "torch" and torch_row is not None
@@ -1114,7 +1133,7 @@ class Bench:
         with_mem = self.device == "cuda" and any(r.peak_allocated for r in rows)
         fig, axes = plt.subplots(1, 2 if with_mem else 1, figsize=(12 if with_mem else 7, 4.5), squeeze=False)
         width = 0.8 / len(impls)
-        colors = {"blutrain": "C0", "torch": "C1", "torch-compile": "C2"}
+        colors = {"blutrain": "C0", "blutrain-compile": "C3", "torch": "C1", "torch-compile": "C2"}
         for k, impl in enumerate(impls):
             xs = [i + (k - (len(impls) - 1) / 2) * width for i in range(len(precs))]
             tps = [(self.row(p, impl).tokens_per_s or 0) if self.row(p, impl) else 0 for p in precs]
@@ -1194,8 +1213,6 @@ class Bench:
         sources = sorted({r.memory_source for r in self.rows if r.memory_source and r.peak_allocated is not None})
         for s in sources:
             self.note(f"memory: {s}; above what the process held before the configuration was built")
-        if "blutrain-compile" not in a.impl:
-            self.note(compiled_note())
         self.save()
         self.chart()
         text = self.table()
@@ -1304,9 +1321,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=16, help="micro-batch (default 16)")
     ap.add_argument("--seq-len", type=int, help="T (default 1024 on cuda, 128 on cpu; at most block_size)")
     ap.add_argument("--precision", type=_csv(PRECISIONS), help="default fp32,tf32,bf16 (cuda), fp32 (cpu)")
-    ap.add_argument("--impl", type=_csv((*IMPLS, *NOT_YET)),
+    ap.add_argument("--impl", type=_csv(IMPLS),
                     help="default blutrain,torch,torch-compile (cuda; no torch-compile with --quick), "
-                         "blutrain,torch (cpu)")
+                         "blutrain,torch (cpu); blutrain-compile only when named")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per configuration (default 20)")
     ap.add_argument("--warmup", type=int, help="warm-up steps per configuration (default 3, 2 with --quick)")
     ap.add_argument("--data", help="a directory or glob of token shards (blutrain prepare); default random tokens")
@@ -1331,7 +1348,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.preset = a.preset or ("tiny" if cpu else "gpt2-124m")
     a.seq_len = a.seq_len or (128 if cpu else 1024)
     a.precision = a.precision or (["fp32"] if cpu else list(PRECISIONS))
-    a.impl = a.impl or (["blutrain", "torch"] if cpu or a.quick else list(IMPLS))
+    a.impl = a.impl or (["blutrain", "torch"] if cpu or a.quick else ["blutrain", "torch", "torch-compile"])
     a.warmup = a.warmup if a.warmup is not None else (2 if a.quick else 3)
     if a.parity == -1:
         a.parity = 50 if a.quick else 200
