@@ -3,7 +3,9 @@
 One forward/backward of the gpt2-124m preset on the GPU in float32 and again under bf16 autocast
 (bf16 GEMMs and attention, float32 master weights), and in float64 on the CPU, from identical weights
 and tokens; prints the relative error of the loss and the worst relative error (‖Δ‖/‖g‖) over all
-parameter gradients, and fails (exit 1) above 1e-4 for float32 or 1e-2 for bf16.
+parameter gradients, and fails (exit 1) above 1e-4 for float32 or 1e-2 for bf16. Where PyTorch is installed,
+its bf16 autocast of the same weights and tokens (tools/bench/gpt2.py's reference model) is measured against
+the same float64 gradients and printed beside, so that bf16's own error is told apart from BluTrain's.
 
     python tools/check_gpt2_cuda.py --batch-size 2 --seq-len 256
 """
@@ -71,6 +73,13 @@ def main() -> int:
 
     result: dict[str, object] = {"preset": args.preset, "batch": args.batch_size, "seq_len": args.seq_len,
                                  "loss_cpu_fp64": loss_ref, "seconds_cpu": t_cpu}
+    torch_bf16 = torch_autocast_step(cfg, ref, x, y)
+    if torch_bf16 is not None:
+        loss_err, worst, worst_name = compare(*torch_bf16)
+        result["torch_bf16"] = {"loss": torch_bf16[0], "loss_rel_err": loss_err, "worst_grad_rel_err": worst,
+                                "worst_grad": worst_name}
+        print(f"GPT-2 {args.preset} {args.batch_size}x{args.seq_len}: PyTorch bf16 autocast, same weights: loss rel "
+              f"{loss_err:.1e}; worst gradient rel. error {worst:.1e} ({worst_name}) (context, not checked)")
     ok = True
     for mode, loss, grads, seconds, limit in (("fp32", loss_fp32, grads_fp32, t_fp32, 1e-4),
                                               ("bf16", loss_bf16, grads_bf16, t_bf16, 1e-2)):
@@ -86,6 +95,34 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return 0 if ok else 1
+
+
+def torch_autocast_step(cfg: object, ref: object, x: np.ndarray, y: np.ndarray,
+                        ) -> tuple[float, dict[str, np.ndarray]] | None:
+    """PyTorch's bf16 autocast forward/backward of ``ref``'s weights (float32 master copy) on the GPU, or None
+    when PyTorch or its CUDA build is not there."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
+    from gpt2 import torch_reference  # the benchmark's reference model, with BluTrain's parameter names
+
+    model = torch_reference(cfg).cuda()
+    state = {k: torch.from_numpy(np.asarray(v.numpy(), dtype=np.float32)) for k, v in ref.state_dict().items()}
+    loaded = model.load_state_dict(state, strict=False)
+    missing = set(loaded.missing_keys) - {"lm_head.weight"}  # the tied LM head is the token embedding
+    if missing or loaded.unexpected_keys:
+        raise SystemExit(f"PyTorch reference: weights not mapped (missing {sorted(missing)}, unexpected "
+                         f"{loaded.unexpected_keys})")
+    xt, yt = (torch.from_numpy(a).cuda() for a in (x, y))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(xt, yt)
+    loss.backward()
+    grads = {n: p.grad.double().cpu().numpy() for n, p in model.named_parameters() if p.grad is not None}
+    return float(loss.item()), grads
 
 
 if __name__ == "__main__":

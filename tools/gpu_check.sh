@@ -7,7 +7,8 @@
 #    on PYTHONPATH, and a generated .dist-info per member (METADATA + entry_points.txt from its
 #    pyproject.toml) makes importlib.metadata find the entry points (plugins, hook specs, the
 #    pytest plugin). No build backend is needed. Wheels carried in .whl/ are installed first.
-# 2. pytest -m cuda over packages/ and plugins/ (the fused-kernel tests against float64 references).
+# 2. pytest -m cuda: blutrain-alloc's tests in a process of their own (when its native core was built), then
+#    the rest of packages/ and plugins/ (the fused-kernel tests against float64 references).
 # 3. The conformance suite on device cuda, when blutrain.kernels.conformance exists.
 # 3b. With --sanitize: compute-sanitizer memcheck over the fused-kernel tests (test_cuda.py).
 # 4. tools/bench_kernels.py: ours against PyTorch, CUDA events, medians, random data.
@@ -18,7 +19,7 @@
 # last; BENCH_GPT2=only (or --gpt2-bench-only) runs it alone after the workspace setup, within the call's
 # 600 s (BENCH_GPT2_BUDGET); BENCH_GPT2_ARGS="--parity 200 --profile" is passed on. It writes $OUT/bench_gpt2/.
 # Prints a short summary last. Logs and results go to $OUT (the device tool's output folder) or
-# tools/results/: gpu_check.log, cuda_tests.xml, conformance.xml, bench_kernels.json,
+# tools/results/: gpu_check.log, alloc_tests.xml, cuda_tests.xml, conformance.xml, bench_kernels.json,
 # bench_summary.txt, alloc_build.log. Every stage has its own time limit (120 + 180 + 120 + 180 s at
 # most; a typical full run is 5-7 minutes on an H100, --quick about 3): give the call 600 s.
 set -uo pipefail
@@ -98,11 +99,11 @@ PYEOF
 )
 # blutrain-alloc's cuda tests need its native core: build it in place of its source tree (best effort;
 # skipped with --quick, and then its tests are left out).
-ALLOC="" ALLOC_IGNORE="--ignore=packages/blutrain-alloc/tests"
+ALLOC=""
 if [[ $QUICK == 0 && -z "${TESTS:-}" ]]; then
     if timeout -k 5 120 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/blutrain-alloc \
             packages/blutrain-alloc >"$OUT/alloc_build.log" 2>&1; then
-        ALLOC=/tmp/blutrain-alloc ALLOC_IGNORE=""
+        ALLOC=/tmp/blutrain-alloc
         echo "   built blutrain-alloc's native core"
     else
         echo "   could not build blutrain-alloc's native core (see alloc_build.log): its tests are left out"
@@ -144,11 +145,21 @@ if [[ $BENCH_GPT2 == only ]]; then
     exit
 fi
 
+RC_ALLOC_TESTS=skipped
+if [[ -n $ALLOC ]]; then
+    # In a process of their own: a fault in the native core must not take the kernel tests' results with it
+    # (faulthandler names the test that crashed).
+    stamp "blutrain-alloc cuda tests (native core, own process)"
+    timeout -k 10 120 "$PY" -X faulthandler -m pytest -m cuda -v -rfE -p no:cacheprovider \
+        --junitxml="$OUT/alloc_tests.xml" packages/blutrain-alloc/tests 2>&1 | tail -n 60
+    RC_ALLOC_TESTS=${PIPESTATUS[0]}
+fi
+
 stamp "cuda tests (pytest -m cuda)"
 # TESTS is split as the shell would split it, quotes included (-k 'a or b' stays one argument)
 eval "TEST_ARGS=(${TESTS:-packages plugins})"
-timeout -k 10 170 "$PY" -m pytest -m cuda -q -rfE -p no:cacheprovider --continue-on-collection-errors $ALLOC_IGNORE \
-    --junitxml="$OUT/cuda_tests.xml" "${TEST_ARGS[@]}" 2>&1 | tail -n 80
+timeout -k 10 170 "$PY" -X faulthandler -m pytest -m cuda -q -rfE -p no:cacheprovider --continue-on-collection-errors \
+    --ignore=packages/blutrain-alloc/tests --junitxml="$OUT/cuda_tests.xml" "${TEST_ARGS[@]}" 2>&1 | tail -n 80
 RC_TESTS=${PIPESTATUS[0]}
 
 RC_CONF=skipped
@@ -207,7 +218,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 out = Path(sys.argv[1])
-for name in ("cuda_tests", "conformance"):
+for name in ("alloc_tests", "cuda_tests", "conformance"):
     f = out / f"{name}.xml"
     if not f.exists():
         print(f"{name:<12} no report (skipped, or killed by its time limit: see gpu_check.log)")
@@ -222,9 +233,9 @@ for name in ("cuda_tests", "conformance"):
     if len(failed) > 40:
         print(f"   ... and {len(failed) - 40} more (see the log)")
 PYEOF
-echo "exit codes: cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC, gpt2 bench $RC_GPT2_BENCH; $((SECONDS - T0)) s"
+echo "exit codes: alloc tests $RC_ALLOC_TESTS, cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC, gpt2 bench $RC_GPT2_BENCH; $((SECONDS - T0)) s"
 if [[ -f "$OUT/bench_summary.txt" ]]; then
     echo
     cat "$OUT/bench_summary.txt"
 fi
-[[ $RC_TESTS == 0 ]]
+[[ $RC_TESTS == 0 && $RC_ALLOC_TESTS != [1-9]* ]]

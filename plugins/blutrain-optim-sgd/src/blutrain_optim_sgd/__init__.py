@@ -1,4 +1,4 @@
-"""The "sgd" optimizer plugin: the SGD class and its CPU multi-tensor kernel, registered by hooks."""
+"""The "sgd" optimizer plugin: the SGD class and its multi-tensor kernel, registered by hooks."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ def blutrain_register_optimizers(registry: OptimizerRegistry) -> None:
 @hookimpl
 def blutrain_register_kernels(registry: KernelRegistry) -> None:
     registry.register(KERNEL, "cpu", (float32, float64), sgd_multi_tensor)
+    # The kernel takes the array module of its inputs, so CuPy arrays run the same code (a handful of
+    # elementwise launches per parameter); a backend with a fused one registers it at a higher priority.
+    registry.register(KERNEL, "cuda", (float32, float64), sgd_multi_tensor)
 
 
 __all__ = ["SGD", "blutrain_register_kernels", "blutrain_register_optimizers", "sgd_multi_tensor"]

@@ -1,7 +1,7 @@
-"""The "sgd_multi_tensor" kernel for device "cpu": one call updates every parameter of a bucket.
+"""The "sgd_multi_tensor" kernel, devices "cpu" and "cuda": one call updates every parameter of a bucket.
 
-Generic over the array module (NumPy here; the same code runs on CuPy arrays), in place. A CUDA
-backend replaces it by registering the same op name for "cuda".
+Generic over the array module (NumPy or CuPy), in place. A backend with a fused kernel replaces it on its
+device by registering the same op name with a higher priority.
 """
 
 from __future__ import annotations

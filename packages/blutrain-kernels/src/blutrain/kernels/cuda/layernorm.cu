@@ -138,7 +138,9 @@ __device__ __forceinline__ void layernorm_bwd(const T* __restrict__ g, const T* 
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
                 const float xh = (xv[k] - mu) * rs;
-                o[k] = rs * (gv[k] * wv[k] - a - xh * c);
+                // __fmul_rn: the product as rounded in the row sum a, not fused into the subtraction (an
+                // FMA would leave g*w's rounding error, times rstd, where the exact result is 0)
+                o[k] = rs * (__fmul_rn(gv[k], wv[k]) - a - xh * c);
                 if (accumulate) {
                     acc_w[k * nv + i] += gv[k] * xh;
                     acc_b[k * nv + i] += gv[k];
@@ -250,7 +252,7 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
                 float o[VEC];
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    o[e] = rs * (gv[k][e] * wv[k][e] - a - xv[k][e] * c);
+                    o[e] = rs * (__fmul_rn(gv[k][e], wv[k][e]) - a - xv[k][e] * c);  // as above
                     aw[k][e] += gv[k][e] * xv[k][e];
                     ab[k][e] += gv[k][e];
                 }
