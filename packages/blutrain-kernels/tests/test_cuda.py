@@ -47,10 +47,10 @@ def poisoned_memory() -> Iterator[None]:
     if getattr(cp, "_blutrain_emulated", False):  # the CPU emulator's empty() poisons already
         yield
         return
-    pool = cp.get_default_memory_pool()
+    installed = cp.cuda.memory.get_allocator()  # CuPy's pool or the backend's blutrain-alloc: kept, and put back
 
     def alloc(size: int) -> Any:
-        mem = pool.malloc(size)
+        mem = installed(size)
         if size:
             cp.cuda.runtime.memsetAsync(mem.ptr, 0xFF, size, cp.cuda.get_current_stream().ptr)
         return mem
@@ -59,7 +59,7 @@ def poisoned_memory() -> Iterator[None]:
     try:
         yield
     finally:
-        cp.cuda.set_allocator(pool.malloc)
+        cp.cuda.set_allocator(installed)
 
 
 def dev(a: np.ndarray[Any, Any], dtype: Any = None) -> Any:
