@@ -2,6 +2,7 @@
 one GPT-2 training step traced into a snapshot file and pictures.
 
     python tools/bench_alloc.py [--out DIR] [--steps 3] [--batch-size 16] [--seq-len 1024] [--no-gpt2]
+    python tools/bench_alloc.py --expandable    # part 2 only, with expandable segments (BLUTRAIN_ALLOC_CONF)
 
 1. Cost: the same size mix (log-uniform 512 B .. 64 MiB, seed 0; 4,000 requests with up to 64 live,
    freed in random order) replayed after a warm-up through
@@ -15,7 +16,8 @@ one GPT-2 training step traced into a snapshot file and pictures.
    and the largest free block, writes ``gpt2_step_snapshot.json`` and draws it (``blutrain memory-plot``).
    PyTorch's side of the memory comparison is tools/bench/gpt2.py's job (same model, same run).
 
-Writes bench_alloc.json under --out (default $OUT or tools/results).
+Writes bench_alloc.json (bench_alloc_expandable.json with --expandable) under --out (default $OUT or
+tools/results).
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def bench_gpt2_memory(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         cuda.synchronize()
         per_step.append({"step": step, "loss": float(loss.item()), "seconds": time.perf_counter() - t0})
     stats = cuda.memory_stats()
-    snapshot = cuda.save_memory_snapshot(out / "gpt2_step_snapshot.json")
+    snapshot = cuda.save_memory_snapshot(out / f"gpt2_step_snapshot{'_expandable' if args.expandable else ''}.json")
     cuda.record_memory_history(False)
     from blutrain.cli import main as cli_main
 
@@ -148,24 +150,34 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--no-gpt2", action="store_true", help="only the allocation-cost part")
+    ap.add_argument("--expandable", action="store_true",
+                    help="only the GPT-2 part, with expandable segments (sets BLUTRAIN_ALLOC_CONF for this process)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.expandable:
+        os.environ["BLUTRAIN_ALLOC_CONF"] = "expandable_segments:True"
     import blutrain.tensor as bt
 
     bt.zeros(1, device="cuda")  # the backend installs its allocator on first use
-    report: dict[str, Any] = {"cost_us_per_alloc_free": bench_cost(args.repeats)}
+    report: dict[str, Any] = {}
+    if not args.expandable:
+        report["cost_us_per_alloc_free"] = bench_cost(args.repeats)
     if not args.no_gpt2:
         report["gpt2"] = bench_gpt2_memory(args, args.out)
-    (args.out / "bench_alloc.json").write_text(json.dumps(report, indent=2))
-    print("\nallocation cost (host µs per alloc+free pair, same 4,000-request mix, median of "
-          f"{args.repeats})")
-    for name, us in report["cost_us_per_alloc_free"].items():
-        print(f"  {name:<40} {us:8.2f}")
+        report["gpt2"]["expandable_segments"] = args.expandable
+    name = "bench_alloc_expandable.json" if args.expandable else "bench_alloc.json"
+    (args.out / name).write_text(json.dumps(report, indent=2))
+    if "cost_us_per_alloc_free" in report:
+        print("\nallocation cost (host µs per alloc+free pair, same 4,000-request mix, median of "
+              f"{args.repeats})")
+        for name, us in report["cost_us_per_alloc_free"].items():
+            print(f"  {name:<40} {us:8.2f}")
     if "gpt2" in report:
         g = report["gpt2"]
         gib = float(1 << 30)
+        kind = ", expandable segments" if args.expandable else ""
         print(f"\nGPT-2 {g['preset']} B={g['batch_size']} T={g['seq_len']} fp32, last of {args.steps} steps "
-              f"(BluTrain allocator): peak allocated {g['peak_allocated_bytes'] / gib:.2f} GiB, peak reserved "
+              f"(BluTrain allocator{kind}): peak allocated {g['peak_allocated_bytes'] / gib:.2f} GiB, peak reserved "
               f"{g['peak_reserved_bytes'] / gib:.2f} GiB, (reserved - allocated) at peak "
               f"{100 * g['fragmentation_of_peak_reserved']:.1f}% of reserved, largest free block "
               f"{g['largest_free_block'] / MiB:.1f} MiB, {g['segments']} segments, OOM retries {g['oom_retries']}")

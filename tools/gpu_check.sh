@@ -207,6 +207,10 @@ if [[ ${BENCH_ALLOC:-0} == 1 && -n $ALLOC ]]; then
     stamp "allocator benchmark (tools/bench_alloc.py)"
     timeout -k 10 240 "$PY" tools/bench_alloc.py --out "$OUT" 2>&1 | tail -n 20
     RC_ALLOC=${PIPESTATUS[0]}
+    stamp "allocator benchmark, GPT-2 with expandable segments"
+    timeout -k 10 150 "$PY" tools/bench_alloc.py --expandable --out "$OUT" 2>&1 | tail -n 8
+    RC_EXP=${PIPESTATUS[0]}
+    [[ $RC_ALLOC == 0 ]] && RC_ALLOC=$RC_EXP
 fi
 
 [[ $BENCH_GPT2 == 1 ]] && gpt2_bench
