@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import blutrain.alloc.cupy as alloc_cupy
-from blutrain.alloc import BlockState, CupyUnavailableError
+from blutrain.alloc import BlockState, CachingAllocator, CupyUnavailableError
 
 
 def cuda_available() -> bool:
@@ -135,3 +135,63 @@ def test_pinned_host_memory_comes_from_a_caching_allocator() -> None:
         assert pinned.allocator.stats().allocation_count == 0
     finally:
         alloc_cupy.uninstall_pinned()
+
+
+@cuda
+@needs_gpu
+def test_expandable_segments_grow_one_range_of_cuda_virtual_memory_in_place() -> None:
+    import cupy
+
+    provider = alloc_cupy.CupyDeviceProvider()
+    allocator = CachingAllocator(provider, expandable_segments=True)
+    granularity = provider.granularity()
+    assert granularity % 512 == 0
+    sizes = [3 << 20, 5 << 20, 100 << 20]
+    ptrs = [allocator.malloc(size) for size in sizes]
+    assert ptrs[1] == ptrs[0] + sizes[0] and ptrs[2] == ptrs[1] + sizes[1]
+    (segment,) = allocator.memory_snapshot()
+    assert segment.expandable and segment.size == allocator.stats().reserved_bytes
+    for i, (ptr, size) in enumerate(zip(ptrs, sizes, strict=True)):  # the memory is there, readable and writable
+        memory = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, size, None, provider.device_id), 0)
+        array = cupy.ndarray((size,), dtype=cupy.uint8, memptr=memory)
+        array.fill(i + 1)
+        assert bool((array == i + 1).all())
+        del array, memory
+    cupy.cuda.runtime.deviceSynchronize()
+    allocator.free(ptrs[2])
+    allocator.empty_cache()
+    kept = -(-(8 << 20) // granularity) * granularity  # the 100 MiB at the end went back to the driver
+    assert allocator.stats().reserved_bytes == kept
+    for ptr in ptrs[:2]:
+        allocator.free(ptr)
+    allocator.empty_cache()
+    assert allocator.stats().reserved_bytes == 0
+    assert provider._virtual is not None and provider._virtual.mapped_bytes == 0
+
+
+@cuda
+@needs_gpu
+def test_blutrain_alloc_conf_makes_install_use_expandable_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cupy
+
+    from blutrain.alloc import OutOfMemoryError
+
+    monkeypatch.setenv(alloc_cupy.CONF_VARIABLE, "expandable_segments:True")
+    hook = alloc_cupy.install()
+    try:
+        assert hook.expandable_segments
+        x = cupy.arange(1 << 20, dtype=cupy.float32)
+        y = cupy.ones((2048, 2048), dtype=cupy.float32) @ cupy.ones((2048, 2048), dtype=cupy.float32)
+        assert float(y[0, 0]) == 2048.0 and float(x[-1]) == float((1 << 20) - 1)
+        allocator = hook.allocator()
+        assert allocator.expandable_segments
+        assert all(s.expandable for s in allocator.memory_snapshot())
+        _free, total = cupy.cuda.runtime.memGetInfo()
+        with pytest.raises(OutOfMemoryError) as info:
+            cupy.empty(total * 2, dtype=cupy.uint8)
+        assert info.value.provider_total == total
+        del x, y
+        hook.empty_cache()
+        assert allocator.stats().reserved_bytes == 0
+    finally:
+        alloc_cupy.uninstall()

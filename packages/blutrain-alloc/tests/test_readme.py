@@ -1,4 +1,4 @@
-"""The README's example runs as printed."""
+"""The README's example runs as printed, and its API section names everything ``__all__`` exports."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import blutrain.alloc as alloc
+import blutrain.alloc.cupy as alloc_cupy
 from blutrain.alloc import HostProvider
 
 
@@ -19,3 +21,11 @@ def test_readme_example_runs_and_returns_every_segment(capsys: pytest.CaptureFix
     provider = namespace["provider"]
     assert isinstance(provider, HostProvider)
     assert provider.used_bytes == 0
+
+
+def test_readme_public_api_section_lists_every_exported_name() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## Public API", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)", section))
+    assert sorted(set(alloc.__all__) - listed) == []
+    assert sorted(set(alloc_cupy.__all__) - listed) == []

@@ -1,4 +1,5 @@
-"""Random malloc/free/record_stream/empty_cache sequences keep every invariant of the allocator.
+"""Random malloc/free/record_stream/empty_cache sequences keep every invariant of the allocator, with
+classic and with expandable segments.
 
 The model keeps the live requests and every stream event the allocator must have recorded, with the
 HostProvider's fake stream clock deciding when events complete; after each step the snapshot, the
@@ -18,6 +19,7 @@ from blutrain.alloc import BlockState, CachingAllocator, HostProvider
 
 KiB = 1 << 10
 MiB = 1 << 20
+CHUNK = 2 * MiB  # HostProvider's granularity
 STREAMS = st.sampled_from([0, 1, 2])
 SIZES = st.one_of(
     st.integers(0, 4 * KiB),
@@ -46,10 +48,12 @@ class Event:
 
 
 class AllocatorMachine(RuleBasedStateMachine):
+    expandable = False
+
     def __init__(self) -> None:
         super().__init__()
         self.provider = HostProvider()
-        self.allocator = CachingAllocator(self.provider)
+        self.allocator = CachingAllocator(self.provider, expandable_segments=self.expandable)
         self.live: dict[int, Live] = {}
         self.events: list[Event] = []  # recorded by the allocator, not yet released
         self.peaks = self.allocator.stats()
@@ -99,6 +103,12 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert any(b.state is not BlockState.FREE for b in segment.blocks), (
                 "a wholly free segment was kept"
             )
+            for block in segment.blocks:
+                if segment.expandable and block.state is BlockState.FREE:
+                    first_chunk = -(-block.address // CHUNK) * CHUNK
+                    assert first_chunk + CHUNK > block.address + block.size, "a wholly free chunk stayed mapped"
+        if self.expandable:  # every range left has memory mapped in it
+            assert self.provider.live_reservations <= self.allocator.stats().segment_count
 
     @rule()
     def reset_peak(self) -> None:
@@ -116,7 +126,10 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert address == segment.address + segment.size
             for left, right in itertools.pairwise(segment.blocks):
                 assert not (left.state is BlockState.FREE and right.state is BlockState.FREE)
-            if segment.pool == "small":
+            if segment.expandable:  # a run of whole mapped chunks
+                assert self.expandable
+                assert segment.address % CHUNK == 0 and segment.size % CHUNK == 0
+            elif segment.pool == "small":
                 assert segment.size == 2 * MiB
             else:
                 assert segment.size == 20 * MiB or (
@@ -167,7 +180,13 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert stats.active_bytes == stats.allocated_bytes + stats.pending_bytes
         assert stats.requested_bytes == sum(entry.size for entry in self.live.values())
         assert stats.reserved_bytes == sum(s.size for s in snapshot) == self.provider.used_bytes
-        assert stats.segment_count == len(snapshot) == self.provider.live_allocations
+        if self.expandable:  # a segment is a run of mapped chunks of one range
+            assert stats.segment_count == len(snapshot)
+            assert self.provider.mapped_bytes == stats.reserved_bytes
+            assert self.provider.live_allocations == 0
+            assert self.provider.live_reservations <= 6, "more than one range per stream and pool"
+        else:
+            assert stats.segment_count == len(snapshot) == self.provider.live_allocations
         assert stats.block_count == len(blocks)
         assert stats.allocation_count == len(self.live)
         assert stats.free_block_count == sum(1 for b in blocks if b.state is BlockState.FREE)
@@ -175,6 +194,15 @@ class AllocatorMachine(RuleBasedStateMachine):
         free_sizes = [b.size for b in blocks if b.state is BlockState.FREE]
         assert stats.largest_free_block == max(free_sizes, default=0)
         assert stats.alloc_count - stats.free_count == len(self.live)
+
+    @invariant()
+    def mapped_runs_of_one_stream_and_pool_are_separated_by_unmapped_memory(self) -> None:
+        runs: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        for segment in self.allocator.memory_snapshot():
+            runs.setdefault((segment.stream, segment.pool), []).append((segment.address, segment.size))
+        for spans in runs.values():
+            for (left, size), (right, _) in itertools.pairwise(sorted(spans)):
+                assert left + size < right, "two mapped runs touch: they are one segment"
 
     @invariant()
     def peaks_bound_the_current_values_and_only_grow_until_reset(self) -> None:
@@ -188,10 +216,17 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.peaks_reset = False
 
 
-AllocatorMachine.TestCase.settings = settings(
+class ExpandableAllocatorMachine(AllocatorMachine):
+    expandable = True
+
+
+MACHINE_SETTINGS = settings(
     max_examples=60,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+AllocatorMachine.TestCase.settings = MACHINE_SETTINGS
+ExpandableAllocatorMachine.TestCase.settings = MACHINE_SETTINGS
 TestAllocatorInvariants = AllocatorMachine.TestCase
+TestExpandableAllocatorInvariants = ExpandableAllocatorMachine.TestCase

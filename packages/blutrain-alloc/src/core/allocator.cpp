@@ -10,6 +10,30 @@ namespace {
 
 // Larger requests cannot be rounded without overflow; no provider could serve them anyway.
 constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 4;
+// The range an expandable segment reserves when the provider cannot tell its total memory.
+constexpr std::size_t kDefaultReservation = std::size_t{64} << 30;
+
+std::size_t round_up(std::size_t value, std::size_t unit) { return (value + unit - 1) / unit * unit; }
+
+// Splits `block` at `offset`: `block` keeps the left part, the returned block (same stream, pool, segment
+// and backing, in no free set) the right one.
+Block* cut(Block* block, std::size_t offset) {
+  auto* rest = new Block();
+  rest->ptr = block->ptr + offset;
+  rest->size = block->size - offset;
+  rest->stream = block->stream;
+  rest->pool = block->pool;
+  rest->expandable = block->expandable;
+  rest->backing = block->backing;
+  rest->prev = block;
+  rest->next = block->next;
+  if (block->next != nullptr) {
+    block->next->prev = rest;
+  }
+  block->next = rest;
+  block->size = offset;
+  return rest;
+}
 
 struct FlagGuard {
   bool& flag;
@@ -18,6 +42,13 @@ struct FlagGuard {
   FlagGuard(const FlagGuard&) = delete;
   FlagGuard& operator=(const FlagGuard&) = delete;
 };
+
+BlockInfo block_info(const Block* block) {
+  const BlockState state = block->allocated           ? BlockState::Allocated
+                           : block->pending_events > 0 ? BlockState::PendingEvent
+                                                       : BlockState::Free;
+  return BlockInfo{block->ptr, block->size, block->requested, state, block->stack};
+}
 
 }  // namespace
 
@@ -38,9 +69,24 @@ std::size_t segment_size_for(std::size_t rounded) {
   return (rounded + kLargeRounding - 1) / kLargeRounding * kLargeRounding;
 }
 
-CachingAllocator::CachingAllocator(std::shared_ptr<Provider> provider) : provider_(std::move(provider)) {
+CachingAllocator::CachingAllocator(std::shared_ptr<Provider> provider, bool expandable_segments)
+    : provider_(std::move(provider)) {
   if (!provider_) {
     throw std::invalid_argument("CachingAllocator(provider): expected a provider, got none");
+  }
+  if (expandable_segments) {
+    if (!provider_->has_expandable_memory()) {
+      throw AllocatorFailure(
+          "CachingAllocator(expandable_segments=True): expected a provider with expandable memory (reserve, map, "
+          "unmap, release, granularity), got one without");
+    }
+    const std::size_t granularity = provider_->granularity();
+    if (granularity == 0 || granularity % kMinBlockSize != 0) {
+      throw AllocatorFailure("CachingAllocator(expandable_segments=True): expected provider.granularity() to be a "
+                             "multiple of " + std::to_string(kMinBlockSize) + " bytes > 0, got " +
+                             std::to_string(granularity));
+    }
+    granularity_ = granularity;
   }
 }
 
@@ -70,6 +116,31 @@ CachingAllocator::~CachingAllocator() {
     } catch (...) {
     }
   }
+  for (const auto& segment : expandable_) {
+    std::vector<std::pair<std::uintptr_t, std::size_t>> mapped;  // runs of mapped chunks
+    for (Block* block = segment->head; block != nullptr;) {
+      if (block->backing != Backing::Unmapped) {
+        if (!mapped.empty() && mapped.back().first + mapped.back().second == block->ptr) {
+          mapped.back().second += block->size;
+        } else {
+          mapped.emplace_back(block->ptr, block->size);
+        }
+      }
+      Block* next = block->next;
+      delete block;
+      block = next;
+    }
+    for (const auto& [ptr, size] : mapped) {
+      try {
+        provider_->unmap(ptr, size);
+      } catch (...) {
+      }
+    }
+    try {
+      provider_->release(segment->base, segment->size);
+    } catch (...) {
+    }
+  }
 }
 
 std::uintptr_t CachingAllocator::malloc(std::size_t size, StreamId stream) {
@@ -84,7 +155,8 @@ std::uintptr_t CachingAllocator::malloc(std::size_t size, StreamId stream) {
   Block* block = take_free_block(pool, stream, rounded);
   bool from_cache = block != nullptr;
   if (block == nullptr) {
-    block = alloc_segment(pool, stream, segment_size_for(rounded));
+    block = expandable_segments() ? alloc_expandable(pool, stream, rounded)
+                                  : alloc_segment(pool, stream, segment_size_for(rounded));
   }
   if (block == nullptr) {
     // The provider is out of memory: give back every cached segment (after waiting for pending events,
@@ -94,7 +166,8 @@ std::uintptr_t CachingAllocator::malloc(std::size_t size, StreamId stream) {
     block = take_free_block(pool, stream, rounded);
     from_cache = block != nullptr;
     if (block == nullptr) {
-      block = alloc_segment(pool, stream, segment_size_for(rounded));
+      block = expandable_segments() ? alloc_expandable(pool, stream, rounded)
+                                    : alloc_segment(pool, stream, segment_size_for(rounded));
     }
     if (block == nullptr) {
       stats_.oom_count += 1;
@@ -236,26 +309,164 @@ Block* CachingAllocator::alloc_segment(BlockPool& pool, StreamId stream, std::si
   return block.release();
 }
 
+Block* CachingAllocator::alloc_expandable(BlockPool& pool, StreamId stream, std::size_t size) {
+  // A reentrant caller (a Python provider may run anything) can take the memory just mapped before we
+  // look for it; then map more.
+  while (grow(pool, stream, size)) {
+    if (Block* block = take_free_block(pool, stream, size)) {
+      return block;
+    }
+  }
+  return nullptr;
+}
+
+bool CachingAllocator::grow(BlockPool& pool, StreamId stream, std::size_t size) {
+  const std::size_t unit = granularity_;
+  // The unmapped block that needs the fewest new chunks to make a free block of `size` with its free
+  // neighbours: usually the end of the range, after the free tail of the mapped memory.
+  Block* target = nullptr;
+  std::size_t target_bytes = 0;
+  for (const auto& segment : expandable_) {
+    if (segment->pool != &pool || segment->stream != stream) {
+      continue;
+    }
+    for (Block* block = segment->head; block != nullptr; block = block->next) {
+      if (block->backing != Backing::Unmapped) {
+        continue;
+      }
+      const std::size_t before = block->prev != nullptr && is_free(block->prev) ? block->prev->size : 0;
+      const std::size_t after = block->next != nullptr && is_free(block->next) ? block->next->size : 0;
+      std::size_t bytes = round_up(size - std::min(size - 1, before), unit);
+      if (bytes > block->size) {
+        if (before + block->size + after < size) {
+          continue;
+        }
+        bytes = block->size;
+      }
+      if (target == nullptr || bytes < target_bytes) {
+        target = block;
+        target_bytes = bytes;
+      }
+    }
+  }
+  if (target == nullptr) {
+    ExpandableSegment* segment = reserve_segment(pool, stream, round_up(size, unit));
+    if (segment == nullptr) {
+      return false;
+    }
+    target = segment->head;
+    target_bytes = round_up(size, unit);
+  }
+  // Take the chunks off the front of the unmapped block and mark them before calling out.
+  if (target_bytes < target->size) {
+    cut(target, target_bytes);
+  }
+  target->backing = Backing::Changing;
+  bool mapped = false;
+  try {
+    mapped = provider_->map(target->ptr, target_bytes);
+  } catch (...) {
+    target->backing = Backing::Unmapped;
+    merge_unmapped(target);
+    throw;
+  }
+  if (!mapped) {
+    target->backing = Backing::Unmapped;
+    merge_unmapped(target);
+    return false;
+  }
+  target->backing = Backing::Mapped;
+  count_mapped_runs(target, true);
+  stats_.reserved_bytes += target_bytes;
+  stats_.reserved_bytes_peak = std::max(stats_.reserved_bytes_peak, stats_.reserved_bytes);
+  stats_.block_count += 1;
+  stats_.segment_alloc_count += 1;
+  record(TraceAction::SegmentAlloc, target->ptr, target_bytes, stream);
+  free_block(target);  // merges with the free tail before it (and a free block after a filled hole)
+  return true;
+}
+
+ExpandableSegment* CachingAllocator::reserve_segment(BlockPool& pool, StreamId stream, std::size_t size) {
+  // As large as the whole memory (as PyTorch does), so one range per stream and pool is enough: addresses
+  // are plentiful, only mapped chunks cost memory.
+  const std::optional<MemInfo> info = provider_mem_info();
+  const std::size_t whole = round_up(info ? std::min(info->total, kMaxRequest) : kDefaultReservation, granularity_);
+  std::size_t reserved = std::max(size, whole);
+  std::uintptr_t base = provider_->reserve(reserved);
+  if (base == 0 && reserved > size) {
+    reserved = size;
+    base = provider_->reserve(reserved);
+  }
+  if (base == 0) {
+    return nullptr;
+  }
+  if (base % granularity_ != 0) {
+    try {
+      provider_->release(base, reserved);
+    } catch (...) {
+    }
+    throw AllocatorFailure("provider.reserve(size): expected an address aligned to granularity() (" +
+                           std::to_string(granularity_) + " bytes), got " + std::to_string(base));
+  }
+  auto segment = std::make_unique<ExpandableSegment>(ExpandableSegment{base, reserved, stream, &pool, nullptr});
+  auto* head = new Block();
+  head->ptr = base;
+  head->size = reserved;
+  head->stream = stream;
+  head->pool = &pool;
+  head->expandable = segment.get();
+  head->backing = Backing::Unmapped;
+  segment->head = head;
+  expandable_.push_back(std::move(segment));
+  return expandable_.back().get();
+}
+
+void CachingAllocator::merge_unmapped(Block* block) {
+  // A segment's head is never merged away: only a block with a left neighbour, or a right neighbour, is.
+  if (block->prev != nullptr && block->prev->backing == Backing::Unmapped) {
+    Block* prev = block->prev;
+    prev->size += block->size;
+    prev->next = block->next;
+    if (block->next != nullptr) {
+      block->next->prev = prev;
+    }
+    delete block;
+    block = prev;
+  }
+  if (block->next != nullptr && block->next->backing == Backing::Unmapped) {
+    Block* next = block->next;
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next != nullptr) {
+      next->next->prev = block;
+    }
+    delete next;
+  }
+}
+
+void CachingAllocator::count_mapped_runs(const Block* block, bool mapped_now) {
+  // A maximal run of mapped blocks is a segment. A block that becomes mapped starts a run, extends one or
+  // joins two; one that stops being mapped ends, shortens or splits one.
+  const std::size_t neighbours = (is_mapped(block->prev) ? 1 : 0) + (is_mapped(block->next) ? 1 : 0);
+  if (mapped_now) {
+    stats_.segment_count = stats_.segment_count + 1 - neighbours;
+  } else {
+    stats_.segment_count = stats_.segment_count + neighbours - 1;
+  }
+  stats_.segment_count_peak = std::max(stats_.segment_count_peak, stats_.segment_count);
+}
+
 void CachingAllocator::split(Block* block, std::size_t size) {
   const std::size_t remaining = block->size - size;
   // Small-pool leftovers are always worth keeping; a large-pool leftover of 1 MiB or less would only ever
-  // serve small requests, which come from the small pool, so it stays with the allocation instead.
-  const bool worth_it = block->pool->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+  // serve small requests, which come from the small pool, so it stays with the allocation instead --
+  // unless it ends the mapped memory of an expandable segment, where the next growth merges it.
+  const bool keep_small = block->pool->small || (block->expandable != nullptr && !is_mapped(block->next));
+  const bool worth_it = keep_small ? remaining >= kMinBlockSize : remaining > kSmallSize;
   if (!worth_it) {
     return;
   }
-  auto* rest = new Block();
-  rest->ptr = block->ptr + size;
-  rest->size = remaining;
-  rest->stream = block->stream;
-  rest->pool = block->pool;
-  rest->prev = block;
-  rest->next = block->next;
-  if (block->next != nullptr) {
-    block->next->prev = rest;
-  }
-  block->next = rest;
-  block->size = size;
+  Block* rest = cut(block, size);
   rest->pool->free_blocks.insert(rest);
   stats_.splits += 1;
   stats_.block_count += 1;
@@ -326,7 +537,7 @@ void CachingAllocator::release_cached_blocks() {
   std::vector<Block*> whole;
   for (BlockPool* pool : {&small_pool_, &large_pool_}) {
     for (Block* block : pool->free_blocks) {
-      if (block->prev == nullptr && block->next == nullptr) {
+      if (block->prev == nullptr && block->next == nullptr && block->expandable == nullptr) {
         whole.push_back(block);
       }
     }
@@ -353,8 +564,85 @@ void CachingAllocator::release_cached_blocks() {
       }
     }
   }
+  if (expandable_segments()) {
+    release_expandable_memory(first_error);
+  }
   if (first_error) {
     std::rethrow_exception(first_error);
+  }
+}
+
+void CachingAllocator::release_expandable_memory(std::exception_ptr& first_error) {
+  const std::size_t unit = granularity_;
+  // Every chunk that lies wholly inside a free block is unmapped; the free block keeps the partial chunks
+  // at its ends, which allocated neighbours share.
+  std::vector<Block*> candidates;
+  for (BlockPool* pool : {&small_pool_, &large_pool_}) {
+    for (Block* block : pool->free_blocks) {
+      if (block->expandable != nullptr) {
+        candidates.push_back(block);
+      }
+    }
+  }
+  std::vector<Block*> unmapping;
+  for (Block* block : candidates) {
+    const std::uintptr_t start = round_up(block->ptr, unit);
+    const std::uintptr_t end = (block->ptr + block->size) / unit * unit;
+    if (start >= end) {
+      continue;
+    }
+    BlockPool& pool = *block->pool;
+    pool.free_blocks.erase(block);
+    Block* chunks = block;
+    if (start > block->ptr) {
+      chunks = cut(block, start - block->ptr);
+      pool.free_blocks.insert(block);
+      stats_.block_count += 1;
+    }
+    if (end < chunks->ptr + chunks->size) {
+      pool.free_blocks.insert(cut(chunks, end - chunks->ptr));
+      stats_.block_count += 1;
+    }
+    count_mapped_runs(chunks, false);
+    chunks->backing = Backing::Changing;
+    stats_.block_count -= 1;
+    stats_.reserved_bytes -= chunks->size;
+    stats_.segment_free_count += 1;
+    record(TraceAction::SegmentFree, chunks->ptr, chunks->size, chunks->stream);
+    unmapping.push_back(chunks);
+  }
+  // The bookkeeping is done; the blocks being unmapped are Changing, so nobody touches them meanwhile.
+  for (Block* block : unmapping) {
+    try {
+      provider_->unmap(block->ptr, block->size);
+    } catch (...) {
+      if (!first_error) {
+        first_error = std::current_exception();
+      }
+    }
+    block->backing = Backing::Unmapped;
+    merge_unmapped(block);
+  }
+  // A range with nothing mapped goes back too; the next growth reserves a new one.
+  std::vector<std::pair<std::uintptr_t, std::size_t>> released;
+  for (auto it = expandable_.begin(); it != expandable_.end();) {
+    Block* head = (*it)->head;
+    if (head->backing == Backing::Unmapped && head->next == nullptr) {
+      released.emplace_back((*it)->base, (*it)->size);
+      delete head;
+      it = expandable_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [base, size] : released) {
+    try {
+      provider_->release(base, size);
+    } catch (...) {
+      if (!first_error) {
+        first_error = std::current_exception();
+      }
+    }
   }
 }
 
@@ -394,17 +682,30 @@ void CachingAllocator::reset_peak() {
 
 std::vector<SegmentInfo> CachingAllocator::snapshot() const {
   std::vector<SegmentInfo> out;
-  out.reserve(segments_.size());
+  out.reserve(segments_.size() + expandable_.size());
   for (const auto& [ptr, head] : segments_) {
-    SegmentInfo segment{ptr, head->segment_size, head->stream, head->pool->small, {}};
+    SegmentInfo segment{ptr, head->segment_size, head->stream, head->pool->small, false, {}};
     for (const Block* block = head; block != nullptr; block = block->next) {
-      const BlockState state = block->allocated           ? BlockState::Allocated
-                               : block->pending_events > 0 ? BlockState::PendingEvent
-                                                           : BlockState::Free;
-      segment.blocks.push_back(BlockInfo{block->ptr, block->size, block->requested, state, block->stack});
+      segment.blocks.push_back(block_info(block));
     }
     out.push_back(std::move(segment));
   }
+  for (const auto& expandable : expandable_) {
+    SegmentInfo* run = nullptr;  // the mapped run being listed
+    for (const Block* block = expandable->head; block != nullptr; block = block->next) {
+      if (block->backing != Backing::Mapped) {
+        run = nullptr;
+        continue;
+      }
+      if (run == nullptr) {
+        out.push_back(SegmentInfo{block->ptr, 0, block->stream, block->pool->small, true, {}});
+        run = &out.back();
+      }
+      run->size += block->size;
+      run->blocks.push_back(block_info(block));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const SegmentInfo& a, const SegmentInfo& b) { return a.ptr < b.ptr; });
   return out;
 }
 

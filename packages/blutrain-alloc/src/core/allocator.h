@@ -6,6 +6,14 @@
 // (the stream orders the reuse after every earlier use), unless record_stream() named other streams: then the
 // block waits until an event recorded on each of them at free time has completed.
 //
+// Expandable segments (optional, as PyTorch's expandable_segments:True): instead of new segments, each
+// stream and pool has one reserved range of addresses (ExpandableSegment) that grows by mapping physical
+// chunks of the provider's granularity behind its blocks. Free space at the end of the mapped memory
+// merges with the new chunks, so a request that fits no cached block costs only the missing chunks, and
+// empty_cache() unmaps every chunk that lies wholly inside a free block. Unmapped parts of the range are
+// blocks too (Backing::Unmapped), never free and never merged with mapped ones; a maximal run of mapped
+// blocks is what statistics and snapshots call a segment.
+//
 // Reentrancy: every call to the provider happens while the allocator's state is consistent, and no
 // iterator or block pointer that another caller could invalidate is held across it. A Python provider may
 // therefore release the GIL, or trigger a __del__ that frees another block, in the middle of an operation.
@@ -48,6 +56,11 @@ enum class BlockState : int { Free = 0, Allocated = 1, PendingEvent = 2 };
 enum class TraceAction : int { Alloc = 0, Free = 1, FreeCompleted = 2, SegmentAlloc = 3, SegmentFree = 4, Oom = 5 };
 
 struct BlockPool;
+struct ExpandableSegment;
+
+// Whether memory is behind a block. Classic segments are always Mapped; Changing marks a range of an
+// expandable segment while the provider maps or unmaps it, so that no one else touches it meanwhile.
+enum class Backing : unsigned char { Mapped, Unmapped, Changing };
 
 struct Block {
   std::uintptr_t ptr;
@@ -62,6 +75,17 @@ struct Block {
   int pending_events = 0;              // events that must complete before the block is free again
   std::vector<StreamId> used_on;       // streams other than `stream` named by record_stream()
   std::shared_ptr<const StackTrace> stack;
+  ExpandableSegment* expandable = nullptr;  // the range this block belongs to, if any
+  Backing backing = Backing::Mapped;
+};
+
+// One reserved range of addresses, tiled by blocks from `head` on (mapped, unmapped and changing ones).
+struct ExpandableSegment {
+  std::uintptr_t base;
+  std::size_t size;
+  StreamId stream;
+  BlockPool* pool;
+  Block* head;
 };
 
 struct BlockKey {
@@ -135,6 +159,7 @@ struct SegmentInfo {
   std::size_t size;
   StreamId stream;
   bool small;
+  bool expandable;  // a mapped run of an expandable segment
   std::vector<BlockInfo> blocks;
 };
 
@@ -152,7 +177,8 @@ std::size_t segment_size_for(std::size_t rounded);
 
 class CachingAllocator {
  public:
-  explicit CachingAllocator(std::shared_ptr<Provider> provider);
+  // Throws AllocatorFailure when expandable_segments is asked of a provider without expandable memory.
+  CachingAllocator(std::shared_ptr<Provider> provider, bool expandable_segments);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -171,6 +197,7 @@ class CachingAllocator {
   void set_trace_capacity(std::size_t capacity);
   std::size_t trace_capacity() const { return trace_capacity_; }
   const std::shared_ptr<Provider>& provider() const { return provider_; }
+  bool expandable_segments() const { return granularity_ != 0; }
 
  private:
   struct PendingEvent {
@@ -180,16 +207,27 @@ class CachingAllocator {
 
   Block* take_free_block(BlockPool& pool, StreamId stream, std::size_t size);
   Block* alloc_segment(BlockPool& pool, StreamId stream, std::size_t size);
+  Block* alloc_expandable(BlockPool& pool, StreamId stream, std::size_t size);
+  bool grow(BlockPool& pool, StreamId stream, std::size_t size);
+  ExpandableSegment* reserve_segment(BlockPool& pool, StreamId stream, std::size_t size);
   void split(Block* block, std::size_t size);
   void free_block(Block* block);
   void process_events(bool synchronize);
   void release_cached_blocks();
+  void release_expandable_memory(std::exception_ptr& first_error);
+  void merge_unmapped(Block* block);
+  void count_mapped_runs(const Block* block, bool mapping);
   std::size_t largest_free_block() const;
   std::optional<MemInfo> provider_mem_info() noexcept;
   void record(TraceAction action, std::uintptr_t ptr, std::size_t size, StreamId stream);
-  static bool is_free(const Block* block) { return !block->allocated && block->pending_events == 0; }
+  static bool is_free(const Block* block) {
+    return !block->allocated && block->pending_events == 0 && block->backing == Backing::Mapped;
+  }
+  static bool is_mapped(const Block* block) { return block != nullptr && block->backing == Backing::Mapped; }
 
   std::shared_ptr<Provider> provider_;
+  std::size_t granularity_ = 0;  // the provider's mapping unit; 0 without expandable segments
+  std::vector<std::unique_ptr<ExpandableSegment>> expandable_;
   BlockPool small_pool_{true};
   BlockPool large_pool_{false};
   std::map<std::uintptr_t, Block*> segments_;          // first block of each segment, by address

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <iterator>
 #include <sstream>
 #include <unordered_map>
 
@@ -42,6 +43,17 @@ class PyProvider final : public Provider {
     synchronize_event_ = provider.attr("synchronize_event");
     release_event_ = provider.attr("release_event");
     mem_info_ = provider.attr("mem_info");
+    // Expandable memory is optional: all five methods, or none used.
+    const char* expandable[] = {"reserve", "map", "unmap", "release", "granularity"};
+    expandable_ = std::all_of(std::begin(expandable), std::end(expandable),
+                              [&](const char* name) { return py::hasattr(provider, name); });
+    if (expandable_) {
+      reserve_ = provider.attr("reserve");
+      map_ = provider.attr("map");
+      unmap_ = provider.attr("unmap");
+      release_ = provider.attr("release");
+      granularity_ = provider.attr("granularity");
+    }
   }
 
   std::uintptr_t alloc(std::size_t size) override {
@@ -92,8 +104,29 @@ class PyProvider final : public Provider {
     return MemInfo{pair.first, pair.second};
   }
 
+  bool has_expandable_memory() const override { return expandable_; }
+
+  std::uintptr_t reserve(std::size_t size) override {
+    py::object result = reserve_(size);
+    if (result.is_none()) {
+      return 0;
+    }
+    if (!py::isinstance<py::int_>(result) || result.cast<py::int_>() < py::int_(0)) {
+      throw py::type_error("provider.reserve(size): expected to return an address as an int >= 0 (0 when no range "
+                           "can be reserved), got " + std::string(py::repr(result)));
+    }
+    return result.cast<std::uintptr_t>();
+  }
+
+  bool map(std::uintptr_t address, std::size_t size) override { return py::bool_(map_(address, size)); }
+  void unmap(std::uintptr_t address, std::size_t size) override { unmap_(address, size); }
+  void release(std::uintptr_t base, std::size_t size) override { release_(base, size); }
+  std::size_t granularity() override { return granularity_().cast<std::size_t>(); }
+
  private:
   py::object alloc_, free_, record_event_, query_event_, synchronize_event_, release_event_, mem_info_;
+  bool expandable_ = false;
+  py::object reserve_, map_, unmap_, release_, granularity_;
   std::unordered_map<EventId, py::object> events_;
   EventId next_event_ = 1;
 };
@@ -101,8 +134,8 @@ class PyProvider final : public Provider {
 // The allocator plus the Python object it was built from, so `provider` returns what the caller passed.
 class BoundAllocator : public CachingAllocator {
  public:
-  BoundAllocator(std::shared_ptr<Provider> provider, py::object provider_object)
-      : CachingAllocator(std::move(provider)), provider_object_(std::move(provider_object)) {}
+  BoundAllocator(std::shared_ptr<Provider> provider, py::object provider_object, bool expandable_segments)
+      : CachingAllocator(std::move(provider), expandable_segments), provider_object_(std::move(provider_object)) {}
   const py::object& provider_object() const { return provider_object_; }
 
  private:
@@ -245,11 +278,19 @@ PYBIND11_MODULE(_core, m) {
              if (!info) return py::none();
              return py::make_tuple(info->free, info->total);
            })
+      .def("reserve", &HostProvider::reserve, py::arg("size"))
+      .def("map", &HostProvider::map, py::arg("address"), py::arg("size"))
+      .def("unmap", &HostProvider::unmap, py::arg("address"), py::arg("size"))
+      .def("release", &HostProvider::release, py::arg("base"), py::arg("size"))
+      .def("granularity", &HostProvider::granularity)
       .def("complete", &HostProvider::complete, py::arg("stream"))
       .def_property_readonly("limit", &HostProvider::limit)
       .def_property_readonly("used_bytes", &HostProvider::used_bytes)
       .def_property_readonly("live_allocations", &HostProvider::live_allocations)
-      .def_property_readonly("outstanding_events", &HostProvider::outstanding_events);
+      .def_property_readonly("outstanding_events", &HostProvider::outstanding_events)
+      .def_property_readonly("mapped_bytes", &HostProvider::mapped_bytes)
+      .def_property_readonly("live_reservations", &HostProvider::live_reservations)
+      .def_property_readonly("reservation_count", &HostProvider::reservation_count);
 
   py::class_<FunctionProvider, Provider, std::shared_ptr<FunctionProvider>>(m, "FunctionProvider", py::is_final())
       .def(py::init<std::uintptr_t, std::uintptr_t>(), py::arg("alloc_address"), py::arg("free_address"))
@@ -262,19 +303,21 @@ PYBIND11_MODULE(_core, m) {
       .def("mem_info", [](FunctionProvider&) { return py::none(); });
 
   py::class_<BoundAllocator>(m, "AllocatorCore")
-      .def(py::init([](const py::object& provider, bool record_stacks, std::size_t trace_capacity) {
+      .def(py::init([](const py::object& provider, bool record_stacks, std::size_t trace_capacity,
+                       bool expandable_segments) {
              std::shared_ptr<Provider> native;
              if (py::isinstance<Provider>(provider)) {
                native = provider.cast<std::shared_ptr<Provider>>();
              } else {
                native = std::make_shared<PyProvider>(provider);
              }
-             auto allocator = std::make_unique<BoundAllocator>(std::move(native), provider);
+             auto allocator = std::make_unique<BoundAllocator>(std::move(native), provider, expandable_segments);
              if (record_stacks) allocator->set_stack_capture(&capture_python_stack);
              allocator->set_trace_capacity(trace_capacity);
              return allocator;
            }),
-           py::arg("provider"), py::arg("record_stacks") = false, py::arg("trace_capacity") = 0)
+           py::arg("provider"), py::arg("record_stacks") = false, py::arg("trace_capacity") = 0,
+           py::arg("expandable_segments") = false)
       .def(
           "malloc",
           [](BoundAllocator& a, long long size, StreamId stream) {
@@ -299,7 +342,7 @@ PYBIND11_MODULE(_core, m) {
                 blocks.append(py::make_tuple(b.ptr, b.size, b.requested, static_cast<int>(b.state),
                                              include_stacks ? stack_list(b.stack) : py::none()));
               }
-              segments.append(py::make_tuple(s.ptr, s.size, s.stream, s.small, blocks));
+              segments.append(py::make_tuple(s.ptr, s.size, s.stream, s.small, s.expandable, blocks));
             }
             return segments;
           },
@@ -319,5 +362,6 @@ PYBIND11_MODULE(_core, m) {
             a.set_stack_capture(enabled ? StackCapture(&capture_python_stack) : StackCapture());
           })
       .def_property("trace_capacity", &BoundAllocator::trace_capacity, &BoundAllocator::set_trace_capacity)
+      .def_property_readonly("expandable_segments", &BoundAllocator::expandable_segments)
       .def_property_readonly("provider", &BoundAllocator::provider_object);
 }

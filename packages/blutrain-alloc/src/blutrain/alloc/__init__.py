@@ -17,7 +17,7 @@ from blutrain.alloc.allocator import (
 )
 from blutrain.alloc.errors import AllocatorError, CupyUnavailableError, InvalidPointerError, OutOfMemoryError
 from blutrain.alloc.plot import plot_snapshot, plot_timeline
-from blutrain.alloc.provider import FunctionProvider, HostProvider, NativeProvider, Provider
+from blutrain.alloc.provider import ExpandableProvider, FunctionProvider, HostProvider, NativeProvider, Provider
 from blutrain.alloc.snapshot import (
     BlockSnapshot,
     BlockState,
@@ -43,6 +43,7 @@ __all__ = [
     "BlockState",
     "CachingAllocator",
     "CupyUnavailableError",
+    "ExpandableProvider",
     "FunctionProvider",
     "HostProvider",
     "InvalidPointerError",

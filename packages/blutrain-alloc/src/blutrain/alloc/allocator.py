@@ -43,18 +43,37 @@ class CachingAllocator(_core.AllocatorCore):
     - When the provider runs out, the allocator empties its cache and retries once, then raises
       ``OutOfMemoryError``.
 
+    ``expandable_segments`` (PyTorch's ``expandable_segments:True``; the provider must have expandable
+    memory, see ``ExpandableProvider``): instead of new segments, each stream and pool reserves one range
+    of addresses and maps physical chunks (the provider's granularity, 2 MiB on CUDA) at the end of its
+    mapped memory when no cached block fits. Free space at that end merges with the new chunks, so memory
+    grows by what is missing instead of by a segment, and ``empty_cache()`` unmaps every chunk that lies
+    wholly inside a free block. A run of mapped memory is one segment in statistics and snapshots
+    (``reserved_bytes`` counts mapped bytes).
+
     ``record_stacks`` keeps the Python stack of each live allocation for ``memory_snapshot``;
     ``trace_capacity`` keeps the last that many allocator events for ``trace()``.
     """
 
-    def __init__(self, provider: Provider, *, record_stacks: bool = False, trace_capacity: int = 0) -> None:
+    def __init__(
+        self,
+        provider: Provider,
+        *,
+        expandable_segments: bool = False,
+        record_stacks: bool = False,
+        trace_capacity: int = 0,
+    ) -> None:
+        if not isinstance(expandable_segments, bool):
+            raise TypeError(
+                f"CachingAllocator(expandable_segments): expected a bool, got {expandable_segments!r}"
+            )
         if not isinstance(record_stacks, bool):
             raise TypeError(f"CachingAllocator(record_stacks): expected a bool, got {record_stacks!r}")
         if not isinstance(trace_capacity, int) or trace_capacity < 0:
             raise ValueError(
                 f"CachingAllocator(trace_capacity): expected an int >= 0, got {trace_capacity!r}"
             )
-        super().__init__(provider, record_stacks, trace_capacity)
+        super().__init__(provider, record_stacks, trace_capacity, expandable_segments)
 
     def stats(self) -> AllocatorStats:
         """The counters now."""
@@ -71,7 +90,8 @@ class CachingAllocator(_core.AllocatorCore):
 
     def __repr__(self) -> str:
         s = self._raw_stats()
+        expandable = " expandable_segments" if self.expandable_segments else ""
         return (
-            f"<CachingAllocator provider={type(self.provider).__name__} allocated={s['allocated_bytes']}"
+            f"<CachingAllocator provider={type(self.provider).__name__}{expandable} allocated={s['allocated_bytes']}"
             f" reserved={s['reserved_bytes']} segments={s['segment_count']}>"
         )

@@ -8,22 +8,31 @@ CuPy calls the installed allocator with a byte count and gets a ``cupy.cuda.Memo
 ``UnownedMemory`` whose owner frees the block when CuPy drops the memory. The block is allocated on the
 current stream and, once freed, is reused in that stream's order; an array used on another stream must
 be announced with ``CupyAllocator.record_stream`` (as with PyTorch's ``Tensor.record_stream``).
+
+With expandable segments (``install(expandable_segments=True)``, or ``BLUTRAIN_ALLOC_CONF=
+"expandable_segments:True"`` read by ``install()``), device memory comes from CUDA virtual memory instead
+of cudaMalloc: ``CupyDeviceProvider`` reserves ranges and maps 2 MiB chunks through the driver API
+(``blutrain.alloc.cuda_driver``). Such memory is accessible from its own device only.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Any
 
 from blutrain.alloc.allocator import CachingAllocator
-from blutrain.alloc.errors import CupyUnavailableError
+from blutrain.alloc.cuda_driver import DeviceVirtualMemory
+from blutrain.alloc.errors import AllocatorError, CupyUnavailableError
 
 __all__ = [
+    "CONF_VARIABLE",
     "CupyAllocator",
     "CupyDeviceProvider",
     "CupyPinnedAllocator",
     "CupyPinnedProvider",
+    "conf_from_env",
     "install",
     "install_pinned",
     "uninstall",
@@ -32,6 +41,9 @@ __all__ = [
 
 # cudaErrorMemoryAllocation, should the installed CuPy not export the constant.
 _CUDA_ERROR_MEMORY_ALLOCATION = 2
+CONF_VARIABLE = "BLUTRAIN_ALLOC_CONF"
+# Bound at import: a block dropped during interpreter shutdown may find the module's globals (sys) gone.
+_is_finalizing = sys.is_finalizing
 
 
 def _import_cupy() -> Any:
@@ -75,7 +87,11 @@ class _CudaEvents:
 
 
 class CupyDeviceProvider(_CudaEvents):
-    """Device memory of one GPU through cudaMalloc/cudaFree (``cupy.cuda.runtime``)."""
+    """Device memory of one GPU through cudaMalloc/cudaFree (``cupy.cuda.runtime``), and expandable memory
+    (``reserve``/``map``/``unmap``/``release``/``granularity``) through the CUDA driver's virtual memory
+    management, loaded on first use."""
+
+    _virtual: DeviceVirtualMemory | None = None
 
     def __init__(self, device_id: int | None = None) -> None:
         cupy = _import_cupy()
@@ -109,6 +125,40 @@ class CupyDeviceProvider(_CudaEvents):
         with cupy.cuda.Device(self.device_id):
             free, total = cupy.cuda.runtime.memGetInfo()
         return int(free), int(total)
+
+    def _virtual_memory(self) -> DeviceVirtualMemory:
+        """The driver-API side, made on first use with the device current."""
+        if self._virtual is None:
+            self._cupy.cuda.runtime.free(0)  # makes sure the device's primary context exists
+            self._virtual = DeviceVirtualMemory(self.device_id)
+        return self._virtual
+
+    def granularity(self) -> int:
+        with self._cupy.cuda.Device(self.device_id):
+            return self._virtual_memory().granularity
+
+    def reserve(self, size: int) -> int:
+        with self._cupy.cuda.Device(self.device_id):
+            return self._virtual_memory().reserve(size)
+
+    def map(self, address: int, size: int) -> bool:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device_id):
+            # More than the device has free would fail only after creating chunks up to that point.
+            if size > cupy.cuda.runtime.memGetInfo()[0]:
+                return False
+            return self._virtual_memory().map(address, size)
+
+    def unmap(self, address: int, size: int) -> None:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device_id):
+            # Unlike cudaFree, cuMemUnmap does not wait for queued work that still uses the memory.
+            cupy.cuda.runtime.deviceSynchronize()
+            self._virtual_memory().unmap(address, size)
+
+    def release(self, base: int, size: int) -> None:
+        with self._cupy.cuda.Device(self.device_id):
+            self._virtual_memory().release(base, size)
 
 
 class CupyPinnedProvider(_CudaEvents):
@@ -146,7 +196,7 @@ class _DeviceBlock:
         self._ptr = ptr
 
     def __del__(self) -> None:
-        if not sys.is_finalizing():
+        if not _is_finalizing():
             self._allocator.free(self._ptr)
 
 
@@ -156,9 +206,12 @@ class CupyAllocator:
     ``cupy.cuda.set_allocator(CupyAllocator())`` is what ``install()`` does.
     """
 
-    def __init__(self, *, record_stacks: bool = False, trace_capacity: int = 0) -> None:
+    def __init__(
+        self, *, expandable_segments: bool = False, record_stacks: bool = False, trace_capacity: int = 0
+    ) -> None:
         cupy = _import_cupy()
         self._cupy = cupy
+        self.expandable_segments = expandable_segments
         self._record_stacks = record_stacks
         self._trace_capacity = trace_capacity
         self._allocators: dict[int, CachingAllocator] = {}
@@ -182,6 +235,7 @@ class CupyAllocator:
                 if allocator is None:
                     allocator = CachingAllocator(
                         CupyDeviceProvider(device_id),
+                        expandable_segments=self.expandable_segments,
                         record_stacks=self._record_stacks,
                         trace_capacity=self._trace_capacity,
                     )
@@ -225,7 +279,7 @@ class _PinnedBlock:
         return self.ptr
 
     def __del__(self) -> None:
-        if self._allocator is not None and not sys.is_finalizing():
+        if self._allocator is not None and not _is_finalizing():
             self._allocator.free(self.ptr)
 
 
@@ -251,14 +305,37 @@ _previous_allocator: Any = None
 _installed: CupyAllocator | None = None
 
 
-def install(*, record_stacks: bool = False, trace_capacity: int = 0) -> CupyAllocator:
+def conf_from_env() -> dict[str, bool]:
+    """The options of ``BLUTRAIN_ALLOC_CONF`` (``"expandable_segments:True"``; comma-separated
+    ``name:value`` pairs, as PyTorch's ``PYTORCH_CUDA_ALLOC_CONF``); an unknown name or value raises
+    AllocatorError."""
+    options: dict[str, bool] = {}
+    text = os.environ.get(CONF_VARIABLE, "")
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = (piece.strip() for piece in item.partition(":"))
+        if name != "expandable_segments":
+            raise AllocatorError(f"{CONF_VARIABLE}: expected the option expandable_segments, got {name!r} in {text!r}")
+        if value.lower() not in ("true", "false"):
+            raise AllocatorError(f"{CONF_VARIABLE}: expected expandable_segments:True or :False, got {item!r}")
+        options[name] = value.lower() == "true"
+    return options
+
+
+def install(
+    *, expandable_segments: bool | None = None, record_stacks: bool = False, trace_capacity: int = 0
+) -> CupyAllocator:
     """Makes CuPy allocate device memory through a new CupyAllocator and returns it.
 
+    ``expandable_segments=None`` takes the setting from ``BLUTRAIN_ALLOC_CONF`` (off when unset).
     Arrays allocated before keep their memory and free it to the allocator they came from.
     """
     global _previous_allocator, _installed
     cupy = _import_cupy()
-    allocator = CupyAllocator(record_stacks=record_stacks, trace_capacity=trace_capacity)
+    if expandable_segments is None:
+        expandable_segments = conf_from_env().get("expandable_segments", False)
+    allocator = CupyAllocator(
+        expandable_segments=expandable_segments, record_stacks=record_stacks, trace_capacity=trace_capacity
+    )
     with _state_lock:
         if _installed is None:
             _previous_allocator = cupy.cuda.memory.get_allocator()

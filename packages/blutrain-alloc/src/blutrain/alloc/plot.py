@@ -59,7 +59,10 @@ def plot_snapshot(snapshot: Sequence[SegmentSnapshot], path: str | PathLike[str]
             )
     axes.set_yticks(range(len(segments)))
     axes.set_yticklabels(
-        [f"{s.address:#x} {s.pool} s{s.stream} ({format_bytes(s.size)})" for s in segments], fontsize=7
+        [
+            f"{s.address:#x} {s.pool}{' expandable' if s.expandable else ''} s{s.stream} ({format_bytes(s.size)})"
+            for s in segments
+        ], fontsize=7
     )
     axes.invert_yaxis()
     axes.set_xlabel("offset in segment (MiB)")

@@ -43,13 +43,16 @@ class BlockSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class SegmentSnapshot:
-    """One provider allocation and the blocks that tile it, by address."""
+    """One provider allocation and the blocks that tile it, by address. With expandable segments, a
+    segment is a run of mapped memory of a reserved range (``expandable`` is true) and ``size`` its
+    mapped bytes; the range has one such run unless ``empty_cache()`` unmapped chunks in its middle."""
 
     address: int
     size: int
     stream: int
     pool: str  # "small" or "large"
     blocks: tuple[BlockSnapshot, ...]
+    expandable: bool = False
 
     @property
     def allocated_bytes(self) -> int:
@@ -92,14 +95,14 @@ class TraceEvent:
 
 
 RawBlock = tuple[int, int, int, int, "list[tuple[str, str, int]] | None"]
-RawSegment = tuple[int, int, int, bool, list[RawBlock]]
+RawSegment = tuple[int, int, int, bool, bool, list[RawBlock]]
 RawTraceEntry = tuple[int, int, int, int, int, int, int, int]
 
 
 def segments_from_raw(raw: list[RawSegment]) -> list[SegmentSnapshot]:
     """Turns the core's tuples into snapshots."""
     segments = []
-    for address, size, stream, small, blocks in raw:
+    for address, size, stream, small, expandable, blocks in raw:
         segments.append(
             SegmentSnapshot(
                 address=address,
@@ -116,6 +119,7 @@ def segments_from_raw(raw: list[RawSegment]) -> list[SegmentSnapshot]:
                     )
                     for b_address, b_size, requested, state, stack in blocks
                 ),
+                expandable=expandable,
             )
         )
     return segments

@@ -42,6 +42,7 @@ def _segment_to_json(segment: SegmentSnapshot) -> dict[str, Any]:
         "size": segment.size,
         "stream": segment.stream,
         "pool": segment.pool,
+        "expandable": segment.expandable,
         "blocks": [
             {
                 "address": b.address,
@@ -75,6 +76,7 @@ def _segment_from_json(raw: dict[str, Any]) -> SegmentSnapshot:
             )
             for b in raw["blocks"]
         ),
+        expandable=bool(raw.get("expandable", False)),  # absent in files written before it existed
     )
 
 
