@@ -760,12 +760,15 @@ class Bench:
             "gemm_ceiling_tflops": self.peaks, "spec_peak_name": self.spec_name, "spec_peak_tflops": self.spec,
             "optimizers": self.optimizers,
         }
-        with contextlib.suppress(Exception):
-            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True, timeout=10)
-            dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=10)
-            meta["git"] = rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        if os.environ.get("BLUTRAIN_COMMIT"):  # a tree exported without .git (git archive) names its commit here
+            meta["git"] = os.environ["BLUTRAIN_COMMIT"]
+        elif (ROOT / ".git").exists():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                     text=True, timeout=10)
+                dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                       capture_output=True, text=True, timeout=10)
+                meta["git"] = rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
         if self.have_torch:
             import torch
 
