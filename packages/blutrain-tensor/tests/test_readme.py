@@ -5,13 +5,22 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 import blutrain.tensor as package
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
 
-def test_readme_example_runs() -> None:
-    (code,) = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+EXAMPLES = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+
+
+def test_readme_has_examples() -> None:
+    assert len(EXAMPLES) >= 2
+
+
+@pytest.mark.parametrize("code", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
+def test_readme_example_runs(code: str) -> None:
     exec(compile(code, "README.md", "exec"), {})
 
 

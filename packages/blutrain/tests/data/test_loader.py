@@ -244,3 +244,70 @@ def test_non_positive_batch_size_is_rejected(tmp_path: Path) -> None:
     _shards(tmp_path, [100])
     with pytest.raises(LoaderError, match=r"batch_size must be a positive integer, received 0"):
         TokenLoader(tmp_path, 0, T)
+
+
+def _seed_visiting_first(directory: Path, name: str) -> int:
+    """A seed whose epoch 0 starts with the shard called ``name``."""
+    return next(s for s in range(100) if TokenLoader(directory, B, T, seed=s).current_shard.name == name)
+
+
+def test_token_range_of_a_later_shard_is_checked_when_the_loader_enters_it(tmp_path: Path) -> None:
+    write_shard(tmp_path / "a.bin", np.zeros(2 * STEP + 1, dtype=np.int64))
+    bad = np.zeros(2 * STEP + 1, dtype=np.int64)
+    bad[5] = 999
+    write_shard(tmp_path / "b.bin", bad)
+    loader = TokenLoader(tmp_path, B, T, seed=_seed_visiting_first(tmp_path, "a.bin"), vocab_size=256)
+    loader.next_batch()
+    with pytest.raises(LoaderError, match=r"b\.bin: token id 999 at position 5 .* vocab_size=256"):
+        loader.next_batch()
+
+
+def test_a_failed_shard_check_leaves_the_loader_where_it_was(tmp_path: Path) -> None:
+    write_shard(tmp_path / "a.bin", np.zeros(2 * STEP + 1, dtype=np.int64))
+    bad = np.zeros(2 * STEP + 1, dtype=np.int64)
+    bad[-1] = 256
+    write_shard(tmp_path / "b.bin", bad)
+    loader = TokenLoader(tmp_path, B, T, seed=_seed_visiting_first(tmp_path, "a.bin"), vocab_size=256)
+    loader.next_batch()
+    before = loader.state_dict()
+    with pytest.raises(LoaderError):
+        loader.next_batch()
+    assert loader.state_dict() == before
+
+
+def test_every_shard_header_and_size_is_checked_when_the_loader_is_built(tmp_path: Path) -> None:
+    _shards(tmp_path, [100, 100, 100])
+    data = (tmp_path / "train_000002.bin").read_bytes()
+    (tmp_path / "train_000002.bin").write_bytes(data[:-3])
+    with pytest.raises(ShardError, match=r"train_000002\.bin: truncated: header declares 100 tokens"):
+        TokenLoader(tmp_path, B, T)
+
+
+def test_a_shard_that_changes_length_during_training_is_an_error_naming_it(tmp_path: Path) -> None:
+    _shards(tmp_path, [2 * STEP + 1, 2 * STEP + 1])
+    loader = TokenLoader(tmp_path, B, T)
+    other = next(p for p in loader.shards if p != loader.current_shard)
+    write_shard(other, np.zeros(5 * STEP, dtype=np.int64))
+    with pytest.raises(LoaderError, match=rf"{other.name}: holds 40 tokens now, 17 when the loader was built"):
+        _take(loader, 2)
+
+
+def test_a_directory_named_like_a_shard_is_not_taken_for_one(tmp_path: Path) -> None:
+    (tmp_path / "sub.bin").mkdir()
+    with pytest.raises(LoaderError, match=rf"{tmp_path} holds no \*\.bin files"):
+        TokenLoader(tmp_path, B, T)
+    _shards(tmp_path, [100])
+    assert [p.name for p in TokenLoader(tmp_path, B, T).shards] == ["train_000000.bin"]
+
+
+def test_a_glob_matching_only_directories_is_an_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "d_1.bin").mkdir()
+    with pytest.raises(LoaderError, match=r"no shard files match .*d_\*\.bin"):
+        TokenLoader(tmp_path / "d_*.bin", B, T)
+
+
+@pytest.mark.parametrize("vocab_size", [0, 65537, True, 2.5, "256"])
+def test_vocab_size_must_be_an_integer_that_uint16_can_hold(tmp_path: Path, vocab_size: object) -> None:
+    _shards(tmp_path, [100])
+    with pytest.raises(LoaderError, match=rf"vocab_size must be .*received {vocab_size!r}"):
+        TokenLoader(tmp_path, B, T, vocab_size=vocab_size)  # type: ignore[arg-type]

@@ -123,3 +123,20 @@ def test_read_shard_rejects_missing_file(tmp_path: Path) -> None:
 
 def test_shard_error_is_a_value_error() -> None:
     assert issubclass(ShardError, ValueError)
+
+
+def test_read_shard_on_a_directory_is_a_shard_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "d.bin").mkdir()
+    with pytest.raises(ShardError, match=r"d\.bin: cannot be read"):
+        read_shard(tmp_path / "d.bin")
+
+
+def test_read_shard_rejects_negative_token_count(tmp_path: Path) -> None:
+    path = _raw_shard(tmp_path / "n.bin", SHARD_MAGIC, SHARD_VERSION, -4, 0)
+    with pytest.raises(ShardError, match=r"n\.bin: header declares a negative token count \(-4\)"):
+        read_shard(path)
+
+
+def test_a_shard_of_zero_tokens_is_valid_and_empty(tmp_path: Path) -> None:
+    path = _raw_shard(tmp_path / "z.bin", SHARD_MAGIC, SHARD_VERSION, 0, 0)
+    assert read_shard(path).shape == (0,)

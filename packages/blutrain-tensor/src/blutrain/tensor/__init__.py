@@ -3,6 +3,7 @@
 from blutrain.tensor import plugins
 from blutrain.tensor.autocast import autocast, get_autocast_dtype
 from blutrain.tensor.backend import Backend, BackendRegistry, Generator, array_module, backends, get_backend
+from blutrain.tensor.debug import DebugMode, debug_mode, is_debug_mode
 from blutrain.tensor.device import Device, device
 from blutrain.tensor.dtype import (
     ALL_DTYPES,
@@ -141,6 +142,7 @@ __all__ = [
     "BackendRegistry",
     "BluTrainError",
     "DType",
+    "DebugMode",
     "Device",
     "DeviceMismatchError",
     "Generator",
@@ -176,6 +178,7 @@ __all__ = [
     "clamp",
     "cos",
     "cross_entropy",
+    "debug_mode",
     "device",
     "div",
     "double",
@@ -212,6 +215,7 @@ __all__ = [
     "int16",
     "int32",
     "int64",
+    "is_debug_mode",
     "kernels",
     "layer_norm",
     "le",

@@ -38,13 +38,29 @@ class GradMode(threading.local):
 grad_mode = GradMode()
 
 
+# checker(op, kernel) -> kernel: wraps a kernel in its op's argument checks. Installed by the debug
+# mode (blutrain.tensor.debug) and read only when a key is first filled in, never per op: with the
+# mode off the table holds the registered kernels themselves.
+Checker = Callable[[str, Kernel], Kernel]
+checker: Checker | None = None
+
+
 def kernel(op: str, device_type: str, dtype: DType) -> Kernel:
     """The winning kernel for one key; the registry is read only the first time a key is seen."""
     fn = TABLE.get((op, device_type, dtype))
     if fn is None:
         fn = kernels().lookup(op, device_type, dtype).fn
+        if checker is not None:
+            fn = checker(op, fn)
         TABLE[(op, device_type, dtype)] = fn
     return fn
+
+
+def set_checker(fn: Checker | None) -> None:
+    """Install (or with None remove) the kernel checker; the table empties and refills through it."""
+    global checker
+    checker = fn
+    TABLE.clear()
 
 
 def set_recorder(fn: Recorder | None) -> None:

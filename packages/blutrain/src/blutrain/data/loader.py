@@ -42,7 +42,7 @@ def find_shards(pattern_or_dir: str | os.PathLike[str]) -> list[Path]:
     """
     where = Path(pattern_or_dir)
     if where.is_dir():
-        shards = sorted(where.glob("*.bin"))
+        shards = sorted(p for p in where.glob("*.bin") if p.is_file())
         if not shards:
             raise LoaderError(f"shard directory {where} holds no *.bin files")
         names = {p.name.split("_", 1)[0] for p in shards}
@@ -69,9 +69,13 @@ def _positive_int(name: str, value: int) -> int:
 class TokenLoader:
     """Batches of shape (batch_size, seq_len) from the shards of ``pattern_or_dir``.
 
-    Every shard is checked before the first batch: a valid header, at least
-    ``batch_size*seq_len*world_size + 1`` tokens, and — when ``vocab_size`` is given — no token id
-    at or above it. Iteration never ends; epochs follow each other.
+    Every shard's header and size are checked when the loader is built (a stat and 1 KiB each): a
+    valid header, a file size that matches it, and at least ``batch_size*seq_len*world_size + 1``
+    tokens. When ``vocab_size`` is given, a shard's token ids are checked against it (one max over
+    the shard) the first time the loader enters it: the first shard at construction, the others
+    when their turn comes, so a large dataset is not read twice before the first step. Errors are
+    :class:`ShardError` (the file itself is malformed) or :class:`LoaderError` (it does not fit
+    these settings), each naming the file. Iteration never ends; epochs follow each other.
     """
 
     _epoch_order: NDArray[np.int64]
@@ -97,14 +101,15 @@ class TokenLoader:
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
             raise LoaderError(f"TokenLoader: seed must be a non-negative integer, received {seed!r}")
         self.seed = int(seed)
-        if vocab_size is not None and not 1 <= vocab_size <= MAX_TOKEN_ID + 1:
+        if vocab_size is not None and not 1 <= _positive_int("vocab_size", vocab_size) <= MAX_TOKEN_ID + 1:
             raise LoaderError(
                 f"TokenLoader: vocab_size must be in [1, {MAX_TOKEN_ID + 1}] (uint16 shards), "
                 f"received {vocab_size}"
             )
-        self.vocab_size = vocab_size
+        self.vocab_size = None if vocab_size is None else int(vocab_size)
         self.shards = find_shards(pattern_or_dir)
-        self.shard_lengths = [self._check_shard(p) for p in self.shards]
+        self.shard_lengths = [self._check_length(p) for p in self.shards]
+        self._range_checked: set[int] = set()  # shards whose token ids were checked against vocab_size
         digest = hashlib.sha1()
         for path, length in zip(self.shards, self.shard_lengths, strict=True):
             digest.update(f"{path.name}:{length}\n".encode())
@@ -117,7 +122,7 @@ class TokenLoader:
         """Tokens all ranks together consume per step (the stride of ``position``)."""
         return self.batch_size * self.seq_len * self.world_size
 
-    def _check_shard(self, path: Path) -> int:
+    def _check_length(self, path: Path) -> int:
         tokens = read_shard(path)
         need = self.tokens_per_step + 1
         if len(tokens) < need:
@@ -125,16 +130,18 @@ class TokenLoader:
                 f"shard {path}: holds {len(tokens)} tokens, fewer than one step needs: batch_size*seq_len*"
                 f"world_size+1 = {self.batch_size}*{self.seq_len}*{self.world_size}+1 = {need}"
             )
-        if self.vocab_size is not None:
-            top = int(tokens.max())
-            if top >= self.vocab_size:
-                where = int(np.argmax(tokens >= self.vocab_size))
-                raise LoaderError(
-                    f"shard {path}: token id {int(tokens[where])} at position {where} is outside the "
-                    f"vocabulary, expected ids < vocab_size={self.vocab_size} "
-                    f"(largest id in the shard: {top})"
-                )
         return len(tokens)
+
+    @staticmethod
+    def _check_token_range(path: Path, tokens: TokenMemmap, vocab_size: int) -> None:
+        top = int(tokens.max())
+        if top >= vocab_size:
+            where = int(np.argmax(tokens >= vocab_size))
+            raise LoaderError(
+                f"shard {path}: token id {int(tokens[where])} at position {where} is outside the "
+                f"vocabulary, expected ids < vocab_size={vocab_size} "
+                f"(largest id in the shard: {top})"
+            )
 
     def _order(self, epoch: int) -> NDArray[np.int64]:
         # One Philox stream per epoch (jumped by 2**128 draws each), so an epoch's order depends only
@@ -143,13 +150,23 @@ class TokenLoader:
         return rng.permutation(len(self.shards))
 
     def _enter(self, epoch: int, shard_index: int, position: int) -> None:
-        if epoch != self.epoch:
-            self._epoch_order = self._order(epoch)
-        self.epoch, self.shard_index, self.position = epoch, shard_index, position
-        shard = int(self._epoch_order[shard_index])
+        order = self._epoch_order if epoch == self.epoch else self._order(epoch)
+        shard = int(order[shard_index])
         if shard != self._shard:
-            self._shard = shard
-            self._tokens = read_shard(self.shards[shard])  # only the current shard stays mapped
+            tokens = read_shard(self.shards[shard])  # only the current shard stays mapped
+            if len(tokens) != self.shard_lengths[shard]:
+                raise LoaderError(
+                    f"shard {self.shards[shard]}: holds {len(tokens)} tokens now, {self.shard_lengths[shard]} "
+                    "when the loader was built; a shard must not change during training"
+                )
+            if self.vocab_size is not None and shard not in self._range_checked:
+                self._check_token_range(self.shards[shard], tokens, self.vocab_size)
+                self._range_checked.add(shard)
+            self._shard, self._tokens = shard, tokens
+        # Only now, with the shard known good, does the position move: a failed check leaves the
+        # loader where it was.
+        self._epoch_order = order
+        self.epoch, self.shard_index, self.position = epoch, shard_index, position
 
     def reset(self) -> None:
         """Go back to the first batch of epoch 0."""

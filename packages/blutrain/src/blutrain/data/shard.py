@@ -69,18 +69,23 @@ def write_shard(path: str | os.PathLike[str], tokens: ArrayLike) -> Path:
 def read_shard(path: str | os.PathLike[str]) -> TokenMemmap:
     """Memory-map the tokens of the shard at ``path`` (read-only, nothing copied).
 
-    Raises :class:`ShardError` naming the file when it is shorter than the header, has the wrong
-    magic or version, or holds more or fewer bytes than its declared token count needs.
+    Raises :class:`ShardError` naming the file when it cannot be opened (missing, a directory, no
+    permission), is shorter than the header, has the wrong magic or version, or holds more or fewer
+    bytes than its declared token count needs. Nothing else escapes: tools/fuzz_shards.py feeds
+    this function mutated shards and treats any other exception as a bug.
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(HEADER_BYTES)
     except FileNotFoundError:
         raise ShardError(f"shard {path}: no such file") from None
-    if size < HEADER_BYTES:
+    except OSError as e:  # a directory, no permission, an I/O error
+        raise ShardError(f"shard {path}: cannot be read: {e.strerror or e}") from None
+    if size < HEADER_BYTES or len(head) < HEADER_BYTES:
         raise ShardError(f"shard {path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header")
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
-    magic, version, count = (int(v) for v in header[:3])
+    magic, version, count = (int(v) for v in np.frombuffer(head, dtype="<i4", count=3))
     if magic != SHARD_MAGIC:
         raise ShardError(
             f"shard {path}: wrong magic number, expected {SHARD_MAGIC}, received {magic} "
@@ -97,4 +102,7 @@ def read_shard(path: str | os.PathLike[str]) -> TokenMemmap:
             f"shard {path}: {what}: header declares {count} tokens, so the file should be {expected} "
             f"bytes; received {size} bytes"
         )
-    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(count,))
+    try:
+        return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(count,))
+    except (OSError, ValueError) as e:  # the file changed under us between the checks and the mapping
+        raise ShardError(f"shard {path}: cannot be mapped: {e}") from None

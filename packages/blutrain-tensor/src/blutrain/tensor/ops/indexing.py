@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from blutrain.tensor import dispatch
+from blutrain.tensor.checks import check_index_range, check_key
 from blutrain.tensor.dtype import bool_, int64
 from blutrain.tensor.errors import (
     DeviceMismatchError,
     ShapeError,
-    TensorIndexError,
     TensorTypeError,
     TensorValueError,
 )
@@ -60,45 +60,8 @@ def _parse_key(x: Tensor, key: Any) -> tuple[tuple[Any, ...], bool]:
         else:
             raise TensorTypeError(f"index: unsupported index {item!r} of type {type(item).__name__}; expected "
                                   "int, slice, None, Ellipsis, or an integer/bool Tensor")
-    _check_int_ranges(x, out)
+    check_key("index", x.shape, out, arrays=x.device.type == "cpu")
     return tuple(out), advanced
-
-
-def _is_mask(item: Any) -> bool:
-    return hasattr(item, "dtype") and item.dtype.kind == "b"
-
-
-def _check_int_ranges(x: Tensor, items: list[Any]) -> None:
-    """Integer indices in range, masks of the shape they cover: checked here so that the error names
-    the dim and sizes instead of coming from the array module."""
-    dim = 0
-    for pos, item in enumerate(items):
-        if item is Ellipsis:
-            rest = sum(other.ndim if _is_mask(other) else 1 for other in items[pos + 1:] if other is not None)
-            dim = x.ndim - rest
-            continue
-        if item is None:
-            continue
-        if isinstance(item, int) and not isinstance(item, bool):
-            if dim >= x.ndim:
-                raise TensorIndexError(f"index: too many indices for a tensor of shape {list(x.shape)}")
-            size = x.shape[dim]
-            if not -size <= item < size:
-                raise TensorIndexError(f"index {item} is out of range for dim {dim} of size {size}")
-        elif _is_mask(item):
-            covered = x.shape[dim:dim + item.ndim]
-            if tuple(item.shape) != covered:
-                raise ShapeError(f"index: a bool mask of shape {list(item.shape)} must match the dims it indexes, "
-                                 f"{list(covered)} (dims {dim}..{dim + item.ndim - 1} of shape {list(x.shape)})")
-        elif hasattr(item, "dtype") and item.size and x.device.type == "cpu":
-            size = x.shape[dim] if dim < x.ndim else 0
-            lo, hi = int(item.min()), int(item.max())
-            if lo < -size or hi >= size:
-                bad = hi if hi >= size else lo
-                raise TensorIndexError(f"index {bad} is out of range for dim {dim} of size {size}")
-        dim += item.ndim if _is_mask(item) else 1  # a mask spans its dims
-    if dim > x.ndim:
-        raise TensorIndexError(f"index: too many indices for a tensor of shape {list(x.shape)}")
 
 
 def getitem(x: Tensor, key: Any) -> Tensor:
@@ -148,20 +111,19 @@ def index_put_(x: Tensor, indices: tuple[Tensor, ...], values: Tensor, accumulat
     return x
 
 
-def _index_tensor(index: Tensor, x: Tensor, op: str, argument: str = "index") -> None:
+def _index_tensor(index: Tensor, x: Tensor, op: str, argument: str = "index", indexed: str = "input") -> None:
     if not isinstance(index, Tensor) or index.dtype.is_floating or index.dtype is bool_:
         got = index.dtype.name if isinstance(index, Tensor) else type(index).__name__
         raise TensorTypeError(f"{op}: {argument} must be an integer Tensor, got {got}")
     if index.device is not x.device:
-        raise DeviceMismatchError(f"{op}: {argument} is on {index.device}, input on {x.device}")
+        raise DeviceMismatchError(f"{op}: {argument} is on {index.device}, {indexed} on {x.device}")
 
 
-def _check_bounds(op: str, index: Tensor, size: int, dim: int) -> None:
-    if index.numel() and index.device.type == "cpu":
-        lo, hi = int(index._data.min()), int(index._data.max())
-        if lo < 0 or hi >= size:
-            bad = hi if hi >= size else lo
-            raise TensorIndexError(f"{op}: index {bad} is out of range for dim {dim} of size {size}")
+def _check_bounds(op: str, index: Tensor, size: int, dim: int | None, of: str = "input",
+                  argument: str = "index") -> None:
+    """Index values in range, read on the CPU only (elsewhere the debug mode checks them)."""
+    if index.device.type == "cpu":
+        check_index_range(op, argument, index._data, size, dim, of)
 
 
 def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
@@ -246,7 +208,7 @@ def one_hot(index: Tensor, num_classes: int) -> Tensor:
     """int64 one-hot encoding of an integer tensor along a new last dim."""
     if index.dtype.is_floating or index.dtype is bool_:
         raise TensorTypeError(f"one_hot: expected an integer tensor, got {index.dtype.name}")
-    _check_bounds("one_hot", index, num_classes, -1)
+    _check_bounds("one_hot", index, num_classes, None, "num_classes", "input")
     from blutrain.tensor.ops.factory import arange
 
     classes = arange(num_classes, device=index.device)

@@ -17,16 +17,18 @@ _autocast = autocast_state
 _kernel = dispatch.kernel
 
 
-def _check_pair(op: str, a: Tensor, b: Tensor) -> None:
+def _check_pair(op: str, a: Tensor, b: Tensor, names: tuple[str, str] = ("input", "other")) -> None:
+    na, nb = names
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        raise TensorTypeError(f"{op}: expected two Tensors, got {type(a).__name__} and {type(b).__name__}")
+        raise TensorTypeError(f"{op}: expected {na} and {nb} to be Tensors, got {type(a).__name__} and "
+                              f"{type(b).__name__}")
     if a.device is not b.device:
-        raise DeviceMismatchError(f"{op}: tensors are on different devices: {a.device} and {b.device}")
+        raise DeviceMismatchError(f"{op}: {nb} is on {b.device}, {na} on {a.device}; expected both on one device")
     if a.dtype is not b.dtype:
-        raise TensorTypeError(f"{op}: expected both operands to have the same dtype, got {a.dtype.name} and "
-                              f"{b.dtype.name}")
+        raise TensorTypeError(f"{op}: {nb} has dtype {b.dtype.name}, {na} has {a.dtype.name}; expected the same "
+                              "dtype (convert one with .to(dtype))")
     if a.ndim == 0 or b.ndim == 0:
-        raise ShapeError(f"{op}: both arguments need at least 1 dim, got shapes {list(a.shape)} and {list(b.shape)}")
+        raise ShapeError(f"{op}: {na} and {nb} need at least 1 dim, got shapes {list(a.shape)} and {list(b.shape)}")
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
@@ -61,13 +63,15 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` with weight of shape (out_features, in_features)."""
     if _autocast.dtype is not None:
         x, weight, bias = lower(x), lower(weight), lower(bias)
-    _check_pair("linear", x, weight)
+    _check_pair("linear", x, weight, ("input", "weight"))
     if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         raise ShapeError(f"linear: input of shape {list(x.shape)} does not fit weight of shape "
                          f"{list(weight.shape)} (expected input[..., {weight.shape[-1]}])")
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype is not x.dtype):
-        raise ShapeError(f"linear: bias must have shape [{weight.shape[0]}] and dtype {x.dtype.name}, got "
-                         f"{list(bias.shape)} {bias.dtype.name}")
+    if bias is not None:
+        _check_pair("linear", x, bias, ("input", "bias"))
+        if bias.shape != (weight.shape[0],):
+            raise ShapeError(f"linear: bias must have shape [{weight.shape[0]}] (out_features of weight "
+                             f"{list(weight.shape)}), got {list(bias.shape)}")
     out_data = _kernel("linear", x.device.type, x.dtype)(x._data, weight._data,
                                                           None if bias is None else bias._data)
     out = Tensor._make(out_data, x.dtype, x.device)

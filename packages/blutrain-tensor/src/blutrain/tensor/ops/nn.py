@@ -15,11 +15,11 @@ from blutrain.tensor import dispatch
 from blutrain.tensor.autocast import lower, widen
 from blutrain.tensor.autocast import state as autocast_state
 from blutrain.tensor.backend import Generator
+from blutrain.tensor.checks import check_class_targets
 from blutrain.tensor.dtype import bool_, from_numpy_dtype
 from blutrain.tensor.errors import (
     DeviceMismatchError,
     ShapeError,
-    TensorIndexError,
     TensorTypeError,
     TensorValueError,
 )
@@ -35,15 +35,16 @@ def _needs_grad(*ts: Tensor | None) -> bool:
     return _grad_mode.enabled and dispatch.recorder is not None and any(t is not None and t._rg for t in ts)
 
 
-def _same(op: str, x: Tensor, name: str, other: Tensor | None, shape: tuple[int, ...] | None = None) -> None:
+def _same(op: str, x: Tensor, name: str, other: Tensor | None, shape: tuple[int, ...] | None = None,
+          x_name: str = "input") -> None:
     if other is None:
         return
     if not isinstance(other, Tensor):
         raise TensorTypeError(f"{op}: {name} must be a Tensor or None, got {type(other).__name__}")
     if other.device is not x.device:
-        raise DeviceMismatchError(f"{op}: {name} is on {other.device}, input on {x.device}")
+        raise DeviceMismatchError(f"{op}: {name} is on {other.device}, {x_name} on {x.device}")
     if other.dtype is not x.dtype:
-        raise TensorTypeError(f"{op}: {name} has dtype {other.dtype.name}, input has {x.dtype.name}")
+        raise TensorTypeError(f"{op}: {name} has dtype {other.dtype.name}, {x_name} has {x.dtype.name}")
     if shape is not None and other.shape != shape:
         raise ShapeError(f"{op}: {name} must have shape {list(shape)}, got {list(other.shape)}")
 
@@ -148,10 +149,10 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, generator: Generat
 
 def embedding(input: Tensor, weight: Tensor) -> Tensor:
     """Rows of ``weight`` (num_embeddings, dim) picked by the integer ``input`` (any shape)."""
-    _index_tensor(input, weight, "embedding", "input")
+    _index_tensor(input, weight, "embedding", "input", "weight")
     if weight.ndim != 2:
         raise ShapeError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {list(weight.shape)}")
-    _check_bounds("embedding", input, weight.shape[0], 0)
+    _check_bounds("embedding", input, weight.shape[0], 0, "weight", "input")
     out = Tensor._make(_kernel("embedding", weight.device.type, weight.dtype)(weight._data, input._data),
                        weight.dtype, weight.device)
     if _needs_grad(weight):
@@ -174,8 +175,8 @@ def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, re
     if not 0.0 <= label_smoothing <= 1.0:
         raise TensorValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     if not isinstance(target, Tensor) or target.dtype.is_floating or target.dtype is bool_:
-        raise TensorTypeError("cross_entropy: target must be an integer Tensor of class indices, got "
-                              f"{getattr(target, 'dtype', type(target).__name__)}")
+        got = target.dtype.name if isinstance(target, Tensor) else type(target).__name__
+        raise TensorTypeError(f"cross_entropy: target must be an integer Tensor of class indices, got {got}")
     if target.device is not input.device:
         raise DeviceMismatchError(f"cross_entropy: target is on {target.device}, input on {input.device}")
     extra: tuple[int, ...] = ()
@@ -189,11 +190,8 @@ def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, re
         logits = input.movedim(1, -1).reshape(-1, input.shape[1]) if extra else input
         tgt = target.reshape(-1)
     num_classes = logits.shape[1]
-    if tgt.numel() and tgt.device.type == "cpu":
-        t = tgt._data
-        bad = t[(t != ignore_index) & ((t < 0) | (t >= num_classes))]
-        if bad.size:
-            raise TensorIndexError(f"cross_entropy: target {int(bad[0])} is out of range for {num_classes} classes")
+    if tgt.device.type == "cpu":  # elsewhere the debug mode checks the targets
+        check_class_targets("cross_entropy", tgt._data, num_classes, ignore_index)
     loss, lse = _kernel("cross_entropy", input.device.type, input.dtype)(
         logits._data, tgt._data, ignore_index, float(label_smoothing), reduction)
     res = Tensor._make(loss, input.dtype, input.device)
@@ -223,8 +221,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         _floating("scaled_dot_product_attention", t, name)
         if t.ndim < 2:
             raise ShapeError(f"scaled_dot_product_attention: {name} needs at least 2 dims, got {list(t.shape)}")
-    _same("scaled_dot_product_attention", query, "key", key)
-    _same("scaled_dot_product_attention", query, "value", value)
+    _same("scaled_dot_product_attention", query, "key", key, x_name="query")
+    _same("scaled_dot_product_attention", query, "value", value, x_name="query")
     if key.shape[-1] != query.shape[-1] or key.shape[-2] != value.shape[-2] or key.shape[:-2] != query.shape[:-2] \
             or value.shape[:-2] != query.shape[:-2]:
         raise ShapeError(f"scaled_dot_product_attention: query {list(query.shape)}, key {list(key.shape)} and "
