@@ -27,9 +27,19 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("clip", float, "global gradient-norm clip (0 = off)"),
     ("eval-every", int, "validation every N steps (0 = only at the end)"),
     ("checkpoint-every", int, "checkpoint every N steps (0 = only at the end)"),
+    ("keep", int, "keep only the N newest step checkpoints (0 = keep all)"),
+    ("on-nonfinite", str, "a NaN/inf loss or gradient norm: skip (leave the update out, log it) or stop "
+                          "(keep a checkpoint of the last good state, exit non-zero); default stop"),
     ("out", str, "output directory"),
     ("resume", str, "checkpoint to resume from"),
     ("seed", int, "random seed"),
+)
+
+_SWITCHES: tuple[tuple[str, str], ...] = (
+    ("compile", "trace each training step once and replay it as one compiled graph (blutrain.compiler)"),
+    ("async-checkpoint", "stage checkpoints to host memory and write them on a background thread"),
+    ("deterministic", "deterministic kernels (e.g. the cuda embedding backward): bit-identical losses run to run"),
+    ("auto-batch", "find the largest micro-batch that fits in memory; gradient accumulation keeps the global batch"),
 )
 
 
@@ -40,8 +50,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--config", type=Path, help="a TOML file of TrainConfig fields")
     for flag, kind, text in _FLAGS:
         p.add_argument(f"--{flag}", type=kind, default=None, help=text)
-    p.add_argument("--compile", action="store_true", default=None,
-                   help="trace each training step once and replay it as one compiled graph (blutrain.compiler)")
+    for flag, text in _SWITCHES:
+        p.add_argument(f"--{flag}", action="store_true", default=None, help=text)
     p.set_defaults(func=run_train)
 
     g = sub.add_parser("generate", help="continue a prompt with a trained checkpoint")
@@ -64,8 +74,10 @@ def build_config(args: argparse.Namespace) -> Any:
         value = getattr(args, name)
         if value is not None:
             setattr(cfg, name, value)
-    if getattr(args, "compile", None):
-        cfg.compile = True
+    for flag, _ in _SWITCHES:
+        name = flag.replace("-", "_")
+        if getattr(args, name, None):
+            setattr(cfg, name, True)
     return cfg
 
 

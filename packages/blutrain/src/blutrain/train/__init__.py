@@ -6,10 +6,21 @@ loading this package's hook specifications (which every plugin load does) stays 
 
 from typing import Any
 
-from blutrain.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from blutrain.train.checkpoint import (
+    CheckpointError,
+    CheckpointWriter,
+    load_checkpoint,
+    rotate_checkpoints,
+    save_checkpoint,
+    stage_checkpoint,
+    write_checkpoint,
+)
 from blutrain.train.config import ConfigError, TrainConfig
+from blutrain.train.errors import NonFiniteError, TrainError, TrainOutOfMemoryError
 
-__all__ = ["CheckpointError", "ConfigError", "TrainConfig", "Trainer", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "CheckpointWriter", "ConfigError", "NonFiniteError", "TrainConfig", "TrainError",
+           "TrainOutOfMemoryError", "Trainer", "load_checkpoint", "rotate_checkpoints", "save_checkpoint",
+           "stage_checkpoint", "write_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,36 +1,87 @@
 """Training checkpoints: one safetensors file holding model, optimizer, trainer, data-loader and RNG
 state, plus the run's config.
 
-Tensors are stored as safetensors entries (``model.*``, ``optim.*``); everything else is JSON in the
-file's metadata, so loading never executes code. A SHA-256 of every tensor's bytes is stored and
-verified on load, so a flipped byte names the tensor it hit. The file is written to a temporary
-name and renamed into place (see :func:`blutrain.tensor.serialization.save_file`), so an interrupted
-save leaves the previous checkpoint intact.
+Tensors are safetensors entries (``model.*``, ``optim.*``); everything else is JSON in the header's
+``__metadata__``, so loading parses JSON and copies bytes and never executes code. A SHA-256 of every
+tensor's bytes, and one of the metadata, are stored and verified on load, so a flipped byte names the
+tensor (or the metadata) it hit.
+
+Durability: a checkpoint is written to a temporary file in the target directory, flushed and
+``fsync``-ed, renamed over the target (atomic on POSIX) and the directory is ``fsync``-ed, so the
+target name always holds either the previous complete checkpoint or the new complete one, whatever
+kills the process (``kill -9``, power loss after the directory sync). A killed save leaves only a
+``.NAME.*.tmp`` file behind, which :func:`remove_stale_temporaries` deletes.
+
+A save has two halves: :func:`stage_checkpoint` copies every tensor to host memory through the device
+backend's host-copy API (``Backend.to_host``: pinned memory on cuda, a copy on the CPU) and
+:func:`write_checkpoint` hashes and writes the staged arrays. :func:`save_checkpoint` runs both;
+:class:`CheckpointWriter` runs the second on a background thread, so a training loop is blocked only
+for the staging.
+
+The reader checks the whole header (dtypes, shapes, offsets that tile the data region exactly, the
+metadata's JSON and its structure) before it trusts any of it; every problem raises
+:class:`CheckpointError` naming the file and what is wrong.
+
+Test hook: when the environment variable ``BLUTRAIN_CHECKPOINT_TEST_STALL`` names a file, a write
+creates that file once half of its tensor bytes are on disk and then sleeps, so that a test can kill
+the process in the middle of a save. It is read once per write, never in a training step.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
-from blutrain.tensor import Tensor
+from blutrain.tensor import Tensor, as_dtype, from_numpy
 from blutrain.tensor.errors import BluTrainError
-from blutrain.tensor.serialization import SerializationError, load_file, load_metadata, save_file
 
 FORMAT = "blutrain-checkpoint-1"
+STALL_VARIABLE = "BLUTRAIN_CHECKPOINT_TEST_STALL"
+_CODES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
+          "float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
+_DTYPES = {code: as_dtype(name) for name, code in _CODES.items()}
+_NP_CODES = {dt.np.newbyteorder("<"): code for code, dt in _DTYPES.items()}
+_MAX_HEADER = 100 * 1024 * 1024
+_MAX_NDIM = 32  # NumPy 1.x's limit (2.x allows 64)
+_MAX_EXTENT = 2**63 - 1
+_JSON_FIELDS = ("optimizer", "trainer", "loader", "rng", "config", "sha256")
+_STEP_FILE = re.compile(r"step_(\d+)\.safetensors")
 
 
 class CheckpointError(BluTrainError, ValueError):
-    """A checkpoint is corrupted, truncated or not a BluTrain checkpoint; the message names the file."""
+    """A checkpoint is corrupted, truncated, not a BluTrain checkpoint, or could not be written; the
+    message names the file and what is wrong."""
 
 
-def _digest(t: Tensor) -> str:
-    host = np.ascontiguousarray(t.device.backend.to_host(t.detach()._data))
-    return hashlib.sha256(host.view(np.uint8).reshape(-1).tobytes() if host.size else b"").hexdigest()
+# ------------------------------------------------------------------------------------------ staging
+@dataclass
+class StagedCheckpoint:
+    """A checkpoint in host memory: arrays owned by nobody else, and the JSON-ready metadata."""
+
+    arrays: dict[str, np.ndarray[Any, Any]]
+    metadata: dict[str, str]
+    nbytes: int = field(default=0)
+
+
+def _host_copy(t: Tensor) -> np.ndarray[Any, Any]:
+    data = t.detach()._data
+    host = t.device.backend.to_host(data)
+    if isinstance(data, np.ndarray) and np.may_share_memory(host, data):
+        host = np.array(host, copy=True)  # the CPU backend hands out its own buffer: training would mutate it
+    host = np.ascontiguousarray(host)
+    return host.astype(host.dtype.newbyteorder("<"), copy=False)
 
 
 def _flatten(value: Any, prefix: str, tensors: dict[str, Tensor]) -> Any:
@@ -47,60 +98,364 @@ def _flatten(value: Any, prefix: str, tensors: dict[str, Tensor]) -> Any:
     return value
 
 
-def _unflatten(value: Any, tensors: dict[str, Tensor]) -> Any:
-    if isinstance(value, dict):
-        if set(value) == {"__tensor__"}:
-            return tensors[value["__tensor__"]]
-        return {k: _unflatten(v, tensors) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_unflatten(v, tensors) for v in value]
-    return value
+def stage_checkpoint(*, model_state: dict[str, Tensor], optimizer_state: dict[str, Any],
+                     trainer_state: dict[str, Any], loader_state: dict[str, Any], rng_state: dict[str, Any],
+                     config: dict[str, Any]) -> StagedCheckpoint:
+    """Copy every tensor to host memory and serialize the rest: what a save must do before training
+    may touch the state again."""
+    tensors: dict[str, Tensor] = {}
+    for k, v in model_state.items():
+        if not isinstance(v, Tensor):
+            raise CheckpointError(f"stage_checkpoint: model_state[{k!r}] must be a Tensor, got {type(v).__name__}")
+        tensors[f"model.{k}"] = v
+    optim_tree = _flatten(optimizer_state, "optim", tensors)
+    for name, t in tensors.items():
+        if t.dtype.name not in _CODES:
+            raise CheckpointError(f"stage_checkpoint: tensor {name!r} has dtype {t.dtype.name}, which a "
+                                  f"checkpoint cannot store; expected one of {', '.join(_CODES)}")
+    arrays = {name: _host_copy(t) for name, t in tensors.items()}
+    metadata = {"format": FORMAT}
+    for key, value in (("optimizer", optim_tree), ("trainer", trainer_state), ("loader", loader_state),
+                       ("rng", rng_state), ("config", config)):
+        try:
+            metadata[key] = json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"stage_checkpoint: the {key} state cannot be stored as JSON: {exc}") from None
+    return StagedCheckpoint(arrays, metadata, sum(a.nbytes for a in arrays.values()))
+
+
+# ------------------------------------------------------------------------------------------ writing
+def _raw(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return a.reshape(-1).view(np.uint8)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(staged: StagedCheckpoint, path: str | Path) -> Path:
+    """Hash and write a staged checkpoint to ``path`` durably and atomically; returns the path."""
+    target = Path(path)
+    digests = {name: hashlib.sha256(_raw(a).data).hexdigest() for name, a in staged.arrays.items()}
+    meta = {**staged.metadata, "sha256": json.dumps(digests, sort_keys=True)}
+    meta["metadata_sha256"] = _metadata_digest(meta)
+    header: dict[str, Any] = {"__metadata__": meta}
+    offset = 0
+    for name, a in staged.arrays.items():
+        header[name] = {"dtype": _NP_CODES[a.dtype.newbyteorder("<")], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # tensor data starts 8-byte aligned
+    stall = os.environ.get(STALL_VARIABLE)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise CheckpointError(f"{target}: cannot create a temporary file beside it: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(head)))
+            f.write(head)
+            written = 0
+            for a in staged.arrays.values():
+                f.write(_raw(a).data)
+                written += a.nbytes
+                if stall and written * 2 >= offset:
+                    _stall(f, stall)
+                    stall = None
+            if stall:
+                _stall(f, stall)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_directory(target.parent)
+    except BaseException as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise CheckpointError(f"{target}: writing the checkpoint failed: {exc.strerror or exc}") from exc
+        raise
+    return target
+
+
+def _metadata_digest(meta: dict[str, str]) -> str:
+    """SHA-256 of every metadata entry but itself: the JSON states are checked like the tensors."""
+    body = json.dumps({k: v for k, v in meta.items() if k != "metadata_sha256"}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()  # ASCII: json.dumps escapes the rest
+
+
+def _stall(f: Any, marker: str) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+    Path(marker).write_text(str(os.getpid()))
+    time.sleep(3600)
 
 
 def save_checkpoint(path: str | Path, *, model_state: dict[str, Tensor], optimizer_state: dict[str, Any],
                     trainer_state: dict[str, Any], loader_state: dict[str, Any], rng_state: dict[str, Any],
                     config: dict[str, Any]) -> Path:
-    """Write one checkpoint file atomically; returns its path."""
-    tensors: dict[str, Tensor] = {f"model.{k}": v for k, v in model_state.items()}
-    optim_tree = _flatten(optimizer_state, "optim", tensors)
-    digests = {name: _digest(t) for name, t in tensors.items()}
-    metadata = {
-        "format": FORMAT,
-        "optimizer": json.dumps(optim_tree),
-        "trainer": json.dumps(trainer_state),
-        "loader": json.dumps(loader_state),
-        "rng": json.dumps(rng_state),
-        "config": json.dumps(config),
-        "sha256": json.dumps(digests, sort_keys=True),
-    }
-    save_file(tensors, path, metadata)
-    return Path(path)
+    """Stage and write one checkpoint (durably, atomically); returns its path."""
+    staged = stage_checkpoint(model_state=model_state, optimizer_state=optimizer_state,
+                              trainer_state=trainer_state, loader_state=loader_state, rng_state=rng_state,
+                              config=config)
+    return write_checkpoint(staged, path)
+
+
+class CheckpointWriter:
+    """Writes staged checkpoints on a background thread, one at a time.
+
+    ``submit`` waits for the previous write (so at most one staged copy is held), then starts the next
+    and returns at once. A failed write is kept and raised as :class:`CheckpointError` by the next
+    ``check``, ``submit`` or ``wait`` — the trainer calls ``check`` at the start of every step, so a
+    failure surfaces one step later, never silently. ``then`` runs on the writer thread after a
+    successful write (the trainer rotates old checkpoints there, after the new one is durable).
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._path: Path | None = None
+
+    def _run(self, staged: StagedCheckpoint, path: Path, then: Callable[[Path], None] | None) -> None:
+        try:
+            write_checkpoint(staged, path)
+            if then is not None:
+                then(path)
+        except BaseException as exc:  # kept for the training thread: a writer must never fail silently
+            self._error = exc
+
+    def submit(self, staged: StagedCheckpoint, path: str | Path,
+               then: Callable[[Path], None] | None = None) -> None:
+        self.wait()
+        self._path = Path(path)
+        self._thread = threading.Thread(target=self._run, args=(staged, self._path, then),
+                                        name=f"checkpoint-writer:{self._path.name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def check(self) -> None:
+        """Raise the error of a finished failed write; never waits."""
+        if self._thread is not None and not self._thread.is_alive():
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            if isinstance(error, CheckpointError):
+                raise CheckpointError(f"asynchronous checkpoint write failed: {error}") from error
+            raise CheckpointError(f"{self._path}: asynchronous checkpoint write failed: "
+                                  f"{type(error).__name__}: {error}") from error
+
+    def wait(self) -> None:
+        """Wait for the write in flight, then raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+        self.check()
+
+
+# -------------------------------------------------------------------------------- directory upkeep
+def step_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
+    """``step_NNNNNN.safetensors`` files of ``directory`` as (step, path), oldest first."""
+    d = Path(directory)
+    found = []
+    for p in d.iterdir() if d.is_dir() else []:
+        m = _STEP_FILE.fullmatch(p.name)
+        if m and p.is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def rotate_checkpoints(directory: str | Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest step checkpoints of ``directory`` (``keep`` 0: keep all);
+    returns the deleted paths."""
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+        raise CheckpointError(f"rotate_checkpoints: keep must be an int >= 0, got {keep!r}")
+    if keep == 0:
+        return []
+    old = [p for _, p in step_checkpoints(directory)[:-keep]]
+    for p in old:
+        p.unlink(missing_ok=True)
+    return old
+
+
+def remove_stale_temporaries(directory: str | Path) -> list[Path]:
+    """Delete the temporary files of saves that were killed before their rename; returns them."""
+    d = Path(directory)
+    stale = [p for p in d.glob(".*.safetensors.*.tmp") if p.is_file()] if d.is_dir() else []
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+# ------------------------------------------------------------------------------------------ reading
+def _fail(p: Path, what: str) -> CheckpointError:
+    return CheckpointError(f"{p}: {what}")
+
+
+def _is_int(x: Any) -> TypeGuard[int]:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _read_header(p: Path, f: Any, size: int) -> tuple[dict[str, Any], int]:
+    if size < 8:
+        raise _fail(p, f"file of {size} bytes is too short for a safetensors header")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > size - 8 or n > _MAX_HEADER:
+        raise _fail(p, f"header claims {n} bytes but the file has {size} bytes (at most {_MAX_HEADER} allowed)")
+    raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, too many digits
+        raise _fail(p, f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise _fail(p, f"header must be a JSON object, got {type(header).__name__}")
+    return header, 8 + n
+
+
+def _entries(p: Path, header: dict[str, Any], data_size: int) -> list[tuple[str, str, tuple[int, ...], int, int]]:
+    entries = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            got = sorted(info) if isinstance(info, dict) else type(info).__name__
+            raise _fail(p, f"tensor {name!r}: expected an object with dtype, shape and data_offsets, got {got}")
+        code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(code, str) or code not in _DTYPES:
+            raise _fail(p, f"tensor {name!r} has dtype {code!r}; expected one of {', '.join(_DTYPES)}")
+        if not (isinstance(shape, list) and len(shape) <= _MAX_NDIM and all(_is_int(s) and s >= 0 for s in shape)):
+            raise _fail(p, f"tensor {name!r} has shape {shape!r}; expected a list of at most {_MAX_NDIM} ints >= 0")
+        extent = _DTYPES[code].itemsize
+        for s in shape:
+            extent *= max(s, 1)
+        if extent > _MAX_EXTENT:  # NumPy cannot index it, even when a 0 makes it empty
+            raise _fail(p, f"tensor {name!r} has shape {shape}, whose dimensions exceed what an array can address")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise _fail(p, f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end] with "
+                           "0 <= begin <= end")
+        need = _DTYPES[code].itemsize
+        for s in shape:
+            need *= s
+        if offsets[1] - offsets[0] != need:
+            raise _fail(p, f"tensor {name!r} of shape {shape} and dtype {code} needs {need} bytes, its "
+                           f"data_offsets {offsets} give {offsets[1] - offsets[0]}")
+        entries.append((name, code, tuple(shape), offsets[0], offsets[1]))
+    entries.sort(key=lambda e: (e[3], e[4]))
+    expected = 0
+    for name, _, _, begin, end in entries:
+        if begin != expected:
+            kind = "overlaps the previous tensor" if begin < expected else "leaves a gap before it"
+            raise _fail(p, f"tensor {name!r} starts at byte {begin} of the data region, expected {expected} "
+                           f"({kind})")
+        expected = end
+    if expected != data_size:
+        raise _fail(p, f"the header's tensors cover {expected} bytes but the data region holds {data_size} "
+                       "(truncated or corrupted file)")
+    return entries
+
+
+def _parse_json(p: Path, meta: dict[str, str], key: str, kind: type) -> Any:
+    if key not in meta:
+        raise _fail(p, f"metadata has no {key!r} entry; present: {sorted(meta)}")
+    try:
+        value = json.loads(meta[key])
+    except (ValueError, RecursionError) as exc:
+        raise _fail(p, f"metadata {key!r} is not valid JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise _fail(p, f"metadata {key!r} must be a JSON {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _unflatten(p: Path, value: Any, tensors: dict[str, Tensor], depth: int = 0) -> Any:
+    if depth > 64:
+        raise _fail(p, "metadata 'optimizer' is nested more than 64 levels deep")
+    if isinstance(value, dict):
+        if "__tensor__" in value:
+            ref = value["__tensor__"]
+            if len(value) != 1 or not isinstance(ref, str) or ref not in tensors:
+                raise _fail(p, f"metadata 'optimizer' refers to tensor {ref!r}, which the file does not hold")
+            return tensors[ref]
+        return {k: _unflatten(p, v, tensors, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unflatten(p, v, tensors, depth + 1) for v in value]
+    return value
+
+
+def _check_trainer_state(p: Path, trainer: dict[str, Any]) -> None:
+    step = trainer.get("step")
+    if not _is_int(step) or step < 0:
+        raise _fail(p, f"metadata 'trainer' has step {step!r}; expected an int >= 0")
+    history = trainer.get("val_history", [])
+    if not isinstance(history, list) or not all(
+            isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and isinstance(v[1], (int, float)) for v in history):
+        raise _fail(p, "metadata 'trainer' has a val_history that is not a list of [step, loss] pairs")
+    skipped = trainer.get("skipped_steps", [])
+    if not isinstance(skipped, list) or not all(_is_int(s) for s in skipped):
+        raise _fail(p, "metadata 'trainer' has skipped_steps that are not a list of ints")
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu") -> dict[str, Any]:
-    """Read and verify a checkpoint: returns model, optimizer, trainer, loader, rng and config states."""
+    """Read and verify a checkpoint: returns model, optimizer, trainer, loader, rng and config states.
+
+    Raises :class:`CheckpointError` naming the file and what is wrong: a malformed header, a tensor
+    whose bytes fail their SHA-256 (named), missing or malformed metadata. Nothing in the file is
+    executed: the header and metadata are JSON, the tensors raw bytes.
+    """
     p = Path(path)
-    if not p.is_file():
-        raise CheckpointError(f"{p}: no such checkpoint file")
     try:
-        meta = load_metadata(p)
-        tensors = load_file(p, device=device)
-    except SerializationError as exc:
-        raise CheckpointError(f"{p}: not a readable checkpoint: {exc}") from None
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            header, start = _read_header(p, f, size)
+            meta = header.get("__metadata__")
+            if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+                raise _fail(p, "__metadata__ is missing or is not an object of strings; not a BluTrain checkpoint")
+            entries = _entries(p, header, size - start)
+            data = np.fromfile(f, dtype=np.uint8, count=size - start)
+    except FileNotFoundError:
+        raise _fail(p, "no such checkpoint file") from None
+    except IsADirectoryError:
+        raise _fail(p, "is a directory, not a checkpoint file") from None
+    except OSError as exc:
+        raise _fail(p, f"cannot read: {exc.strerror or exc}") from None
+    if data.size != size - start:
+        raise _fail(p, f"read {data.size} bytes of tensor data, expected {size - start} (file changed while read)")
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{p}: format is {meta.get('format')!r}, expected {FORMAT!r}")
-    try:
-        digests = json.loads(meta["sha256"])
-        parsed = {k: json.loads(meta[k]) for k in ("optimizer", "trainer", "loader", "rng", "config")}
-    except (KeyError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{p}: metadata is incomplete or corrupted ({exc})") from None
-    if set(digests) != set(tensors):
-        missing = sorted(set(digests) ^ set(tensors))
-        raise CheckpointError(f"{p}: tensors and stored checksums disagree on names: {missing[:5]}")
-    for name, t in tensors.items():
-        if _digest(t) != digests[name]:
-            raise CheckpointError(f"{p}: tensor {name!r} fails its SHA-256 check; the file is corrupted")
+        raise _fail(p, f"format is {meta.get('format')!r}, expected {FORMAT!r}")
+    # checkpoints written before the metadata had its own checksum have none; a present one must match
+    if "metadata_sha256" in meta and meta["metadata_sha256"] != _metadata_digest(meta):
+        raise _fail(p, "the metadata (optimizer, trainer, loader, rng or config state) fails its SHA-256 check; "
+                       "the file is corrupted")
+    parsed = {key: _parse_json(p, meta, key, dict) for key in _JSON_FIELDS}
+    digests = parsed["sha256"]
+    names = {e[0] for e in entries}
+    if set(digests) != names:
+        differ = sorted(set(digests) ^ names)
+        raise _fail(p, f"tensors and stored checksums disagree on names: {differ[:5]}")
+    tensors: dict[str, Tensor] = {}
+    for name, code, shape, begin, end in entries:
+        raw = data[begin:end]
+        if hashlib.sha256(raw.data).hexdigest() != digests[name]:
+            raise _fail(p, f"tensor {name!r} fails its SHA-256 check; the file is corrupted")
+        dt = _DTYPES[code]
+        if code == "BOOL" and raw.size and int(raw.max()) > 1:
+            raise _fail(p, f"tensor {name!r} of dtype BOOL holds bytes other than 0 and 1")
+        arr = raw.view(dt.np.newbyteorder("<")).astype(dt.np, copy=False).reshape(shape)
+        t = from_numpy(arr)
+        tensors[name] = t if device == "cpu" else t.to(device=device)
+    _check_trainer_state(p, parsed["trainer"])
+    optimizer = _unflatten(p, parsed["optimizer"], tensors)
     model_state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-    return {"model": model_state, "optimizer": _unflatten(parsed["optimizer"], tensors),
-            "trainer": parsed["trainer"], "loader": parsed["loader"], "rng": parsed["rng"],
-            "config": parsed["config"]}
+    return {"model": model_state, "optimizer": optimizer, "trainer": parsed["trainer"], "loader": parsed["loader"],
+            "rng": parsed["rng"], "config": parsed["config"]}
+
+
+__all__ = ["FORMAT", "STALL_VARIABLE", "CheckpointError", "CheckpointWriter", "StagedCheckpoint",
+           "load_checkpoint", "remove_stale_temporaries", "rotate_checkpoints", "save_checkpoint",
+           "stage_checkpoint", "step_checkpoints", "write_checkpoint"]

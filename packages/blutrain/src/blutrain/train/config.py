@@ -44,6 +44,11 @@ class TrainConfig:
     sample_tokens: int = 200
     prompt: str = "def "
     compile: bool = False  # run each step as one compiled graph (blutrain.compiler)
+    on_nonfinite: str = "stop"  # a NaN/inf loss or gradient norm: "skip" the update, or "stop" the run
+    keep: int = 0  # step checkpoints kept (the newest N); 0 → all
+    async_checkpoint: bool = False  # stage checkpoints to host memory, write them on a background thread
+    deterministic: bool = False  # deterministic kernels (e.g. the cuda embedding backward): bit-identical runs
+    auto_batch: bool = False  # find the largest micro-batch that fits; accumulation keeps the global batch
     model_overrides: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -58,6 +63,17 @@ class TrainConfig:
             raise ConfigError(f"dtype must be fp32, tf32 or bf16, got {self.dtype!r}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
+        if self.on_nonfinite not in ("skip", "stop"):
+            raise ConfigError(f"on_nonfinite must be 'skip' or 'stop', got {self.on_nonfinite!r}")
+        if self.keep < 0:
+            raise ConfigError(f"keep must be >= 0 (0 keeps every checkpoint), got {self.keep}")
+        if self.compile and self.on_nonfinite == "skip":
+            raise ConfigError("on_nonfinite 'skip' cannot apply to compile: the compiled step runs the optimizer "
+                              "inside its graph, so a step cannot be left out after its loss is seen; use "
+                              "on_nonfinite 'stop' with compile, or run eagerly")
+        if self.compile and self.auto_batch:
+            raise ConfigError("auto_batch cannot size compile's graph: it probes eager steps, whose memory is "
+                              "not the compiled plan's; give batch_size explicitly with compile")
         micro = self.batch_size * self.seq_len
         if self.total_batch_tokens and self.total_batch_tokens % micro:
             raise ConfigError(f"total_batch_tokens ({self.total_batch_tokens}) must be a multiple of batch_size × "

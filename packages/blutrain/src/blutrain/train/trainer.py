@@ -7,6 +7,7 @@ step) is in the checkpoint, so a resumed CPU run reproduces an uninterrupted one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -22,8 +23,19 @@ from blutrain.data.prepare import PrepareReport
 from blutrain.models.gpt2 import GPT2, GPT2Config
 from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
 from blutrain.tensor import plugins
-from blutrain.train.checkpoint import load_checkpoint, save_checkpoint
+from blutrain.train.checkpoint import (
+    CheckpointError,
+    CheckpointWriter,
+    StagedCheckpoint,
+    load_checkpoint,
+    remove_stale_temporaries,
+    rotate_checkpoints,
+    stage_checkpoint,
+    step_checkpoints,
+    write_checkpoint,
+)
 from blutrain.train.config import ConfigError, TrainConfig
+from blutrain.train.errors import NonFiniteError, TrainOutOfMemoryError
 
 
 def resolve_device(name: str) -> str:
@@ -66,6 +78,23 @@ def _emit(event: str, state: dict[str, Any]) -> None:
         hook(event=event, state=state)
 
 
+def _host_tree(value: Any) -> Any:
+    """A copy of a state tree with every tensor copied to the CPU (what a probe must restore)."""
+    if isinstance(value, bt.Tensor):
+        return value.detach().to(device="cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _host_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_tree(v) for v in value)
+    return value
+
+
+def smaller_micro_batch(global_batch: int, micro_batch: int) -> int:
+    """The largest divisor of ``global_batch`` that is at most half of ``micro_batch`` (0 when there is
+    none): the next micro-batch ``--auto-batch`` tries after ``micro_batch`` ran out of memory."""
+    return max((d for d in range(1, micro_batch // 2 + 1) if global_batch % d == 0), default=0)
+
+
 class Trainer:
     """Trains a GPT-2 model as ``TrainConfig`` says; ``run()`` returns the final metrics."""
 
@@ -76,6 +105,8 @@ class Trainer:
         self.stream = stream or sys.stdout
         self.device = resolve_device(cfg.device)
         self._configure_precision()
+        if cfg.deterministic:
+            self._choose_deterministic_kernels()
         from blutrain.train import hookspecs
 
         plugins.add_hookspecs(hookspecs)
@@ -95,18 +126,27 @@ class Trainer:
         # nanoGPT's Adam betas; other optimizers take their own defaults
         extra = {"betas": (0.9, 0.95)} if cfg.optimizer == "adamw" else {}
         self.optimizer = create(cfg.optimizer, groups, lr=cfg.lr, **extra)
-        self.loader = TokenLoader(self.data.train_pattern, cfg.batch_size, cfg.seq_len, seed=cfg.seed,
-                                  vocab_size=self.data.vocab_size)
+        self.step = 0
+        self.skipped_steps: list[int] = []
+        self.history: list[dict[str, Any]] = []
+        self.val_history: list[tuple[int, float]] = []
+        # built before the batch search, so that a bad shard is reported before any probe runs
+        self.loader = self._make_loader()
+        resume = load_checkpoint(cfg.resume, device=self.device) if cfg.resume else None
+        if cfg.auto_batch:
+            self._choose_micro_batch(resume)
         self.compiled_step: Any = None
         if cfg.compile:
             from blutrain.compiler import compile as compile_step
 
             self.compiled_step = compile_step(self._step_body)
-        self.step = 0
-        self.history: list[dict[str, Any]] = []
-        self.val_history: list[tuple[int, float]] = []
-        if cfg.resume:
-            self._resume(cfg.resume)
+        self.writer = CheckpointWriter() if cfg.async_checkpoint else None
+        if resume is not None:
+            self._resume(cfg.resume or "", resume)
+
+    def _make_loader(self) -> TokenLoader:
+        return TokenLoader(self.data.train_pattern, self.cfg.batch_size, self.cfg.seq_len, seed=self.cfg.seed,
+                           vocab_size=self.data.vocab_size)
 
     def _configure_precision(self) -> None:
         """fp32: strict float32 GEMMs. tf32: the backend's TF32 GEMMs (a GPU mode; a backend without it,
@@ -120,30 +160,131 @@ class Trainer:
             self._print(f"note: device {self.device} has no TF32 mode; computing in float32")
         self.autocast = bt.autocast(dtype="bfloat16", enabled=self.cfg.dtype == "bf16")
 
+    @staticmethod
+    def _choose_deterministic_kernels() -> None:
+        """The CPU kernels are deterministic (fixed reduction orders; the embedding backward sorts its
+        ids). On cuda the one kernel with a faster non-deterministic variant is the embedding backward
+        (atomics); ``--deterministic`` pins the sorted-segment one. The choice is process-wide and
+        importing the module does not import CuPy."""
+        from blutrain.kernels import cuda as cuda_kernels
+
+        cuda_kernels.set_deterministic(True)
+
     # -- state ---------------------------------------------------------------------------------
     def _rng_state(self) -> dict[str, Any]:
         dev = bt.device(self.device)
         return {str(dev): dev.backend.generator(dev.index).get_state()}
 
-    def save(self, path: Path) -> Path:
-        return save_checkpoint(
-            path, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
-            trainer_state={"step": self.step, "val_history": self.val_history},
-            loader_state=self.loader.state_dict(), rng_state=self._rng_state(),
+    def _set_rng_state(self, state: dict[str, Any]) -> None:
+        dev = bt.device(self.device)
+        rng = state.get(str(dev))
+        if rng is not None:
+            dev.backend.generator(dev.index).set_state(rng)
+
+    def _stage(self, loader_state: dict[str, Any] | None = None,
+               rng_state: dict[str, Any] | None = None) -> StagedCheckpoint:
+        return stage_checkpoint(
+            model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
+            trainer_state={"step": self.step, "val_history": self.val_history,
+                           "skipped_steps": self.skipped_steps},
+            loader_state=loader_state if loader_state is not None else self.loader.state_dict(),
+            rng_state=rng_state if rng_state is not None else self._rng_state(),
             config={"train": self.cfg.to_dict(), "model": self.model_config.to_dict()})
 
-    def _resume(self, path: str) -> None:
-        state = load_checkpoint(path, device=self.device)
+    def save(self, path: Path) -> Path:
+        """Write a checkpoint of the current state now (waiting for an asynchronous save in flight)."""
+        if self.writer is not None:
+            self.writer.wait()
+        return write_checkpoint(self._stage(), path)
+
+    def _save_step_checkpoint(self) -> Path:
+        """The periodic checkpoint: staged now, written here or on the writer thread, then the old ones
+        beyond ``--keep`` are deleted (only after the new one is durable)."""
+        path = self.out / f"step_{self.step:06d}.safetensors"
+        if self.writer is not None:
+            self.writer.check()
+            staged = self._stage()  # the only part of an asynchronous save the loop waits for
+            self.writer.submit(staged, path, then=self._rotate)
+        else:
+            write_checkpoint(self._stage(), path)
+            self._rotate(path)
+        return path
+
+    def _rotate(self, _: Path) -> None:
+        rotate_checkpoints(self.out, self.cfg.keep)
+
+    def _resume(self, path: str, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
         self.step = int(state["trainer"]["step"])
         self.val_history = [tuple(v) for v in state["trainer"].get("val_history", [])]
-        dev = bt.device(self.device)
-        rng = state["rng"].get(str(dev))
-        if rng is not None:
-            dev.backend.generator(dev.index).set_state(rng)
+        self.skipped_steps = [int(s) for s in state["trainer"].get("skipped_steps", [])]
+        self._set_rng_state(state["rng"])
         self._print(f"resumed from {path} at step {self.step}")
+
+    # -- micro-batch search --------------------------------------------------------------------
+    def _choose_micro_batch(self, resume: dict[str, Any] | None) -> None:
+        """``--auto-batch``: the largest micro-batch whose whole step (forward, backward, clip, optimizer)
+        fits, trying the global batch first and halving on out-of-memory; gradient accumulation then
+        keeps the global batch. A resumed run takes the micro-batch its checkpoint was trained with."""
+        cfg = self.cfg
+        global_batch = cfg.grad_accum_steps * cfg.batch_size
+        if resume is not None:
+            saved = resume["config"].get("train", {}) if isinstance(resume["config"], dict) else {}
+            micro = saved.get("batch_size")
+            if not isinstance(micro, int) or micro <= 0 or global_batch % micro:
+                raise ConfigError(f"--auto-batch with --resume: the checkpoint's batch_size {micro!r} does not "
+                                  f"divide the global batch of {global_batch} sequences")
+            self._print(f"auto-batch: micro-batch {micro} from the checkpoint")
+        else:
+            micro = self._search_micro_batch(global_batch)
+        if micro != cfg.batch_size:
+            cfg.total_batch_tokens = global_batch * cfg.seq_len
+            cfg.batch_size = micro
+            self.loader = self._make_loader()
+
+    def _search_micro_batch(self, global_batch: int) -> int:
+        cfg = self.cfg
+        saved_model = _host_tree(self.model.state_dict())
+        saved_optimizer = _host_tree(self.optimizer.state_dict())
+        saved_rng = self._rng_state()
+        failed: list[str] = []
+        micro = global_batch
+        try:
+            while True:
+                try:
+                    self._probe(micro)
+                    break
+                except MemoryError as exc:
+                    failed.append(f"{micro}: {exc}")
+                    smaller = smaller_micro_batch(global_batch, micro)
+                    if smaller == 0:
+                        raise TrainOutOfMemoryError(
+                            f"--auto-batch: even a micro-batch of 1 × {cfg.seq_len} tokens runs out of memory on "
+                            f"{self.device}: {exc}", step=self.step, micro_batch=1) from None
+                    micro = smaller
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.load_state_dict(saved_model)
+            self.optimizer.load_state_dict(saved_optimizer)
+            self._set_rng_state(saved_rng)
+        tried = "".join(f"\n  micro-batch {line}" for line in failed)
+        self._print(f"auto-batch: micro-batch {micro} × {cfg.seq_len} tokens fits; {global_batch // micro} "
+                    f"micro-batch(es) per step keep the global batch at {global_batch} sequences"
+                    + (f"; out of memory at{tried}" if failed else ""))
+        return micro
+
+    def _probe(self, micro: int) -> None:
+        """One whole training step at micro-batch ``micro`` on placeholder tokens; the caller restores
+        the weights, optimizer state and RNG afterwards."""
+        tokens = bt.zeros((micro, self.cfg.seq_len), dtype="int64", device=self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        losses = self._accumulate([(tokens, tokens)])
+        self._grad_norm()
+        self.optimizer.step()
+        float(losses[0].item())  # waits for the device: a failure inside the step shows here
 
     # -- loop ----------------------------------------------------------------------------------
     def _batch(self, loader: TokenLoader) -> tuple[bt.Tensor, bt.Tensor]:
@@ -154,54 +295,107 @@ class Trainer:
         cfg = self.cfg
         return warmup_cosine(step, cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.lr * cfg.min_lr_ratio)
 
-    def _step_body(self, batches: list[tuple[bt.Tensor, bt.Tensor]]) -> tuple[list[bt.Tensor], bt.Tensor | None]:
-        """One optimizer step on ``batches`` (the micro-batches): what ``--compile`` traces and replays.
-        It ends with ``zero_grad`` so that no gradient outlives the compiled graph."""
+    def _accumulate(self, batches: list[tuple[bt.Tensor, bt.Tensor]]) -> list[bt.Tensor]:
+        """Forward and backward of every micro-batch, gradients summed into ``.grad``; the detached
+        losses (the (B, T, vocab) logits are not kept alive through backward)."""
         losses = []
         for x, y in batches:
             with self.autocast:
-                _, loss = self.model(x, y)
+                loss = self.model(x, y)[1]
             (loss / len(batches)).backward()
-            losses.append(loss)
-        norm = clip_grad_norm_(self.model.parameters(), self.cfg.clip) if self.cfg.clip > 0 else None
+            losses.append(loss.detach())
+        return losses
+
+    def _grad_norm(self) -> bt.Tensor:
+        """The global gradient norm as a 0-d tensor on the device, clipping with it when ``clip`` > 0.
+        This reduction is the whole non-finite check: a NaN or inf in any gradient element makes it
+        non-finite, so no pass over the gradients is added."""
+        params = self.model.parameters()
+        if self.cfg.clip > 0:
+            return clip_grad_norm_(params, self.cfg.clip)
+        with no_grad():
+            norms = [bt.norm(p.grad.detach()).to(dtype=bt.float32) for p in params if p.grad is not None]
+            return bt.norm(bt.stack(norms)) if norms else bt.zeros((), device=self.device)
+
+    @staticmethod
+    def _read(losses: list[bt.Tensor], norm: bt.Tensor) -> tuple[float, float, bool]:
+        """Mean loss, gradient norm and whether both are finite, through one device-to-host copy: the
+        step's one host sync."""
+        values = bt.stack([*(x.to(dtype=bt.float32) for x in losses), norm.to(dtype=bt.float32)]).tolist()
+        loss = sum(values[:-1]) / len(losses)
+        return loss, values[-1], all(math.isfinite(v) for v in values)
+
+    def _step_body(self, batches: list[tuple[bt.Tensor, bt.Tensor]]) -> tuple[list[bt.Tensor], bt.Tensor]:
+        """One optimizer step on ``batches`` (the micro-batches): what ``--compile`` traces and replays.
+        It ends with ``zero_grad`` so that no gradient outlives the compiled graph."""
+        losses = self._accumulate(batches)
+        norm = self._grad_norm()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return losses, norm
 
     def train_step(self) -> dict[str, Any]:
+        """One optimizer step. A NaN or infinite loss or gradient norm is handled by ``on_nonfinite``;
+        running out of device memory raises :class:`TrainOutOfMemoryError` with the allocator's summary."""
         cfg = self.cfg
+        if self.writer is not None:
+            self.writer.check()  # a failed asynchronous save surfaces here, one step after it was started
         t0 = time.perf_counter()
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if self.compiled_step is not None:
+        before = (self.loader.state_dict(), self._rng_state()) if cfg.on_nonfinite == "stop" else None
+        try:
             self.model.train()
             batches = [self._batch(self.loader) for _ in range(cfg.grad_accum_steps)]
-            losses, norm_t = self.compiled_step(batches)
-            loss_mean = sum(float(loss.item()) for loss in losses) / len(losses)
-            dt = time.perf_counter() - t0
-            self.step += 1
-            tokens = cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len
-            return {"step": self.step, "loss": loss_mean, "lr": lr,
-                    "grad_norm": float(norm_t) if norm_t is not None else math.nan,
-                    "tok_per_s": tokens / dt, "step_ms": dt * 1e3}
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        accum = cfg.grad_accum_steps
-        self.model.train()
-        for _ in range(accum):
-            x, y = self._batch(self.loader)
-            with self.autocast:
-                loss = self.model(x, y)[1]  # the (B, T, vocab) logits are not kept alive through backward
-            (loss / accum).backward()
-            loss_sum += float(loss.item())
-        norm = clip_grad_norm_(self.model.parameters(), cfg.clip) if cfg.clip > 0 else math.nan
-        self.optimizer.step()
+            if self.compiled_step is not None:
+                loss, norm, finite = self._read(*self.compiled_step(batches))
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+                loss, norm, finite = self._read(self._accumulate(batches), self._grad_norm())
+                if finite:
+                    self.optimizer.step()
+        except MemoryError as exc:
+            raise TrainOutOfMemoryError(
+                f"step {self.step + 1}: out of memory with a micro-batch of {cfg.batch_size} × {cfg.seq_len} tokens "
+                f"on {self.device}: {exc}\nHint: --auto-batch finds the largest micro-batch that fits and keeps "
+                "the global batch by gradient accumulation.", step=self.step + 1, micro_batch=cfg.batch_size) from exc
+        m: dict[str, Any] = {"step": self.step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
+        if not finite:
+            self._nonfinite(m, before)
+            m["skipped"] = True
         dt = time.perf_counter() - t0
-        tokens = accum * cfg.batch_size * cfg.seq_len
         self.step += 1
-        return {"step": self.step, "loss": loss_sum / accum, "lr": lr, "grad_norm": float(norm),
-                "tok_per_s": tokens / dt, "step_ms": dt * 1e3}
+        tokens = cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len
+        return m | {"tok_per_s": tokens / dt, "step_ms": dt * 1e3}
+
+    def _nonfinite(self, m: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
+        step, what = m["step"], f"loss {m['loss']}, gradient norm {m['grad_norm']}"
+        _emit("nonfinite", {"step": step, "loss": m["loss"], "grad_norm": m["grad_norm"],
+                            "policy": self.cfg.on_nonfinite})
+        if self.cfg.on_nonfinite == "skip":
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps.append(step)
+            self._print(f"step {step}: non-finite {what}; the update is skipped (--on-nonfinite skip)")
+            return
+        if self.writer is not None:
+            self.writer.wait()
+        if self.compiled_step is not None:
+            found = step_checkpoints(self.out)
+            kept = found[-1][1] if found else None
+            where = (f"the newest checkpoint before it is {kept} (step {found[-1][0]})" if kept else
+                     "no checkpoint was written before it (--checkpoint-every)")
+            raise NonFiniteError(
+                f"step {step}: non-finite {what}; stopping (--on-nonfinite stop). The compiled step applies the "
+                f"optimizer inside its graph, so the weights in memory already hold this update and are not "
+                f"saved; {where}", step=step, loss=m["loss"], grad_norm=m["grad_norm"], checkpoint=kept)
+        assert before is not None
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"step_{self.step:06d}.safetensors"  # the optimizer has not run: the state is good
+        write_checkpoint(self._stage(*before), path)
+        raise NonFiniteError(
+            f"step {step}: non-finite {what}; stopping (--on-nonfinite stop). The last good state (after step "
+            f"{self.step}) is in {path}", step=step, loss=m["loss"], grad_norm=m["grad_norm"], checkpoint=path)
 
     def evaluate(self) -> float | None:
         if self.data.val_pattern is None:
@@ -236,28 +430,39 @@ class Trainer:
         if self.data.baseline_nats is not None:
             self._print(f"data: {self.data.train_pattern} (byte-unigram entropy of val: "
                         f"{self.data.baseline_nats:.3f} nats/token — the loss to beat)")
+        stale = remove_stale_temporaries(self.out)
+        if stale:
+            self._print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint saves in {self.out}")
         _emit("train_start", {"step": self.step, "config": cfg.to_dict()})
         metrics_path = self.out / "metrics.jsonl"
         mode = "a" if cfg.resume else "w"
         start = time.perf_counter()
         first_step = self.step
-        with open(metrics_path, mode) as metrics:
-            while self.step < cfg.max_steps:
-                m = self.train_step()
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
-                    val = self.evaluate()
-                    if val is not None:
-                        m["val_loss"] = val
-                        self.val_history.append((self.step, val))
-                        _emit("eval_end", {"step": self.step, "val_loss": val})
-                metrics.write(json.dumps(m) + "\n")
-                metrics.flush()
-                self.history.append(m)
-                _emit("step_end", dict(m))
-                self._progress(m, start, first_step)
-                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.max_steps:
-                    path = self.save(self.out / f"step_{self.step:06d}.safetensors")
-                    _emit("checkpoint_saved", {"step": self.step, "path": str(path)})
+        try:
+            with open(metrics_path, mode) as metrics:
+                while self.step < cfg.max_steps:
+                    m = self.train_step()
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
+                        val = self.evaluate()
+                        if val is not None:
+                            m["val_loss"] = val
+                            self.val_history.append((self.step, val))
+                            _emit("eval_end", {"step": self.step, "val_loss": val})
+                    metrics.write(json.dumps(m) + "\n")
+                    metrics.flush()
+                    self.history.append(m)
+                    _emit("step_end", dict(m))
+                    self._progress(m, start, first_step)
+                    if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.max_steps:
+                        path = self._save_step_checkpoint()
+                        _emit("checkpoint_saved", {"step": self.step, "path": str(path)})
+            if self.writer is not None:
+                self.writer.wait()
+        except BaseException:
+            if self.writer is not None:  # let a save in flight finish: it holds good state
+                with contextlib.suppress(CheckpointError):
+                    self.writer.wait()
+            raise
         if self.stream.isatty():
             self.stream.write("\n")
         final_val = self.evaluate()

@@ -1,0 +1,39 @@
+"""Errors that stop a training run; configuration and checkpoint errors live beside what they check
+(:class:`blutrain.train.ConfigError`, :class:`blutrain.train.CheckpointError`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from blutrain.tensor.errors import BluTrainError
+
+
+class TrainError(BluTrainError, RuntimeError):
+    """A training run cannot go on; the message says at which step and why."""
+
+
+class NonFiniteError(TrainError):
+    """``--on-nonfinite stop`` met a NaN or infinite loss or gradient norm.
+
+    ``step`` is the step that produced it (1-based, as in metrics.jsonl), ``checkpoint`` the checkpoint
+    that holds the last good state (None when there is none)."""
+
+    def __init__(self, message: str, *, step: int, loss: float, grad_norm: float, checkpoint: Path | None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.loss = loss
+        self.grad_norm = grad_norm
+        self.checkpoint = checkpoint
+
+
+class TrainOutOfMemoryError(TrainError, MemoryError):
+    """A training step ran out of device memory; the message holds the allocator's summary and the
+    micro-batch that was tried."""
+
+    def __init__(self, message: str, *, step: int, micro_batch: int) -> None:
+        super().__init__(message)
+        self.step = step
+        self.micro_batch = micro_batch
+
+
+__all__ = ["NonFiniteError", "TrainError", "TrainOutOfMemoryError"]
