@@ -1,7 +1,33 @@
-"""blutrain.dist: distributed execution. This release defines the hook specifications and registries
-that communication-backend and parallelism-mode plugins fill; the process groups, launcher and modes
-land with the distributed issue."""
+"""blutrain.dist: distributed execution — process groups, the device mesh, the rendezvous store, the
+``blutrain run`` launcher, and the hook specifications that comm-backend and parallelism-mode plugins fill."""
 
+from blutrain.dist.env import DistEnv, detect
+from blutrain.dist.errors import (
+    CollectiveTimeoutError,
+    DistArgumentError,
+    DistEnvironmentError,
+    DistError,
+    LaunchError,
+    StoreError,
+    StoreTimeoutError,
+)
+from blutrain.dist.group import (
+    destroy_process_group,
+    get_process_group,
+    get_rank,
+    get_store,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+)
+from blutrain.dist.mesh import DeviceMesh
+from blutrain.dist.parallel import ParallelMode
+from blutrain.dist.process_group import REDUCE_OPS, CompletedWork, ProcessGroup, ReduceOp, Work
 from blutrain.dist.registry import CommBackendRegistry, ParallelModeRegistry, comm_backends, parallel_modes
+from blutrain.dist.store import Store, StoreServer, TCPStore
 
-__all__ = ["CommBackendRegistry", "ParallelModeRegistry", "comm_backends", "parallel_modes"]
+__all__ = ["REDUCE_OPS", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
+           "DistEnv", "DistEnvironmentError", "DistError", "LaunchError", "ParallelMode", "ParallelModeRegistry",
+           "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StoreTimeoutError", "TCPStore", "Work",
+           "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
+           "get_world_size", "init_process_group", "is_initialized", "parallel_modes"]

@@ -20,8 +20,10 @@ hookspec = pluggy.HookspecMarker("blutrain")
 def blutrain_register_comm_backends(registry: CommBackendRegistry) -> None:
     """Add process-group factories by name (``"nccl"``, ``"mpi"``, ...).
 
-    The factory is called as ``factory(rank=..., world_size=..., store=...)`` and returns an object
-    implementing :class:`blutrain.dist.ProcessGroup`.
+    The factory is called by ``init_process_group`` as ``factory(rank=..., world_size=..., store=...,
+    timeout=..., env=..., **options)`` (``store`` a :class:`blutrain.dist.Store` or None where no
+    rendezvous address is known; ``env`` the :class:`blutrain.dist.DistEnv` read) and returns an
+    object implementing :class:`blutrain.dist.ProcessGroup`.
     """
 
 
@@ -29,6 +31,6 @@ def blutrain_register_comm_backends(registry: CommBackendRegistry) -> None:
 def blutrain_register_parallel_modes(registry: ParallelModeRegistry) -> None:
     """Add parallelism modes by name (``"ddp"``, ``"zero"``, ``"tp"``, ``"cp"``).
 
-    A mode is a class implementing :class:`blutrain.dist.ParallelMode`: it wraps or rewrites a model
-    and its optimizer for a device mesh.
+    A mode is a class implementing :class:`blutrain.dist.ParallelMode`, constructed as
+    ``Mode(mesh, **options)``: it wraps or rewrites a model and its optimizer for a device mesh.
     """

@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     from blutrain.cli import memory_plot_command
 
     memory_plot_command.add_command(sub)
+    from blutrain.cli import run_command
+
+    run_command.add_command(sub)
     return parser
 
 

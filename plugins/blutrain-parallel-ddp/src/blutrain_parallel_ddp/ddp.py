@@ -1,0 +1,204 @@
+"""Data parallelism: every rank holds the whole model, gradients are averaged across the group.
+
+Gradients are grouped into :class:`GradBucket` s of about ``bucket_cap_mb`` (default 25 MiB), filled in
+reverse parameter order (the order backward produces them). Each parameter's post-accumulate-grad
+hook copies its gradient into its bucket; when a bucket is full it is all-reduced (average) with
+``async_op=True`` while backward goes on, buckets always launched in index order so every rank issues
+the same collectives in the same order. The hook of the last gradient waits for every bucket and
+copies the averages back into ``.grad``: when ``backward()`` returns the gradients are synchronized.
+
+``no_sync()`` skips all of this (gradient accumulation: the sum stays local until the first
+backward outside it). At construction, rank 0's parameters and buffers are broadcast to all ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from blutrain.autograd import no_grad
+from blutrain.dist import DeviceMesh, DistArgumentError, DistError, ProcessGroup, Work, get_process_group
+from blutrain.nn import Module
+from blutrain.tensor import Tensor, empty
+
+DEFAULT_BUCKET_CAP_MB = 25.0
+
+
+class GradBucket:
+    """Parameters of one device and dtype whose gradients are reduced together through one flat buffer."""
+
+    def __init__(self, index: int, params: list[tuple[str, Tensor]]) -> None:
+        self.index = index
+        self.names = [n for n, _ in params]
+        self.params = [p for _, p in params]
+        self.offsets: list[int] = []
+        total = 0
+        for p in self.params:
+            self.offsets.append(total)
+            total += p.numel()
+        first = self.params[0]
+        self.buffer = empty(total, dtype=first.dtype, device=first.device)
+        self.ready = [False] * len(self.params)
+        self.pending = len(self.params)
+        self.work: Work | None = None
+
+    def slice(self, i: int) -> Tensor:
+        p = self.params[i]
+        return self.buffer[self.offsets[i]:self.offsets[i] + p.numel()].view(*p.shape)
+
+    def reset(self) -> None:
+        self.ready = [False] * len(self.params)
+        self.pending = len(self.params)
+        self.work = None
+
+
+def _buckets(params: list[tuple[str, Tensor]], cap_bytes: int) -> list[GradBucket]:
+    """Reverse order, one (device, dtype) per bucket, a new bucket once ``cap_bytes`` is reached."""
+    out: list[GradBucket] = []
+    open_: dict[tuple[str, str], list[tuple[str, Tensor]]] = {}
+    sizes: dict[tuple[str, str], int] = {}
+    for name, p in reversed(params):
+        key = (str(p.device), p.dtype.name)
+        open_.setdefault(key, []).append((name, p))
+        sizes[key] = sizes.get(key, 0) + p.numel() * p.dtype.itemsize
+        if sizes[key] >= cap_bytes:
+            out.append(GradBucket(len(out), open_.pop(key)))
+            sizes[key] = 0
+    for group in open_.values():
+        out.append(GradBucket(len(out), group))
+    return out
+
+
+class DistributedDataParallel(Module):
+    """Wrap ``module`` so that ``backward()`` leaves every rank with the group-average gradient.
+
+    ``group``: the data-parallel process group (default: the default group). ``bucket_cap_mb``:
+    the size at which a bucket is closed and reduced. ``broadcast_parameters``: start from rank 0's
+    parameters and buffers. Every parameter that requires grad must get a gradient in each synchronized
+    backward (an unused one is reported at the next forward).
+    """
+
+    def __init__(self, module: Module, group: ProcessGroup | None = None,
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, broadcast_parameters: bool = True) -> None:
+        super().__init__()
+        if not isinstance(module, Module):
+            raise DistArgumentError(f"DistributedDataParallel: module must be a blutrain.nn.Module, got "
+                                    f"{type(module).__name__}")
+        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
+            raise DistArgumentError(f"DistributedDataParallel: bucket_cap_mb must be a number > 0, got "
+                                    f"{bucket_cap_mb!r}")
+        self.module = module
+        self.group: ProcessGroup = get_process_group() if group is None else group
+        self.bucket_cap_mb = float(bucket_cap_mb)
+        params: list[tuple[str, Tensor]] = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.buckets: list[GradBucket] = _buckets(params, int(self.bucket_cap_mb * 2**20)) if params else []
+        self._sync = True
+        self._launched = 0  # buckets launched in this backward pass, always a prefix of self.buckets
+        if broadcast_parameters:
+            self._broadcast_state()
+        for bucket in self.buckets:
+            for i, p in enumerate(bucket.params):
+                p.register_post_accumulate_grad_hook(self._hook(bucket, i))
+
+    # ----------------------------------------------------------------------------- set-up
+    def _broadcast_state(self) -> None:
+        """Rank 0's parameters (through the bucket buffers) and buffers to every rank."""
+        if self.group.size == 1:
+            return
+        with no_grad():
+            for bucket in self.buckets:
+                for i, p in enumerate(bucket.params):
+                    bucket.slice(i).copy_(p.detach())
+                self.group.broadcast(bucket.buffer, src=0)
+                for i, p in enumerate(bucket.params):
+                    p.detach().copy_(bucket.slice(i))
+            frozen = [p for p in self.module.parameters() if not p.requires_grad]
+            for t in [*frozen, *self.module.buffers()]:
+                self.group.broadcast(t.detach(), src=0)
+
+    # ----------------------------------------------------------------------------- backward
+    def _hook(self, bucket: GradBucket, i: int) -> Any:
+        def on_grad(p: Tensor) -> None:
+            if not self._sync:
+                return
+            if bucket.ready[i]:
+                raise DistError(f"DistributedDataParallel: parameter {bucket.names[i]!r} got a second gradient in "
+                                "one backward pass (reused module or retain_graph?); use no_sync() for all but the "
+                                "last of several backward passes")
+            grad = p.grad
+            assert grad is not None
+            bucket.slice(i).copy_(grad)
+            bucket.ready[i] = True
+            bucket.pending -= 1
+            if bucket.pending == 0:
+                self._launch_ready()
+
+        return on_grad
+
+    def _launch_ready(self) -> None:
+        buckets = self.buckets
+        while self._launched < len(buckets) and buckets[self._launched].pending == 0:
+            bucket = buckets[self._launched]
+            bucket.work = self.group.all_reduce(bucket.buffer, op="avg", async_op=True)
+            self._launched += 1
+        if self._launched == len(buckets):
+            self._finish()
+
+    def _finish(self) -> None:
+        """Wait for every bucket and write the averaged gradients back."""
+        for bucket in self.buckets:
+            assert bucket.work is not None
+            bucket.work.wait()
+            for i, p in enumerate(bucket.params):
+                grad = p.grad
+                assert grad is not None
+                grad.copy_(bucket.slice(i))
+            bucket.reset()
+        self._launched = 0
+
+    # ----------------------------------------------------------------------------- forward
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._sync and (self._launched or any(b.pending != len(b.params) for b in self.buckets)):
+            missing = [n for b in self.buckets for n, ok in zip(b.names, b.ready, strict=True) if not ok]
+            raise DistError("DistributedDataParallel: the previous backward pass did not produce gradients for "
+                            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}; every parameter that "
+                            "requires grad must take part in the loss (or set requires_grad=False on it)")
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally, without communication."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def extra_repr(self) -> str:
+        return (f"group={self.group.backend} rank {self.group.rank}/{self.group.size}, buckets={len(self.buckets)}, "
+                f"bucket_cap_mb={self.bucket_cap_mb:g}")
+
+
+class DDP:
+    """The "ddp" parallelism mode: ``DDP(mesh).wrap_model(model)`` over the mesh's "dp" dimension
+    (or a process group itself); the optimizer is unchanged."""
+
+    dim = "dp"
+
+    def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None,
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
+        if isinstance(mesh, DeviceMesh):
+            self.group = mesh.get_group(self.dim)
+        else:
+            self.group = get_process_group() if mesh is None else mesh
+        self.bucket_cap_mb = bucket_cap_mb
+
+    def wrap_model(self, model: Any) -> DistributedDataParallel:
+        return DistributedDataParallel(model, self.group, self.bucket_cap_mb)
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        return optimizer
+
+
+__all__ = ["DDP", "DEFAULT_BUCKET_CAP_MB", "DistributedDataParallel", "GradBucket"]

@@ -1,0 +1,69 @@
+"""DDP in a group of one (an MPI singleton): buckets, gradients equal to the unwrapped model's,
+no_sync, and the error for a parameter that got no gradient. Multi-rank runs against the single
+process: integration_tests/test_dist_mpi.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blutrain.tensor as bt
+from blutrain import nn
+from blutrain.dist import DistError, parallel_modes
+from blutrain_comm_mpi import create_group
+from blutrain_parallel_ddp import DDP, DistributedDataParallel
+
+
+@pytest.fixture(scope="module")
+def group():  # type: ignore[no-untyped-def]
+    g = create_group(rank=0, world_size=1, store=None, timeout=30.0)
+    yield g
+    g.destroy()
+
+
+def mlp() -> nn.Module:
+    bt.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4))
+
+
+def test_the_plugin_registers_ddp() -> None:
+    assert parallel_modes().get("ddp") is DDP
+
+
+def test_buckets_follow_reverse_parameter_order_and_the_size_cap(group) -> None:  # type: ignore[no-untyped-def]
+    model = mlp()
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=(16 * 16 * 4) / 2**20)
+    names = [n for b in ddp.buckets for n in b.names]
+    assert names == [n for n, _ in reversed(list(model.named_parameters()))]
+    assert len(ddp.buckets) > 1
+    for b in ddp.buckets[:-1]:
+        assert b.buffer.numel() * 4 >= 16 * 16 * 4
+
+
+def test_gradients_equal_the_unwrapped_model_and_accumulate_under_no_sync(group) -> None:  # type: ignore[no-untyped-def]
+    x = bt.tensor(np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32))
+    ref = mlp()
+    (ref(x).sum() * 2).backward()
+    model = mlp()
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.001)
+    with ddp.no_sync():
+        ddp(x).sum().backward()
+    ddp(x).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-6, err_msg=name)
+
+
+def test_a_parameter_without_gradient_is_named_at_the_next_forward(group) -> None:  # type: ignore[no-untyped-def]
+    model = mlp()
+    ddp = DistributedDataParallel(model, group)
+    x = bt.ones(2, 8)
+    hidden = model[1](model[0](x))  # the last layer takes no part
+    hidden.sum().backward()
+    with pytest.raises(DistError, match=r"did not produce gradients for 2\.bias, 2\.weight"):
+        ddp(x)
+
+
+def test_bucket_cap_must_be_positive(group) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DistError, match="bucket_cap_mb must be a number > 0, got 0"):
+        DistributedDataParallel(mlp(), group, bucket_cap_mb=0)
