@@ -456,7 +456,8 @@ def torch_reference(cfg: Any) -> Any:
 class TorchRunner:
     """PyTorch eager or ``torch.compile`` of the reference model, with torch.optim.AdamW."""
 
-    def __init__(self, cfg: Any, device: str, precision: str, hp: Hyper, compiled: bool) -> None:
+    def __init__(self, cfg: Any, device: str, precision: str, hp: Hyper, compiled: bool,
+                 foreach: bool = False) -> None:
         import torch
 
         self.torch = torch
@@ -471,6 +472,8 @@ class TorchRunner:
                   {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
         kw: dict[str, Any] = {"lr": hp.lr, "betas": hp.betas, "eps": hp.eps}
         try:
+            if foreach:  # the same training through other kernels: the parity noise floor's second run
+                raise ValueError("foreach asked for")
             self.opt = torch.optim.AdamW(groups, fused=True, **kw)
             self.optimizer = "torch.optim.AdamW(fused=True)"
         except (RuntimeError, TypeError, ValueError):
@@ -479,6 +482,12 @@ class TorchRunner:
         self.clip = hp.clip
         self.forward = torch.compile(self.model) if compiled else self.model
         self.bf16 = precision == "bf16"
+        self.sdpa_context: Callable[[], Any] = contextlib.nullcontext
+        if foreach:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            self.sdpa_context = lambda: sdpa_kernel(SDPBackend.MATH)
+            self.optimizer += ", attention by the math backend"
 
     def stage(self, x: np.ndarray[Any, Any], y: np.ndarray[Any, Any]) -> Any:
         return tuple(self.torch.from_numpy(a).to(self.device) for a in (x, y))
@@ -488,7 +497,7 @@ class TorchRunner:
         x, y = batch
         with phase("forward"):
             self.opt.zero_grad(set_to_none=True)
-            with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.bf16):
+            with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.bf16), self.sdpa_context():
                 loss = self.forward(x, y)
         with phase("backward"):
             loss.backward()
@@ -941,23 +950,36 @@ class Bench:
         weight_diff = max(float(np.max(np.abs(copied[k] - v))) for k, v in state.items())
         print(f"   weights copied: {len(state)} tensors, max |Δw| {weight_diff:.1e}; optimizer "
               f"{ref.optimizer} against {ours.optimizer}", flush=True)
-        curves: dict[str, list[float]] = {"torch": [], "blutrain": []}
+        runners: dict[str, Any] = {"torch": ref, "blutrain": ours}
+        if a.parity_floor:
+            # PyTorch against itself, the second copy through foreach AdamW and the math attention backend:
+            # the same arithmetic rounded differently, so its |Δloss| is float32's own drift at these settings
+            floor = TorchRunner(self.cfg, self.device, precision, self.hp, compiled=False, foreach=True)
+            floor.model.load_state_dict(ref.model.state_dict())
+            runners["torch-foreach"] = floor
+        curves: dict[str, list[float]] = {name: [] for name in runners}
         done = 0
         for i in range(steps):
             if self.out_of_time():
                 self.note(f"parity stopped at step {i} of {steps}: past --time-limit {a.time_limit} s")
                 break
             [(x, y)] = batches.take(1)
-            curves["torch"].append(_finite(ref.loss_value(ref.step(ref.stage(x, y))), "torch", i))
-            curves["blutrain"].append(_finite(ours.loss_value(ours.step(ours.stage(x, y))), "blutrain", i))
+            lr = self.hp.lr * min(1.0, (i + 1) / a.parity_warmup) if a.parity_warmup else self.hp.lr
+            for name, runner in runners.items():
+                for group in runner.opt.param_groups:
+                    group["lr"] = lr
+                curves[name].append(_finite(runner.loss_value(runner.step(runner.stage(x, y))), name, i))
             done = i + 1
             if i in (0, steps - 1) or (i + 1) % max(steps // 5, 1) == 0:
                 print(f"   step {i:4d}: torch {curves['torch'][-1]:.6f}  blutrain {curves['blutrain'][-1]:.6f}  "
                       f"|Δ| {abs(curves['torch'][-1] - curves['blutrain'][-1]):.2e}", flush=True)
         diffs = [abs(t - b) for t, b in zip(curves["torch"], curves["blutrain"], strict=True)]
         worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else None
+        floor_diffs = [abs(t - f) for t, f in zip(curves["torch"], curves.get("torch-foreach", []), strict=False)]
         result = {"steps": done, "requested_steps": steps, "precision": precision, "batch_size": batches.batch,
                   "seq_len": batches.seq, "data": batches.source, "weights_max_abs_diff": weight_diff,
+                  "lr_warmup_steps": a.parity_warmup,
+                  "floor_max_abs_dloss": max(floor_diffs) if floor_diffs else None,
                   "max_abs_dloss": diffs[worst] if worst is not None else None, "at_step": worst,
                   "first_step_abs_dloss": diffs[0] if diffs else None, "goal_fp32": 2e-3, "curves": curves,
                   "optimizers": {"torch": ref.optimizer, "blutrain": ours.optimizer}}
@@ -966,6 +988,9 @@ class Bench:
             verdict = ("meets" if diffs[worst] < 2e-3 else "misses") if precision == "fp32" else "(goal is for fp32)"
             print(f"   max |Δloss| {diffs[worst]:.2e} at step {worst} over {done} steps; first step "
                   f"{diffs[0]:.2e}; {verdict} the issue's goal < 2e-3", flush=True)
+            if floor_diffs:
+                print(f"   noise floor: PyTorch against PyTorch with foreach AdamW and math attention, same weights "
+                      f"and batches: max |Δloss| {max(floor_diffs):.2e}", flush=True)
             self.parity_plot(result)
 
     def parity_plot(self, p: dict[str, Any]) -> None:
@@ -977,12 +1002,18 @@ class Bench:
         ax.plot(steps, p["curves"]["torch"], label="PyTorch (reference)", lw=1.5)
         ax.plot(steps, p["curves"]["blutrain"], label="BluTrain", lw=1.0, ls="--")
         ax.set_ylabel("training loss")
-        ax.set_title(f"GPT-2 {self.args.preset} loss parity, {p['precision']}, same initial weights and batches\n"
-                     f"max |Δloss| {p['max_abs_dloss']:.2e} over {p['steps']} steps", fontsize=10)
+        warm = f", lr warm-up {p['lr_warmup_steps']} steps" if p.get("lr_warmup_steps") else ", constant lr"
+        ax.set_title(f"GPT-2 {self.args.preset} loss parity, {p['precision']}{warm}, same initial weights and "
+                     f"batches\nmax |Δloss| {p['max_abs_dloss']:.2e} over {p['steps']} steps", fontsize=10)
         ax.legend()
         ax.grid(alpha=0.3)
         diffs = [max(abs(t - b), 1e-12) for t, b in zip(p["curves"]["torch"], p["curves"]["blutrain"], strict=True)]
-        ax2.semilogy(steps, diffs, color="C3", lw=1.0)
+        ax2.semilogy(steps, diffs, color="C3", lw=1.0, label="BluTrain − PyTorch")
+        if p["curves"].get("torch-foreach"):
+            floor = [max(abs(t - f), 1e-12) for t, f in zip(p["curves"]["torch"], p["curves"]["torch-foreach"],
+                                                             strict=True)]
+            ax2.semilogy(steps, floor, color="grey", lw=0.8, label="PyTorch − PyTorch (foreach AdamW, math SDPA)")
+            ax2.legend(fontsize=7)
         ax2.axhline(2e-3, color="grey", ls=":", lw=1)
         ax2.set_ylabel("|Δloss|")
         ax2.set_xlabel("step")
@@ -1172,7 +1203,7 @@ class Bench:
         self.save()
         batches = Batches(a.data, self.cfg.vocab_size, a.batch_size, a.seq_len, a.seed)
         staged = batches.take(min(max(a.steps, a.warmup + 1), 8))
-        for precision in a.precision:
+        for precision in [] if a.no_throughput else a.precision:
             if precision == "tf32" and self.device == "cpu":
                 self.note("tf32 is a GPU mode: skipped on the CPU")
                 continue
@@ -1339,7 +1370,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="micro-batch of the parity run (default 8 on cuda, to fit the 8-minute budget; "
                          "--batch-size on cpu)")
     ap.add_argument("--parity-precision", choices=PRECISIONS, default="fp32")
+    ap.add_argument("--parity-warmup", type=int, default=0, metavar="N",
+                    help="linear learning-rate warm-up over N parity steps, both sides (default 0: constant lr)")
+    ap.add_argument("--parity-floor", action="store_true",
+                    help="also train PyTorch against itself (foreach AdamW and math attention): float32's own drift")
     ap.add_argument("--profile", action="store_true", help="per-kernel table of one step, phases, NVTX ranges")
+    ap.add_argument("--no-throughput", action="store_true",
+                    help="leave out the timed configurations (a run for --parity or --profile alone)")
     ap.add_argument("--profile-precision", choices=PRECISIONS, help="default: the first of --precision")
     ap.add_argument("--quick", action="store_true", help="a 2-minute subset")
     ap.add_argument("--time-limit", type=float,
