@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from blutrain.alloc import AllocatorError, format_bytes, load_snapshot, plot_snapshot, plot_timeline
 from blutrain.tensor.errors import BluTrainError
 
 
@@ -25,6 +24,10 @@ def add_command(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: every other blutrain command must work where blutrain-alloc's native
+    # core is not built (a source tree on PYTHONPATH).
+    from blutrain.alloc import AllocatorError, format_bytes, load_snapshot, plot_snapshot, plot_timeline
+
     source: Path = args.snapshot
     out: Path = args.out if args.out is not None else source.parent
     out.mkdir(parents=True, exist_ok=True)
