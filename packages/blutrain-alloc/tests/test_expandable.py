@@ -160,7 +160,7 @@ def fragmenting_pattern(allocator: CachingAllocator) -> None:
     allocator.malloc(16 * MiB)
 
 
-def test_a_fragmenting_pattern_needs_no_new_range_and_leaves_less_unallocated_memory() -> None:
+def test_a_fragmenting_pattern_reuses_the_holes_physical_memory_instead_of_reserving_more() -> None:
     classic = CachingAllocator(HostProvider())
     fragmenting_pattern(classic)
     expandable, provider = new_allocator()
@@ -168,12 +168,32 @@ def test_a_fragmenting_pattern_needs_no_new_range_and_leaves_less_unallocated_me
     old, new = classic.stats(), expandable.stats()
     # Classic: four 20 MiB segments with free pieces and free ends that fit no 16 MiB, so a fifth segment.
     assert sorted(s.size // MiB for s in classic.memory_snapshot()) == [16, 20, 20, 20, 20]
-    # Expandable: the request takes the free 3 MiB at the end of the one range and 14 MiB mapped after it.
+    # Expandable: growing past the peak (64 MiB) first unmaps the whole chunk inside each 3 MiB hole (1 MiB
+    # partial chunks stay, shared with the neighbours); the request then takes the free 3 MiB at the end of
+    # the range and 14 MiB mapped after it, paid for by the holes' chunks: reserved never passes 64 MiB.
     assert provider.reservation_count == 1
-    (segment,) = expandable.memory_snapshot()
-    assert segment.size == 8 * (5 + 3) * MiB + 14 * MiB
-    assert new.reserved_bytes < old.reserved_bytes
-    assert (old.fragmentation_bytes, new.fragmentation_bytes) == (40 * MiB, 7 * 3 * MiB + MiB)
+    assert layout(expandable) == [(6, [(5, "allocated"), (1, "free")])] * 7 + [
+        (22, [(5, "allocated"), (16, "allocated"), (1, "free")])
+    ]
+    assert (new.reserved_bytes, new.reserved_bytes_peak, provider.mapped_bytes) == (64 * MiB, 64 * MiB, 64 * MiB)
+    assert (old.fragmentation_bytes, new.fragmentation_bytes) == (40 * MiB, 8 * MiB)
+
+
+def test_growing_within_the_peak_unmaps_nothing() -> None:
+    allocator, provider = new_allocator()
+    first = allocator.malloc(6 * MiB)
+    second = allocator.malloc(6 * MiB)
+    allocator.free(first)  # a 6 MiB hole: three whole chunks
+    allocator.free(second)
+    allocator.empty_cache()  # nothing mapped; the peak stays 12 MiB
+    again = allocator.malloc(6 * MiB)
+    assert allocator.stats().reserved_bytes == 6 * MiB
+    hole = allocator.malloc(4 * MiB)
+    allocator.free(again)  # 6 MiB free before the 4 MiB block
+    unmaps = allocator.stats().segment_free_count
+    allocator.malloc(8 * MiB)  # fits no free block: grows from 10 to 18 MiB, past the 12 MiB peak
+    assert allocator.stats().segment_free_count > unmaps  # the hole's chunks went back first
+    allocator.free(hole)
 
 
 def test_mapped_memory_is_writable_and_reads_back() -> None:

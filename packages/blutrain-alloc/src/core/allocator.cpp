@@ -154,6 +154,18 @@ std::uintptr_t CachingAllocator::malloc(std::size_t size, StreamId stream) {
   BlockPool& pool = rounded <= kSmallSize ? small_pool_ : large_pool_;
   Block* block = take_free_block(pool, stream, rounded);
   bool from_cache = block != nullptr;
+  if (block == nullptr && expandable_segments() && stats_.reserved_bytes + rounded > stats_.reserved_bytes_peak) {
+    // Growing may set a new peak of reserved memory: first give back the chunks that lie wholly inside free
+    // blocks (holes left between live blocks), so that the new chunks reuse their physical memory and the
+    // peak reserved follows the peak allocated. Only at a new peak: in a steady loop, no unmapping.
+    std::exception_ptr error;
+    release_expandable_memory(error, /*keep_tails=*/true);
+    if (error) {
+      std::rethrow_exception(error);
+    }
+    block = take_free_block(pool, stream, rounded);
+    from_cache = block != nullptr;
+  }
   if (block == nullptr) {
     block = expandable_segments() ? alloc_expandable(pool, stream, rounded)
                                   : alloc_segment(pool, stream, segment_size_for(rounded));
@@ -565,21 +577,22 @@ void CachingAllocator::release_cached_blocks() {
     }
   }
   if (expandable_segments()) {
-    release_expandable_memory(first_error);
+    release_expandable_memory(first_error, /*keep_tails=*/false);
   }
   if (first_error) {
     std::rethrow_exception(first_error);
   }
 }
 
-void CachingAllocator::release_expandable_memory(std::exception_ptr& first_error) {
+void CachingAllocator::release_expandable_memory(std::exception_ptr& first_error, bool keep_tails) {
   const std::size_t unit = granularity_;
   // Every chunk that lies wholly inside a free block is unmapped; the free block keeps the partial chunks
-  // at its ends, which allocated neighbours share.
+  // at its ends, which allocated neighbours share. With keep_tails (before a growth), a free block that ends
+  // its run of mapped memory stays, as do ranges: the growth merges with the one and maps into the other.
   std::vector<Block*> candidates;
   for (BlockPool* pool : {&small_pool_, &large_pool_}) {
     for (Block* block : pool->free_blocks) {
-      if (block->expandable != nullptr) {
+      if (block->expandable != nullptr && !(keep_tails && !is_mapped(block->next))) {
         candidates.push_back(block);
       }
     }
@@ -622,6 +635,9 @@ void CachingAllocator::release_expandable_memory(std::exception_ptr& first_error
     }
     block->backing = Backing::Unmapped;
     merge_unmapped(block);
+  }
+  if (keep_tails) {
+    return;
   }
   // A range with nothing mapped goes back too; the next growth reserves a new one.
   std::vector<std::pair<std::uintptr_t, std::size_t>> released;

@@ -214,7 +214,7 @@ class CachingAllocator {
   void free_block(Block* block);
   void process_events(bool synchronize);
   void release_cached_blocks();
-  void release_expandable_memory(std::exception_ptr& first_error);
+  void release_expandable_memory(std::exception_ptr& first_error, bool keep_tails);
   void merge_unmapped(Block* block);
   void count_mapped_runs(const Block* block, bool mapping);
   std::size_t largest_free_block() const;
