@@ -195,6 +195,8 @@ class Bench:
                 for causal in (True, False):
                     self.attention_case(rows, B, H, D, T, dt, causal)
                     self.free()
+                    self.attention_packed_case(rows, B, H, D, T, dt, causal)
+                    self.free()
 
     def attention_case(self, rows: list[Row], B: int, H: int, D: int, T: int, dt: Any, causal: bool) -> None:
         import torch.nn.functional as F
@@ -228,6 +230,49 @@ class Bench:
         bwd.ours_ms = self.time_ms(lambda: K.sdpa_backward(cdo, cq, ck, cv, out, lse, None, causal, scale))
         bwd.torch_ms = self.time_ms(lambda: torch.autograd.grad(o, (qr, kr, vr), do, retain_graph=True),
                                     torch_side=True)
+        self.flop_row(bwd, 2.5 * flops, dt == torch.bfloat16)
+        rows.append(bwd)
+
+    def attention_packed_case(self, rows: list[Row], B: int, H: int, D: int, T: int, dt: Any, causal: bool) -> None:
+        """GPT-2's layout: q, k, v read in place from one [B, T, 3C] projection, y written as [B, T, C] and the
+        gradient as one [B, T, 3C] buffer, against PyTorch's attention on the same transposed views (its
+        flash kernel takes them as they are) with the heads merged back."""
+        import torch.nn.functional as F
+
+        from blutrain.kernels import cuda as K
+
+        torch = self.torch
+        C = H * D
+        shape = f"{B}x{H}x{D} T={T}{' causal' if causal else ''} packed"
+        dname = "fp32" if dt == torch.float32 else "bf16"
+        qkv, dy = torch.randn(B, T, 3 * C, device="cuda", dtype=dt), torch.randn(B, T, C, device="cuda", dtype=dt)
+        cqkv, cdy = self.as_cupy(qkv), self.as_cupy(dy)
+        scale = D**-0.5
+        flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
+
+        def torch_fwd(x: Any) -> Any:
+            q, k, v = (t.reshape(B, T, H, D).transpose(1, 2) for t in x.split(C, dim=2))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal).transpose(1, 2).reshape(B, T, C)
+
+        fwd = Row("attention fwd", shape, dname)
+        res = K.sdpa_packed(cqkv, H, causal, scale)
+        assert res is not None
+        y, lse = res
+        ref = torch_fwd(qkv)
+        fwd.rel_err = self.rel_err(self.to_torch(y, ref), ref)
+        fwd.ours_ms = self.time_ms(lambda: K.sdpa_packed(cqkv, H, causal, scale))
+        fwd.torch_ms = self.time_ms(lambda: torch_fwd(qkv), torch_side=True)
+        self.flop_row(fwd, flops, dt == torch.bfloat16)
+        rows.append(fwd)
+        bwd = Row("attention bwd", shape, dname)
+        dqkv = K.sdpa_packed_backward(cdy, cqkv, y, lse, H, causal, scale)
+        assert dqkv is not None
+        xr = qkv.detach().requires_grad_(True)
+        o = torch_fwd(xr)
+        (tg,) = torch.autograd.grad(o, (xr,), dy, retain_graph=True)
+        bwd.rel_err = self.rel_err(self.to_torch(dqkv, tg), tg)
+        bwd.ours_ms = self.time_ms(lambda: K.sdpa_packed_backward(cdy, cqkv, y, lse, H, causal, scale))
+        bwd.torch_ms = self.time_ms(lambda: torch.autograd.grad(o, (xr,), dy, retain_graph=True), torch_side=True)
         self.flop_row(bwd, 2.5 * flops, dt == torch.bfloat16)
         rows.append(bwd)
 

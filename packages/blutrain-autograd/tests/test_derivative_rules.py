@@ -436,6 +436,13 @@ def _sdpa(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     return inputs, lambda q, k, v: bt.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kind == 1)
 
 
+@case("sdpa_packed")
+def _sdpa_packed(data: st.DataObject, rng: np.random.Generator) -> Drawn:
+    B, T, H, D = (data.draw(st.integers(1, 3)) for _ in range(4))
+    causal = data.draw(st.booleans())
+    return [rng.standard_normal((B, T, 3 * H * D))], lambda qkv: bt.self_attention(qkv, H, is_causal=causal)
+
+
 @case("checkpoint")
 def _checkpoint(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     shape = data.draw(shapes())

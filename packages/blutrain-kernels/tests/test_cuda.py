@@ -702,6 +702,130 @@ def test_flash_attention_bfloat16_backward_is_deterministic() -> None:
         assert np.array_equal(host(a), host(b))
 
 
+# Strided operands: the kernels take (batch, head, row) strides, so (B, H, T, D) views of [B, T, H, D] data
+# and the three parts of a packed [B, T, 3C] projection are read (and the packed gradient written) in place.
+# Odd lengths give tails on both sides; the results are the same bits as on contiguous copies.
+ATTN_STRIDED_CASES = [(2, 3, 77), (1, 2, 200)]
+
+
+def _bthd_view(a: np.ndarray[Any, Any], dtype: Any) -> Any:
+    """(B, H, T, D) values as a transposed view of device data laid out [B, T, H, D]."""
+    return dev(np.ascontiguousarray(a.transpose(0, 2, 1, 3)), dtype).transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("B", "H", "T"), ATTN_STRIDED_CASES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_reads_transposed_bthd_views_in_place(dtype: Any, B: int, H: int, T: int, D: int,
+                                                              causal: bool) -> None:
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    r = rng(25)
+    q, k, v, g = (f64(r.standard_normal((B, H, T, D)), dtype) for _ in range(4))
+    views = [_bthd_view(a, dtype) for a in (q, k, v, g)]
+    # read in place, no contiguous copy (a batch of one is never stepped over: its stride counts as 0)
+    assert cuda._row_layout(views[0]) == (T * H * D if B > 1 else 0, D, H * D)
+    res = cuda.sdpa(*views[:3], None, causal, D**-0.5)
+    assert res is not None
+    rout, rlse = cpu_nn.sdpa(q, k, v, None, causal, D**-0.5)
+    check(res[0], rout, dtype)
+    check(res[1], rlse, np.float32)
+    copies = [cp.ascontiguousarray(t) for t in views]
+    same = cuda.sdpa(*copies[:3], None, causal, D**-0.5)
+    assert same is not None
+    assert np.array_equal(host(res[0]), host(same[0])) and np.array_equal(host(res[1]), host(same[1]))
+
+    out = _bthd_view(host(res[0]), dtype)
+    grads = cuda.sdpa_backward(views[3], *views[:3], out, res[1], None, causal, D**-0.5)
+    assert grads is not None
+    refs = cpu_nn.sdpa_backward(g, q, k, v, host(res[0]), host(res[1]), None, causal, D**-0.5)
+    for got, ref in zip(grads, refs, strict=True):
+        check(got, ref, dtype, floor=1.0)
+    same_grads = cuda.sdpa_backward(copies[3], *copies[:3], cp.ascontiguousarray(out), res[1], None, causal,
+                                    D**-0.5)
+    assert same_grads is not None
+    for a, b in zip(grads, same_grads, strict=True):
+        assert np.array_equal(host(a), host(b))
+
+
+def _packed_data(B: int, T: int, H: int, D: int, dtype: Any, seed: int) -> tuple[np.ndarray[Any, Any], ...]:
+    r = rng(seed)
+    return f64(r.standard_normal((B, T, 3 * H * D)), dtype), f64(r.standard_normal((B, T, H * D)), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("B", "H", "T"), ATTN_STRIDED_CASES)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_self_attention_matches_float64(dtype: Any, B: int, H: int, T: int, D: int, causal: bool) -> None:
+    from blutrain.kernels import cuda
+
+    qkv, g = _packed_data(B, T, H, D, dtype, 26)
+    scale = D**-0.5
+    res = cuda.sdpa_packed(dev(qkv, dtype), H, causal, scale)
+    assert res is not None
+    ry, rlse = cpu_nn.sdpa_packed(qkv, H, causal, scale)
+    check(res[0], ry, dtype)
+    check(res[1], rlse, np.float32)
+    y, lse = f64(ry, dtype), f64(rlse, np.float32)  # what the forward saved
+    dqkv = cuda.sdpa_packed_backward(dev(g, dtype), dev(qkv, dtype), dev(y, dtype), dev(lse, np.float32), H, causal,
+                                     scale)
+    assert dqkv is not None and dqkv.dtype == dtype and dqkv.shape == qkv.shape
+    check(dqkv, cpu_nn.sdpa_packed_backward(g, qkv, y, lse, H, causal, scale), dtype, floor=1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("pad", [8, 1])
+def test_packed_self_attention_reads_a_strided_projection_and_copies_only_a_misaligned_one(dtype: Any,
+                                                                                         pad: int) -> None:
+    from blutrain.kernels import cuda
+
+    B, T, H, D = 2, 90, 2, 64
+    qkv, g = _packed_data(B, T, H, D, dtype, 27)
+    wide = np.concatenate([qkv, np.zeros((B, T, pad))], axis=2)  # rows 3C + pad elements apart
+    view = dev(wide, dtype)[:, :, :3 * H * D]
+    q = cuda._packed_heads(view, H)[0]
+    assert (cuda._row_layout(q) is None) == (pad * np.dtype(dtype).itemsize % 16 != 0)
+    res = cuda.sdpa_packed(view, H, True, 0.1)
+    assert res is not None
+    ry, rlse = cpu_nn.sdpa_packed(qkv, H, True, 0.1)
+    check(res[0], ry, dtype)
+    y, lse = f64(ry, dtype), f64(rlse, np.float32)
+    dqkv = cuda.sdpa_packed_backward(dev(g, dtype), view, dev(y, dtype), dev(lse, np.float32), H, True, 0.1)
+    assert dqkv is not None
+    check(dqkv, cpu_nn.sdpa_packed_backward(g, qkv, y, lse, H, True, 0.1), dtype, floor=1.0)
+
+
+def test_flash_attention_with_batch_dims_that_do_not_collapse_copies_and_stays_exact() -> None:
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    r = rng(28)
+    q, k, v = (f64(r.standard_normal((2, 3, 2, 40, 64)), np.float32) for _ in range(3))
+    views = [dev(np.ascontiguousarray(a.transpose(1, 0, 2, 3, 4)), np.float32).transpose(1, 0, 2, 3, 4)
+             for a in (q, k, v)]
+    assert cuda._row_layout(views[0]) is None  # (2, 3) leading dims in the wrong memory order
+    res = cuda.sdpa(*views, None, True, 0.125)
+    assert res is not None
+    rout, rlse = cpu_nn.sdpa(q, k, v, None, True, 0.125)
+    check(res[0], rout, np.float32)
+    check(res[1], rlse, np.float32)
+    same = cuda.sdpa(*(cp.ascontiguousarray(t) for t in views), None, True, 0.125)
+    assert same is not None and np.array_equal(host(res[0]), host(same[0]))
+
+
+def test_packed_self_attention_leaves_other_head_dims_to_the_generic_kernel() -> None:
+    from blutrain.kernels import cuda
+
+    qkv = dev(np.ones((1, 4, 3 * 2 * 32), np.float32))
+    assert cuda.sdpa_packed(qkv, 2, True, 1.0) is None
+    assert cuda.sdpa_packed(qkv, 5, True, 1.0) is None  # 192 is not 3 * 5 heads wide
+
+
 # ------------------------------------------------------------------------------------------- Philox
 
 

@@ -43,6 +43,18 @@ def test_gradients_reach_float32_master_weights_in_float32() -> None:
     assert err < 2e-2  # bf16 operands, float32 accumulation
 
 
+def test_packed_self_attention_runs_in_bf16_and_its_gradient_reaches_float32_in_float32() -> None:
+    import blutrain.autograd  # noqa: F401  (installs the recorder)
+
+    bt.manual_seed(0)
+    qkv = bt.randn(2, 8, 3 * 2 * 4, requires_grad=True)
+    with bt.autocast():
+        y = bt.self_attention(qkv, 2, is_causal=True)
+    assert y.dtype is bt.bfloat16
+    y.float().sum().backward()
+    assert qkv.grad is not None and qkv.grad.dtype is bt.float32
+
+
 def test_autocast_refuses_a_full_precision_dtype() -> None:
     with pytest.raises(TypeError, match="bfloat16 or float16"):
         bt.autocast(dtype="float32")

@@ -176,6 +176,42 @@ def test_scaled_dot_product_attention_matches_softmax_of_scores(kind: str) -> No
     close(got, want)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_self_attention_is_attention_per_head_of_the_packed_projection(causal: bool) -> None:
+    B, T, H, D = 2, 5, 3, 4
+    qkv = rng.standard_normal((B, T, 3 * H * D))
+    q, k, v = (qkv[:, :, i * H * D:(i + 1) * H * D].reshape(B, T, H, D).transpose(0, 2, 1, 3) for i in range(3))
+    scores = q @ k.transpose(0, 1, 3, 2) * 0.7
+    if causal:
+        scores = np.where(np.tril(np.ones((T, T), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(B, T, H * D)
+    close(bt.self_attention(t64(qkv), H, is_causal=causal, scale=0.7), want)
+
+
+def test_self_attention_scales_by_the_inverse_square_root_of_the_head_dim_by_default() -> None:
+    qkv = t64(rng.standard_normal((1, 4, 3 * 2 * 9)))
+    close(bt.self_attention(qkv, 2), bt.self_attention(qkv, 2, scale=1 / 3).numpy())
+
+
+def test_self_attention_gradient_is_one_buffer_in_the_input_dtype() -> None:
+    qkv = bt.tensor(rng.standard_normal((2, 3, 12)), dtype=bt.float32).requires_grad_()
+    bt.self_attention(qkv, 2, is_causal=True).sum().backward()
+    assert qkv.grad is not None and qkv.grad.shape == (2, 3, 12) and qkv.grad.dtype is bt.float32
+
+
+def test_self_attention_rejects_a_width_that_is_not_three_heads_wide() -> None:
+    with pytest.raises(bt.ShapeError, match=r"self_attention: qkv must be \(B, T, 3·C\) with C a multiple of "
+                                            r"n_head \(2\), got \[1, 4, 9\]"):
+        bt.self_attention(t64(np.zeros((1, 4, 9))), 2)
+    with pytest.raises(bt.ShapeError, match=r"got \[4, 12\]"):
+        bt.self_attention(t64(np.zeros((4, 12))), 2)
+    with pytest.raises(bt.TensorValueError, match="self_attention: n_head must be a positive int, got 0"):
+        bt.self_attention(t64(np.zeros((1, 4, 12))), 0)
+    with pytest.raises(bt.TensorTypeError, match="self_attention: qkv must be floating, got dtype int64"):
+        bt.self_attention(bt.tensor(np.zeros((1, 4, 12), np.int64)), 2)
+
+
 def test_indexing_matches_numpy_for_basic_and_advanced_keys() -> None:
     a = rng.standard_normal((4, 5, 6))
     x = t64(a)

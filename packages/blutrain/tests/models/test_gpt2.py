@@ -174,6 +174,30 @@ def test_mlp_fuses_the_c_fc_bias_into_gelu_with_the_plain_modules_loss_and_gradi
     assert sorted(fused.state_dict()) == sorted(plain.state_dict())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_packed_attention_gives_exactly_the_split_heads_loss_and_gradients(dtype: str) -> None:
+    packed = _model()
+    split = GPT2(SMALL)
+    split.load_state_dict(packed.state_dict())
+    for block in split.transformer.h:
+        block.attn.packed = False
+    if dtype == "float64":
+        packed, split = packed.to(float64), split.to(float64)
+    x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
+    y = from_numpy(_tokens((2, 16), SMALL.vocab_size, seed=3))
+    losses = []
+    for m in (packed, split):
+        _, loss = m(x, y)
+        assert loss is not None
+        loss.backward()
+        losses.append(loss.detach().numpy())
+    assert losses[0] == losses[1]
+    grads = dict(split.named_parameters())
+    for name, p in packed.named_parameters():
+        assert p.grad is not None and grads[name].grad is not None, name
+        np.testing.assert_array_equal(p.grad.numpy(), grads[name].grad.numpy(), err_msg=name)
+
+
 def test_activation_checkpointing_gives_the_same_loss_and_gradients() -> None:
     plain = _model().to(float64)
     ckpt = GPT2(GPT2Config(**{**SMALL.to_dict(), "checkpoint_activations": True})).to(float64)

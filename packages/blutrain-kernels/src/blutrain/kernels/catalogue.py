@@ -614,6 +614,20 @@ def sdpa_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
 
 
 @_composite
+def sdpa_packed_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
+    """A packed qkv (B, T, 3·H·D) in any layout; head dims small and odd or 64 (a fused kernel's size); causal
+    or not; the default or a given scale."""
+    st = _st()
+    rng, seed = _rng(draw)
+    B, H = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    T = draw(st.sampled_from((1, 2, 3, 5, 8, 9, 17, 33)))
+    D = draw(st.sampled_from((1, 3, 8, 64)))
+    qkv = _draw_arg(draw, rng, (B, T, 3 * H * D), dtype, grad=grad)
+    kwargs = {"is_causal": draw(st.booleans()), "scale": draw(st.sampled_from((None, 0.3)))}
+    return Sample((qkv, H), kwargs, seed)
+
+
+@_composite
 def dropout_samples(draw: DrawFn, dtype: DType) -> Sample:
     rng, seed = _rng(draw)
     x = _draw_arg(draw, rng, _draw_shape(draw), dtype, "nonzero", grad=True)
@@ -930,6 +944,12 @@ _op("sdpa", "scaled_dot_product_attention(query, key, value, attn_mask=None, is_
 _op("sdpa_backward", "scaled_dot_product_attention(...) → backward",
     "gradients of attention for q, k and v (probabilities recomputed from the log-sum-exp)", FLOATS,
     lambda dt: sdpa_samples(dt, grad=True), _sdpa, backward=True)
+_op("sdpa_packed", "self_attention(qkv, n_head, is_causal=False, scale=None) -> Tensor",
+    "attention of each head of a packed (B, T, 3C) q|k|v projection, heads merged to (B, T, C)", FLOATS,
+    lambda dt: sdpa_packed_samples(dt), _fn("self_attention"))
+_op("sdpa_packed_backward", "self_attention(...) → backward",
+    "the (B, T, 3C) gradient of packed self-attention, one buffer in qkv's dtype", FLOATS,
+    lambda dt: sdpa_packed_samples(dt, grad=True), _fn("self_attention"), backward=True)
 
 
 __all__ = ["CATALOGUE", "LAYOUTS", "Arg", "OpInfo", "Sample", "get_op", "reference_dtype"]

@@ -107,6 +107,7 @@ from blutrain.tensor.ops.nn import (
     layer_norm,
     rms_norm,
     scaled_dot_product_attention,
+    self_attention,
 )
 from blutrain.tensor.ops.reduction import (
     amax,
@@ -260,6 +261,7 @@ __all__ = [
     "save_file",
     "scaled_dot_product_attention",
     "scatter_add",
+    "self_attention",
     "set_default_dtype",
     "sigmoid",
     "sign",

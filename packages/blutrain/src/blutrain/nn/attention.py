@@ -6,20 +6,24 @@ from blutrain.nn.activation import Dropout
 from blutrain.nn.errors import ModuleError
 from blutrain.nn.linear import Linear
 from blutrain.nn.module import Module
-from blutrain.tensor import Tensor, scaled_dot_product_attention
+from blutrain.tensor import Tensor, scaled_dot_product_attention, self_attention
 from blutrain.tensor.errors import ShapeError
 
 
 class CausalSelfAttention(Module):
     """``c_attn`` (n_embd → 3·n_embd: q, k, v in that order), causal attention per head, ``c_proj``.
 
-    The attention itself is one ``scaled_dot_product_attention(is_causal=True)`` op, which keeps the
-    per-query log-sum-exp for backward instead of the T×T probabilities. ``dropout`` applies to the
-    output projection (residual dropout); the attention kernel does not support dropout on the
-    probabilities, so there is none there.
+    The attention itself is one ``self_attention(c_attn(x), n_head, is_causal=True)`` op over the packed
+    projection, which keeps the per-query log-sum-exp for backward instead of the T×T probabilities: its
+    kernels read q, k and v where c_attn wrote them and write the heads merged, and its backward writes
+    the (B, T, 3C) gradient in one buffer, so no split, transpose, zero fill or sum runs around it.
+    ``packed=False`` takes the general path instead (split, per-head ``scaled_dot_product_attention``,
+    merge): the same values. ``dropout`` applies to the output projection (residual dropout); the
+    attention kernels do not support dropout on the probabilities, so there is none there.
     """
 
-    def __init__(self, n_embd: int, n_head: int, bias: bool = True, dropout: float = 0.0) -> None:
+    def __init__(self, n_embd: int, n_head: int, bias: bool = True, dropout: float = 0.0,
+                 packed: bool = True) -> None:
         super().__init__()
         if n_head <= 0 or n_embd % n_head:
             raise ModuleError(f"CausalSelfAttention: n_embd ({n_embd}) must be a positive multiple of n_head "
@@ -29,23 +33,30 @@ class CausalSelfAttention(Module):
         self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias)
         self.c_proj = Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = Dropout(dropout)
+        self.packed = packed
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim != 3 or x.shape[2] != self.n_embd:
             raise ShapeError(f"CausalSelfAttention: input must be (B, T, {self.n_embd}), got {list(x.shape)}")
-        B, T, C = x.shape
+        qkv = self.c_attn(x)
+        y = self_attention(qkv, self.n_head, is_causal=True) if self.packed else self._split_heads_attention(qkv)
+        out: Tensor = self.resid_dropout(self.c_proj(y))
+        return out
+
+    def _split_heads_attention(self, qkv: Tensor) -> Tensor:
+        B, T, C3 = qkv.shape
+        C = C3 // 3
         hs = C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = qkv.split(C, dim=2)
         q = q.reshape(B, T, self.n_head, hs).transpose(1, 2)
         k = k.reshape(B, T, self.n_head, hs).transpose(1, 2)
         v = v.reshape(B, T, self.n_head, hs).transpose(1, 2)
         y = scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.transpose(1, 2).reshape(B, T, C)
-        out: Tensor = self.resid_dropout(self.c_proj(y))
-        return out
+        return y.transpose(1, 2).reshape(B, T, C)
 
     def extra_repr(self) -> str:
-        return f"n_embd={self.n_embd}, n_head={self.n_head}"
+        packed = "" if self.packed else ", packed=False"
+        return f"n_embd={self.n_embd}, n_head={self.n_head}{packed}"
 
 
 __all__ = ["CausalSelfAttention"]

@@ -1,9 +1,10 @@
 """Derivatives of the fused transformer ops; each calls its fused backward kernel.
 
 What each saves is decided here: LayerNorm and RMSNorm keep the input and the per-row statistics;
-cross-entropy keeps the logits and per-row log-sum-exp (no softmax tensor); attention keeps q, k, v,
-its output and the log-sum-exp (no T×S matrix); bias+GELU keeps its input and bias (not their sum;
-the backward kernel adds them again); dropout keeps its boolean mask; embedding keeps only the indices.
+cross-entropy keeps the logits and per-row log-sum-exp (no softmax tensor); attention keeps q, k, v
+(packed self-attention: the one qkv tensor), its output and the log-sum-exp (no T×S matrix);
+bias+GELU keeps its input and bias (not their sum; the backward kernel adds them again); dropout keeps
+its boolean mask; embedding keeps only the indices.
 """
 
 from __future__ import annotations
@@ -101,3 +102,17 @@ def _sdpa(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     dq, dk, dv = dispatch.kernel("sdpa_backward", q.device.type, q.dtype)(
         grads[0]._data, q._data, k._data, v._data, out._data, lse._data, a["mask"], a["causal"], a["scale"])
     return tuple(_wrap(d, q) if need else None for d, need in zip((dq, dk, dv), node.needs, strict=True))
+
+
+def _save_sdpa_packed(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
+    return (inputs[0], outputs[0].detach(), attrs["lse"])
+
+
+@derivative("sdpa_packed", save=_save_sdpa_packed)
+def _sdpa_packed(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("self_attention", create_graph)
+    qkv, out, lse = node.saved
+    a = node.attrs
+    dqkv = dispatch.kernel("sdpa_packed_backward", qkv.device.type, qkv.dtype)(
+        grads[0]._data, qkv._data, out._data, lse._data, a["n_head"], a["causal"], a["scale"])
+    return (_wrap(dqkv, qkv),)

@@ -1,7 +1,12 @@
 // Flash attention (online softmax; no L x S matrix in memory), forward and backward, causal
-// (top-left aligned: query i sees keys 0..i) or not, head dim D = 64 or 128. Layout: q [BH, L, D],
-// k and v [BH, S, D], out [BH, L, D], lse [BH, L] float32 (natural log of the row's sum of
-// exp(scale * q.k)), all contiguous. bfloat16 lives in attention_bf16.cu.
+// (top-left aligned: query i sees keys 0..i) or not, head dim D = 64 or 128. Layout: q, out (and dq,
+// dout) hold L rows of D per (batch, head), k and v (dk, dv) S rows; each tensor is addressed through
+// its own (batch, head, row) strides in elements, with the D elements of a row contiguous, so that
+// views need no copy: q, k and v may be the three parts of one packed [B, T, 3, H, D] projection (row
+// stride 3HD) and out a [B, T, H, D] buffer (row stride HD). blockIdx.y = b * H + h. Base pointers and
+// strides must keep every row 16-byte aligned (cp.async; the host checks). lse (and Delta) are
+// [B*H, L] float32, contiguous (natural log of the row's sum of exp(scale * q.k)). bfloat16 lives in
+// attention_bf16.cu.
 //
 // float32 (attn_*_f32_d*): tensor cores with 3xTF32 (mma.sync m16n8k8), the scheme PyTorch's fp32
 // memory-efficient attention (xFormers' CUTLASS kernel, OpMultiplyAddFastF32) uses. The fp32 FFMA
@@ -42,6 +47,16 @@
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
+
+// Where one tensor's rows live, in elements: the rows of (batch b, head h) start at b * batch + h * head,
+// consecutive rows are `row` apart. 64-bit: a packed [B, T, 3, H, D] buffer passes 2^31 elements early.
+struct RowLayout {
+    long long batch, head, row;
+};
+
+template <typename T> __device__ __forceinline__ T* head_rows(T* base, const RowLayout& l, int b, int h) {
+    return base + b * l.batch + h * l.head;
+}
 
 // ------------------------------------------------------------------ float32: 3xTF32 tensor cores
 
@@ -195,16 +210,17 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// dst[r][0..D) (stride D+4) = src[row0 + r][0..D), zero for rows at or past rows_valid.
+// dst[r][0..D) (stride D+4) = src[(row0 + r) * rs + 0..D), zero for rows at or past rows_valid.
 template <int D, int ROWS, int THREADS>
-__device__ __forceinline__ void load_rows_async(float* dst, const float* src, int row0, int rows_valid) {
+__device__ __forceinline__ void load_rows_async(float* dst, const float* src, long long rs, int row0,
+                                                int rows_valid) {
     constexpr int C = D / 4;  // 16-byte chunks per row
 #pragma unroll
     for (int e = threadIdx.x; e < ROWS * C; e += THREADS) {
         const int r = e / C, c = e % C;
         const int gr = row0 + r;
         const bool ok = gr < rows_valid;
-        cp_async16(dst + r * (D + 4) + c * 4, src + (long long)(ok ? gr : 0) * D + c * 4, ok);
+        cp_async16(dst + r * (D + 4) + c * 4, src + (ok ? gr : 0) * rs + c * 4, ok);
     }
 }
 
@@ -230,25 +246,26 @@ template <int NT> __device__ __forceinline__ int causal_blocks(int causal, int l
 template <int D, int WARPS, int BN, int CH>
 __device__ __forceinline__ void attn_fwd_tc(const float* __restrict__ q, const float* __restrict__ k,
                                             const float* __restrict__ v, float* __restrict__ out,
-                                            float* __restrict__ lse, int L, int S, float scale, int causal) {
+                                            float* __restrict__ lse, int L, int S, float scale, int causal,
+                                            int H, RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo) {
     constexpr int BM = WARPS * 16, TH = WARPS * 32, ST = D + 4, NT = BN / 8, DT = D / 8;
     extern __shared__ __align__(16) float tc_smem[];
     float* sQ = tc_smem;
     float* sK = sQ + BM * ST;
     float* sV = sK + BN * ST;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y;
+    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
     const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  // heaviest causal tiles first
     const int qw = q0 + warp * 16;                                            // this warp's first row
-    const float* qb = q + (long long)bh * L * D;
-    const float* kb = k + (long long)bh * S * D;
-    const float* vb = v + (long long)bh * S * D;
+    const float* qb = head_rows(q, lq, batch, head);
+    const float* kb = head_rows(k, lk, batch, head);
+    const float* vb = head_rows(v, lv, batch, head);
     const float sl2 = scale * LOG2E;
 
-    load_rows_async<D, BM, TH>(sQ, qb, q0, L);
-    load_rows_async<D, BN, TH>(sK, kb, 0, S);
+    load_rows_async<D, BM, TH>(sQ, qb, lq.row, q0, L);
+    load_rows_async<D, BN, TH>(sK, kb, lk.row, 0, S);
     cp_async_commit();
-    load_rows_async<D, BN, TH>(sV, vb, 0, S);
+    load_rows_async<D, BN, TH>(sV, vb, lv.row, 0, S);
     cp_async_commit();
 
     float o[DT][4], m[2] = {-BT_INF, -BT_INF}, l[2] = {0.f, 0.f};  // l: this lane's part of the row sum
@@ -266,7 +283,7 @@ __device__ __forceinline__ void attn_fwd_tc(const float* __restrict__ q, const f
         for (int n = 0; n < NT; ++n) zero(s[n]);
         warp_mma_abt<NT, D / 8, ST>(s, sQ + warp * 16 * ST, sK, 0, nhi, g, t);
         __syncthreads();  // every warp is done with sK
-        if (more) load_rows_async<D, BN, TH>(sK, kb, k0 + BN, S);
+        if (more) load_rows_async<D, BN, TH>(sK, kb, lk.row, k0 + BN, S);
         cp_async_commit();
 
         const bool edge = k0 + BN > S || (causal && k0 + BN - 1 > qw);
@@ -315,11 +332,12 @@ __device__ __forceinline__ void attn_fwd_tc(const float* __restrict__ q, const f
         __syncthreads();
         warp_mma_pb<NT, DT, CH, ST>(o, s, sV, 0, nhi, g, t);
         __syncthreads();  // every warp is done with sV
-        if (more) load_rows_async<D, BN, TH>(sV, vb, k0 + BN, S);
+        if (more) load_rows_async<D, BN, TH>(sV, vb, lv.row, k0 + BN, S);
         cp_async_commit();
     }
     cp_async_wait<0>();
 
+    float* ob = head_rows(out, lo, batch, head);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float lt = l[h];
@@ -328,7 +346,7 @@ __device__ __forceinline__ void attn_fwd_tc(const float* __restrict__ q, const f
         const int row = qw + g + 8 * h;
         if (row < L) {
             const float inv = 1.f / lt;
-            float* orow = out + ((long long)bh * L + row) * D + 2 * t;
+            float* orow = ob + row * lo.row + 2 * t;
 #pragma unroll
             for (int n = 0; n < DT; ++n) {
                 *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
@@ -344,7 +362,8 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
                                                const float* __restrict__ v, const float* __restrict__ dout,
                                                const float* __restrict__ out, const float* __restrict__ lse,
                                                float* __restrict__ delta, float* __restrict__ dq, int L, int S,
-                                               float scale, int causal) {
+                                               float scale, int causal, int H, RowLayout lq, RowLayout lk,
+                                               RowLayout lv, RowLayout ldo, RowLayout lo, RowLayout ldq) {
     constexpr int BM = WARPS * 16, TH = WARPS * 32, ST = D + 4, NT = BN / 8, DT = D / 8;
     extern __shared__ __align__(16) float tc_smem[];
     float* sQ = tc_smem;
@@ -352,19 +371,20 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
     float* sK = sdO + BM * ST;
     float* sV = sK + BN * ST;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y;
+    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
     const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const int qw = q0 + warp * 16;
-    const long long rowbase = (long long)bh * L;
-    const float* kb = k + (long long)bh * S * D;
-    const float* vb = v + (long long)bh * S * D;
+    const long long rowbase = (long long)bh * L;  // lse and Delta
+    const float* kb = head_rows(k, lk, batch, head);
+    const float* vb = head_rows(v, lv, batch, head);
+    const float* ob = head_rows(out, lo, batch, head);
     const float sl2 = scale * LOG2E;
 
-    load_rows_async<D, BM, TH>(sQ, q + rowbase * D, q0, L);
-    load_rows_async<D, BM, TH>(sdO, dout + rowbase * D, q0, L);
-    load_rows_async<D, BN, TH>(sV, vb, 0, S);
+    load_rows_async<D, BM, TH>(sQ, head_rows(q, lq, batch, head), lq.row, q0, L);
+    load_rows_async<D, BM, TH>(sdO, head_rows(dout, ldo, batch, head), ldo.row, q0, L);
+    load_rows_async<D, BN, TH>(sV, vb, lv.row, 0, S);
     cp_async_commit();
-    load_rows_async<D, BN, TH>(sK, kb, 0, S);
+    load_rows_async<D, BN, TH>(sK, kb, lk.row, 0, S);
     cp_async_commit();
     float lse2[2];
 #pragma unroll
@@ -381,7 +401,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
         const int row = qw + r;
         float acc = 0.f;
         if (row < L) {
-            const float* orow = out + (rowbase + row) * D;
+            const float* orow = ob + row * lo.row;
 #pragma unroll
             for (int c = lane * 2; c < D; c += 64) {
                 const float2 ov = *reinterpret_cast<const float2*>(orow + c);
@@ -412,7 +432,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
         }
         warp_mma_abt<NT, DT, ST>(dp, sdO + warp * 16 * ST, sV, 0, nhi, g, t);
         __syncthreads();
-        if (more) load_rows_async<D, BN, TH>(sV, vb, k0 + BN, S);
+        if (more) load_rows_async<D, BN, TH>(sV, vb, lv.row, k0 + BN, S);
         cp_async_commit();
 
         cp_async_wait<1>();  // this K tile
@@ -434,16 +454,17 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
         }
         warp_mma_pb<NT, DT, CH, ST>(a, s, sK, 0, nhi, g, t);
         __syncthreads();
-        if (more) load_rows_async<D, BN, TH>(sK, kb, k0 + BN, S);
+        if (more) load_rows_async<D, BN, TH>(sK, kb, lk.row, k0 + BN, S);
         cp_async_commit();
     }
     cp_async_wait<0>();
 
+    float* dqb = head_rows(dq, ldq, batch, head);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = qw + g + 8 * h;
         if (row < L) {
-            float* r = dq + (rowbase + row) * D + 2 * t;
+            float* r = dqb + row * ldq.row + 2 * t;
 #pragma unroll
             for (int n = 0; n < DT; ++n) {
                 *reinterpret_cast<float2*>(r + n * 8) = make_float2(a[n][2 * h] * scale, a[n][2 * h + 1] * scale);
@@ -458,7 +479,8 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
                                                 const float* __restrict__ v, const float* __restrict__ dout,
                                                 const float* __restrict__ lse, const float* __restrict__ delta,
                                                 float* __restrict__ dk, float* __restrict__ dv, int L, int S,
-                                                float scale, int causal) {
+                                                float scale, int causal, int H, RowLayout lq, RowLayout lk,
+                                                RowLayout lv, RowLayout ldo, RowLayout ldk, RowLayout ldv) {
     constexpr int BN = WARPS * 16, TH = WARPS * 32, ST = D + 4, NQ = BQ / 8, DT = D / 8;
     extern __shared__ __align__(16) float tc_smem[];
     float* sK = tc_smem;
@@ -468,21 +490,21 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
     float* sL = sdO + BQ * ST;  // lse of the tile's queries
     float* sD = sL + BQ;        // Delta of the tile's queries
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, k0 = blockIdx.x * BN;
+    const int bh = blockIdx.y, k0 = blockIdx.x * BN, batch = bh / H, head = bh - batch * H;
     const int kw = k0 + warp * 16;  // this warp's first key
-    const long long rowbase = (long long)bh * L;
-    const float* qb = q + rowbase * D;
-    const float* ob = dout + rowbase * D;
+    const long long rowbase = (long long)bh * L;  // lse and Delta
+    const float* qb = head_rows(q, lq, batch, head);
+    const float* ob = head_rows(dout, ldo, batch, head);
     const float sl2 = scale * LOG2E;
     const int qstart = causal ? (k0 / BQ) * BQ : 0;  // earlier queries see none of these keys
 
-    load_rows_async<D, BN, TH>(sK, k + (long long)bh * S * D, k0, S);
-    load_rows_async<D, BN, TH>(sV, v + (long long)bh * S * D, k0, S);
-    load_rows_async<D, BQ, TH>(sdO, ob, qstart, L);
+    load_rows_async<D, BN, TH>(sK, head_rows(k, lk, batch, head), lk.row, k0, S);
+    load_rows_async<D, BN, TH>(sV, head_rows(v, lv, batch, head), lv.row, k0, S);
+    load_rows_async<D, BQ, TH>(sdO, ob, ldo.row, qstart, L);
     load_vec_async<BQ>(sL, lse + rowbase, qstart, L);
     load_vec_async<BQ>(sD, delta + rowbase, qstart, L);
     cp_async_commit();
-    load_rows_async<D, BQ, TH>(sQ, qb, qstart, L);
+    load_rows_async<D, BQ, TH>(sQ, qb, lq.row, qstart, L);
     cp_async_commit();
 
     float ak[DT][4], av[DT][4];
@@ -526,24 +548,26 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
         warp_mma_pb<NQ, DT, CH, ST>(av, st, sdO, nlo, NQ, g, t);
         __syncthreads();  // every warp is done with sdO, sL, sD
         if (more) {
-            load_rows_async<D, BQ, TH>(sdO, ob, q0 + BQ, L);
+            load_rows_async<D, BQ, TH>(sdO, ob, ldo.row, q0 + BQ, L);
             load_vec_async<BQ>(sL, lse + rowbase, q0 + BQ, L);
             load_vec_async<BQ>(sD, delta + rowbase, q0 + BQ, L);
         }
         cp_async_commit();
         warp_mma_pb<NQ, DT, CH, ST>(ak, dpt, sQ, nlo, NQ, g, t);
         __syncthreads();  // every warp is done with sQ
-        if (more) load_rows_async<D, BQ, TH>(sQ, qb, q0 + BQ, L);
+        if (more) load_rows_async<D, BQ, TH>(sQ, qb, lq.row, q0 + BQ, L);
         cp_async_commit();
     }
     cp_async_wait<0>();
 
+    float* dkb = head_rows(dk, ldk, batch, head);
+    float* dvb = head_rows(dv, ldv, batch, head);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = kw + g + 8 * h;
         if (key < S) {
-            float* rk = dk + ((long long)bh * S + key) * D + 2 * t;
-            float* rv = dv + ((long long)bh * S + key) * D + 2 * t;
+            float* rk = dkb + key * ldk.row + 2 * t;
+            float* rv = dvb + key * ldv.row + 2 * t;
 #pragma unroll
             for (int n = 0; n < DT; ++n) {
                 *reinterpret_cast<float2*>(rk + n * 8) = make_float2(ak[n][2 * h] * scale, ak[n][2 * h + 1] * scale);
@@ -554,24 +578,35 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
 }
 
 // Tile shapes (the host's _ATT_F32_TILES must agree): warps per block, the other side of the tile,
-// output blocks per stage, and the blocks per SM that registers are budgeted for.
+// output blocks per stage, and the blocks per SM that registers are budgeted for. Each tensor's layout
+// arrives as three 64-bit scalars (batch, head, row strides), after the scalar arguments.
+#define LAYOUT_PARAMS(x) long long x##_b, long long x##_h, long long x##_r
+#define LAYOUT(x) RowLayout{x##_b, x##_h, x##_r}
 #define ATTN_TC_FWD(NAME, D, WARPS, BN, CH, MINB)                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
         NAME(const float* q, const float* k, const float* v, float* out, float* lse, int L, int S, float scale, \
-             int causal) {                                                                                  \
-        attn_fwd_tc<D, WARPS, BN, CH>(q, k, v, out, lse, L, S, scale, causal);                              \
+             int causal, int H, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o)) {    \
+        attn_fwd_tc<D, WARPS, BN, CH>(q, k, v, out, lse, L, S, scale, causal, H, LAYOUT(q), LAYOUT(k),      \
+                                      LAYOUT(v), LAYOUT(o));                                               \
     }
 #define ATTN_TC_DQ(NAME, D, WARPS, BN, CH, MINB)                                                           \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
         NAME(const float* q, const float* k, const float* v, const float* dout, const float* out,          \
-             const float* lse, float* delta, float* dq, int L, int S, float scale, int causal) {             \
-        attn_bwd_dq_tc<D, WARPS, BN, CH>(q, k, v, dout, out, lse, delta, dq, L, S, scale, causal);          \
+             const float* lse, float* delta, float* dq, int L, int S, float scale, int causal, int H,        \
+             LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(o),     \
+             LAYOUT_PARAMS(dq)) {                                                                          \
+        attn_bwd_dq_tc<D, WARPS, BN, CH>(q, k, v, dout, out, lse, delta, dq, L, S, scale, causal, H,         \
+                                         LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(dO), LAYOUT(o), LAYOUT(dq)); \
     }
 #define ATTN_TC_DKV(NAME, D, WARPS, BQ, CH, MINB)                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
         NAME(const float* q, const float* k, const float* v, const float* dout, const float* lse,          \
-             const float* delta, float* dk, float* dv, int L, int S, float scale, int causal) {             \
-        attn_bwd_dkv_tc<D, WARPS, BQ, CH>(q, k, v, dout, lse, delta, dk, dv, L, S, scale, causal);          \
+             const float* delta, float* dk, float* dv, int L, int S, float scale, int causal, int H,         \
+             LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dk),    \
+             LAYOUT_PARAMS(dv)) {                                                                          \
+        attn_bwd_dkv_tc<D, WARPS, BQ, CH>(q, k, v, dout, lse, delta, dk, dv, L, S, scale, causal, H,         \
+                                          LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(dO), LAYOUT(dk),         \
+                                          LAYOUT(dv));                                                     \
     }
 ATTN_TC_FWD(attn_fwd_f32_d64, 64, 4, 64, 4, 4)
 ATTN_TC_FWD(attn_fwd_f32_d128, 128, 4, 32, 4, 3)

@@ -1,8 +1,11 @@
 // Flash attention for bfloat16 storage on the tensor cores (mma.sync m16n8k16, bf16 inputs, float32
 // accumulators), forward and backward; causal (top-left aligned: query i sees keys 0..i) or not; head
 // dim D = 64 or 128; any L and S (tails are zero-filled on load and masked). Same contract as
-// attention.cu: q [BH, L, D], k and v [BH, S, D], out [BH, L, D], lse [BH, L] float32 natural-log
-// log-sum-exp of the scaled scores, all contiguous and 16-byte aligned. No L x S matrix in memory.
+// attention.cu: q, out, dq, dout hold L rows of D per (batch, head), k, v, dk, dv S rows, each tensor
+// addressed through its own (batch, head, row) strides in elements (a row's D elements contiguous,
+// every row 16-byte aligned), so that q, k, v may be the parts of one packed [B, T, 3, H, D]
+// projection and dq, dk, dv the parts of its gradient; blockIdx.y = b * H + h. lse [B*H, L] float32
+// natural-log log-sum-exp of the scaled scores, contiguous. No L x S matrix in memory.
 //
 // Work split. Every warp owns 16 rows of the "M" side of each product (queries in the forward and dq
 // kernels, keys in the dk/dv kernel), so the softmax statistics of a row live in the four lanes of
@@ -49,6 +52,16 @@
 
 #define ATTN_LOG2E 1.4426950408889634f
 #define ATTN_KEYS_PER_TILE 64  // keys per step of the forward and dq kernels
+
+// Where one tensor's rows live, in elements: the rows of (batch b, head h) start at b * batch + h * head,
+// consecutive rows are `row` apart. 64-bit: a packed [B, T, 3, H, D] buffer passes 2^31 elements early.
+struct RowLayout {
+    long long batch, head, row;
+};
+
+template <typename T> __device__ __forceinline__ T* head_rows(T* base, const RowLayout& l, int b, int h) {
+    return base + b * l.batch + h * l.head;
+}
 
 // ---- PTX wrappers (each one instruction) ----------------------------------------------------------
 
@@ -116,10 +129,10 @@ template <int D> __device__ __forceinline__ unsigned tile_offset(int row, int ch
     return static_cast<unsigned>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
 }
 
-// Rows row0 .. row0 + ROWS - 1 of a [rows_valid][D] bf16 matrix into a swizzled tile; rows at or past
-// rows_valid read as zero. Every thread of the block takes part; the caller commits the group.
+// Rows row0 .. row0 + ROWS - 1 (rs elements apart) of a matrix of rows_valid rows into a swizzled tile;
+// rows at or past rows_valid read as zero. Every thread of the block takes part; the caller commits.
 template <int D, int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile_async(unsigned tile, const bf16* __restrict__ src, int row0,
+__device__ __forceinline__ void load_tile_async(unsigned tile, const bf16* __restrict__ src, long long rs, int row0,
                                                 int rows_valid) {
     constexpr int CHUNKS = D / 8;
     static_assert((ROWS * CHUNKS) % THREADS == 0, "tile chunks must divide evenly among the threads");
@@ -129,7 +142,7 @@ __device__ __forceinline__ void load_tile_async(unsigned tile, const bf16* __res
         const int r = e / CHUNKS, c = e % CHUNKS;
         const int row = row0 + r;
         const bool valid = row < rows_valid;
-        cp_async_16(tile + tile_offset<D>(r, c), src + (long long)(valid ? row : 0) * D + c * 8, valid);
+        cp_async_16(tile + tile_offset<D>(r, c), src + (valid ? row : 0) * rs + c * 8, valid);
     }
 }
 
@@ -163,17 +176,18 @@ template <int NB> __device__ __forceinline__ void accumulators_to_a(unsigned (&a
     a[3] = cvt_bf16x2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
 }
 
-// One 16-row accumulator tile [DB][4] to rows row0 + g and row0 + g + 8 of a [rows_valid][D] matrix,
-// times `mul`, as bf16 pairs.
-template <int D> __device__ __forceinline__ void store_rows(bf16* __restrict__ dst, const float (&acc)[D / 8][4],
-                                                           int row0, int rows_valid, float mul0, float mul1) {
+// One 16-row accumulator tile [DB][4] to rows row0 + g and row0 + g + 8 (rs elements apart) of a matrix of
+// rows_valid rows, times `mul`, as bf16 pairs.
+template <int D> __device__ __forceinline__ void store_rows(bf16* __restrict__ dst, long long rs,
+                                                           const float (&acc)[D / 8][4], int row0, int rows_valid,
+                                                           float mul0, float mul1) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = row0 + (lane >> 2) + 8 * h;
         if (row < rows_valid) {
             const float mul = h ? mul1 : mul0;
-            unsigned* out = reinterpret_cast<unsigned*>(dst + (long long)row * D + 2 * (lane & 3));
+            unsigned* out = reinterpret_cast<unsigned*>(dst + row * rs + 2 * (lane & 3));
 #pragma unroll
             for (int db = 0; db < D / 8; ++db) out[4 * db] = cvt_bf16x2(acc[db][2 * h] * mul, acc[db][2 * h + 1] * mul);
         }
@@ -185,7 +199,8 @@ template <int D> __device__ __forceinline__ void store_rows(bf16* __restrict__ d
 template <int D, int WARPS, int M_TILES, bool Q_IN_REGISTERS>
 __device__ __forceinline__ void attn_bf16_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                               const bf16* __restrict__ v, bf16* __restrict__ out,
-                                              float* __restrict__ lse, int L, int S, float scale, int causal) {
+                                              float* __restrict__ lse, int L, int S, float scale, int causal,
+                                              int H, RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo) {
     constexpr int THREADS = 32 * WARPS;
     constexpr int BM = 16 * WARPS * M_TILES;
     constexpr int BN = ATTN_KEYS_PER_TILE;
@@ -198,21 +213,21 @@ __device__ __forceinline__ void attn_bf16_fwd(const bf16* __restrict__ q, const 
     const unsigned sK = sQ + BM * D * 2;  // two stages each
     const unsigned sV = sK + 2 * KV_TILE_BYTES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y;
+    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
     // Causal query tiles differ in length: launch the longest first so that short ones fill the tail.
     const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const int warp_row0 = q0 + warp * 16 * M_TILES;  // this warp's first query
     const int warp_row_last = warp_row0 + 16 * M_TILES - 1;
-    const bf16* qb = q + (long long)bh * L * D;
-    const bf16* kb = k + (long long)bh * S * D;
-    const bf16* vb = v + (long long)bh * S * D;
+    const bf16* qb = head_rows(q, lq, batch, head);
+    const bf16* kb = head_rows(k, lk, batch, head);
+    const bf16* vb = head_rows(v, lv, batch, head);
     const float scale_log2 = scale * ATTN_LOG2E;
     const int key_end = causal ? min(S, q0 + BM) : S;
     const int n_tiles = (key_end + BN - 1) / BN;
 
-    load_tile_async<D, BM, THREADS>(sQ, qb, q0, L);
-    load_tile_async<D, BN, THREADS>(sK, kb, 0, S);
-    load_tile_async<D, BN, THREADS>(sV, vb, 0, S);
+    load_tile_async<D, BM, THREADS>(sQ, qb, lq.row, q0, L);
+    load_tile_async<D, BN, THREADS>(sK, kb, lk.row, 0, S);
+    load_tile_async<D, BN, THREADS>(sV, vb, lv.row, 0, S);
     cp_async_commit();
 
     constexpr int QREG = Q_IN_REGISTERS ? KSTEPS : 1;
@@ -237,8 +252,8 @@ __device__ __forceinline__ void attn_bf16_fwd(const bf16* __restrict__ q, const 
         const int k0 = j * BN;
         const int stage = j & 1;
         if (j + 1 < n_tiles) {  // the other stage was released by the barrier that ended step j - 1
-            load_tile_async<D, BN, THREADS>(sK + (stage ^ 1) * KV_TILE_BYTES, kb, k0 + BN, S);
-            load_tile_async<D, BN, THREADS>(sV + (stage ^ 1) * KV_TILE_BYTES, vb, k0 + BN, S);
+            load_tile_async<D, BN, THREADS>(sK + (stage ^ 1) * KV_TILE_BYTES, kb, lk.row, k0 + BN, S);
+            load_tile_async<D, BN, THREADS>(sV + (stage ^ 1) * KV_TILE_BYTES, vb, lv.row, k0 + BN, S);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -356,7 +371,7 @@ __device__ __forceinline__ void attn_bf16_fwd(const bf16* __restrict__ q, const 
         __syncthreads();  // every warp is done with this stage before the next step refills it
     }
 
-    bf16* ob = out + (long long)bh * L * D;
+    bf16* ob = head_rows(out, lo, batch, head);
     float* lb = lse + (long long)bh * L;
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
@@ -372,7 +387,7 @@ __device__ __forceinline__ void attn_bf16_fwd(const bf16* __restrict__ q, const 
                 lb[row] = total > 0.f ? row_max[mt][h] * scale + logf(total) : -BT_INF;
             }
         }
-        store_rows<D>(ob, o_acc[mt], warp_row0 + mt * 16, L, inv[0], inv[1]);
+        store_rows<D>(ob, lo.row, o_acc[mt], warp_row0 + mt * 16, L, inv[0], inv[1]);
     }
 }
 
@@ -386,7 +401,8 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
                                                   const bf16* __restrict__ v, const bf16* __restrict__ dout,
                                                   const float* __restrict__ lse2, const float* __restrict__ delta,
                                                   bf16* __restrict__ dk, bf16* __restrict__ dv, int L, int S,
-                                                  float scale, int causal) {
+                                                  float scale, int causal, int H, RowLayout lq, RowLayout lk,
+                                                  RowLayout lv, RowLayout ldo, RowLayout ldk, RowLayout ldv) {
     constexpr int THREADS = 32 * WARPS;
     constexpr int BN = 16 * WARPS;
     constexpr int KSTEPS = D / 16;
@@ -402,11 +418,11 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
     float* sLse2 = reinterpret_cast<float*>(smem + 2 * BN * D * 2 + 4 * Q_TILE_BYTES);  // [2][BM]
     float* sDelta = sLse2 + 2 * BM;                                                     // [2][BM]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y;
+    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
     const int k0 = blockIdx.x * BN;
     const int warp_key0 = k0 + warp * 16;
-    const bf16* qb = q + (long long)bh * L * D;
-    const bf16* ob = dout + (long long)bh * L * D;
+    const bf16* qb = head_rows(q, lq, batch, head);
+    const bf16* ob = head_rows(dout, ldo, batch, head);
     const float* lb = lse2 + (long long)bh * L;
     const float* db_ = delta + (long long)bh * L;
     const float scale_log2 = scale * ATTN_LOG2E;
@@ -415,8 +431,8 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
     const int n_tiles = q_begin < L ? (L - q_begin + BM - 1) / BM : 0;
 
     auto load_query_tile = [&](int stage, int q0) {
-        load_tile_async<D, BM, THREADS>(sQ + stage * Q_TILE_BYTES, qb, q0, L);
-        load_tile_async<D, BM, THREADS>(sdO + stage * Q_TILE_BYTES, ob, q0, L);
+        load_tile_async<D, BM, THREADS>(sQ + stage * Q_TILE_BYTES, qb, lq.row, q0, L);
+        load_tile_async<D, BM, THREADS>(sdO + stage * Q_TILE_BYTES, ob, ldo.row, q0, L);
         if (threadIdx.x < BM) {
             const int row = q0 + threadIdx.x;
             const bool valid = row < L;
@@ -424,8 +440,8 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
             cp_async_4(shared_address(sDelta + stage * BM + threadIdx.x), db_ + (valid ? row : 0), valid);
         }
     };
-    load_tile_async<D, BN, THREADS>(sK, k + (long long)bh * S * D, k0, S);
-    load_tile_async<D, BN, THREADS>(sV, v + (long long)bh * S * D, k0, S);
+    load_tile_async<D, BN, THREADS>(sK, head_rows(k, lk, batch, head), lk.row, k0, S);
+    load_tile_async<D, BN, THREADS>(sV, head_rows(v, lv, batch, head), lv.row, k0, S);
     if (n_tiles > 0) load_query_tile(0, q_begin);
     cp_async_commit();
 
@@ -529,8 +545,8 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
     }
     if (n_tiles == 0) cp_async_wait<0>();  // causal keys past the last query: zero gradients
 
-    store_rows<D>(dk + (long long)bh * S * D, dk_acc, warp_key0, S, scale, scale);
-    store_rows<D>(dv + (long long)bh * S * D, dv_acc, warp_key0, S, 1.f, 1.f);
+    store_rows<D>(head_rows(dk, ldk, batch, head), ldk.row, dk_acc, warp_key0, S, scale, scale);
+    store_rows<D>(head_rows(dv, ldv, batch, head), ldv.row, dv_acc, warp_key0, S, 1.f, 1.f);
 }
 
 // dq of BM = 16 * WARPS queries, looping over 64-key tiles. Runs before the dk/dv kernel: it also computes
@@ -541,7 +557,9 @@ __device__ __forceinline__ void attn_bf16_bwd_dq(const bf16* __restrict__ q, con
                                                  const bf16* __restrict__ v, const bf16* __restrict__ out,
                                                  const bf16* __restrict__ dout, const float* __restrict__ lse,
                                                  float* __restrict__ lse2, float* __restrict__ delta,
-                                                 bf16* __restrict__ dq, int L, int S, float scale, int causal) {
+                                                 bf16* __restrict__ dq, int L, int S, float scale, int causal,
+                                                 int H, RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo,
+                                                 RowLayout ldo, RowLayout ldq) {
     constexpr int THREADS = 32 * WARPS;
     constexpr int BM = 16 * WARPS;
     constexpr int BN = ATTN_KEYS_PER_TILE;
@@ -557,20 +575,20 @@ __device__ __forceinline__ void attn_bf16_bwd_dq(const bf16* __restrict__ q, con
     const unsigned sK = sO + Q_TILE_BYTES;  // two stages each
     const unsigned sV = sK + 2 * KV_TILE_BYTES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y;
+    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
     const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const int warp_row0 = q0 + warp * 16;
-    const bf16* kb = k + (long long)bh * S * D;
-    const bf16* vb = v + (long long)bh * S * D;
+    const bf16* kb = head_rows(k, lk, batch, head);
+    const bf16* vb = head_rows(v, lv, batch, head);
     const float scale_log2 = scale * ATTN_LOG2E;
     const int key_end = causal ? min(S, q0 + BM) : S;
     const int n_tiles = (key_end + BN - 1) / BN;
 
-    load_tile_async<D, BM, THREADS>(sQ, q + (long long)bh * L * D, q0, L);
-    load_tile_async<D, BM, THREADS>(sdO, dout + (long long)bh * L * D, q0, L);
-    load_tile_async<D, BM, THREADS>(sO, out + (long long)bh * L * D, q0, L);
-    load_tile_async<D, BN, THREADS>(sK, kb, 0, S);
-    load_tile_async<D, BN, THREADS>(sV, vb, 0, S);
+    load_tile_async<D, BM, THREADS>(sQ, head_rows(q, lq, batch, head), lq.row, q0, L);
+    load_tile_async<D, BM, THREADS>(sdO, head_rows(dout, ldo, batch, head), ldo.row, q0, L);
+    load_tile_async<D, BM, THREADS>(sO, head_rows(out, lo, batch, head), lo.row, q0, L);
+    load_tile_async<D, BN, THREADS>(sK, kb, lk.row, 0, S);
+    load_tile_async<D, BN, THREADS>(sV, vb, lv.row, 0, S);
     cp_async_commit();
 
     float row_lse2[2], row_delta[2];
@@ -591,8 +609,8 @@ __device__ __forceinline__ void attn_bf16_bwd_dq(const bf16* __restrict__ q, con
         const int k0 = j * BN;
         const int stage = j & 1;
         if (j + 1 < n_tiles) {
-            load_tile_async<D, BN, THREADS>(sK + (stage ^ 1) * KV_TILE_BYTES, kb, k0 + BN, S);
-            load_tile_async<D, BN, THREADS>(sV + (stage ^ 1) * KV_TILE_BYTES, vb, k0 + BN, S);
+            load_tile_async<D, BN, THREADS>(sK + (stage ^ 1) * KV_TILE_BYTES, kb, lk.row, k0 + BN, S);
+            load_tile_async<D, BN, THREADS>(sV + (stage ^ 1) * KV_TILE_BYTES, vb, lv.row, k0 + BN, S);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -687,31 +705,40 @@ __device__ __forceinline__ void attn_bf16_bwd_dq(const bf16* __restrict__ q, con
         }
         __syncthreads();
     }
-    store_rows<D>(dq + (long long)bh * L * D, dq_acc, warp_row0, L, scale, scale);
+    store_rows<D>(head_rows(dq, ldq, batch, head), ldq.row, dq_acc, warp_row0, L, scale, scale);
 }
 
 // ---------------------------------------------------------------------------------------------- entry points
 // One instance per tile shape, named attn_bf16_<kernel>_d<D>_<shape>; the host picks one per head dim.
 // MIN_BLOCKS is the blocks per multiprocessor that __launch_bounds__ asks the register allocator for.
 
+// Each tensor's layout arrives as three 64-bit scalars (batch, head, row strides), after the scalars.
+#define LAYOUT_PARAMS(x) long long x##_b, long long x##_h, long long x##_r
+#define LAYOUT(x) RowLayout{x##_b, x##_h, x##_r}
 #define ATTN_BF16_FWD(D, NAME, WARPS, M_TILES, Q_IN_REGISTERS, MIN_BLOCKS)                                 \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS) attn_bf16_fwd_d##D##_##NAME(       \
         const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, int L, int S, float scale,      \
-        int causal) {                                                                                       \
-        attn_bf16_fwd<D, WARPS, M_TILES, Q_IN_REGISTERS>(q, k, v, out, lse, L, S, scale, causal);           \
+        int causal, int H, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o)) {        \
+        attn_bf16_fwd<D, WARPS, M_TILES, Q_IN_REGISTERS>(q, k, v, out, lse, L, S, scale, causal, H,         \
+                                                         LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(o));      \
     }
 #define ATTN_BF16_DKV(D, NAME, WARPS, BM, K_IN_REGISTERS, MIN_BLOCKS)                                      \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS) attn_bf16_bwd_dkv_d##D##_##NAME(   \
         const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse2,                   \
-        const float* delta, bf16* dk, bf16* dv, int L, int S, float scale, int causal) {                    \
+        const float* delta, bf16* dk, bf16* dv, int L, int S, float scale, int causal, int H,               \
+        LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dk),         \
+        LAYOUT_PARAMS(dv)) {                                                                               \
         attn_bf16_bwd_dkv<D, WARPS, BM, K_IN_REGISTERS>(q, k, v, dout, lse2, delta, dk, dv, L, S, scale,    \
-                                                        causal);                                           \
+                                                        causal, H, LAYOUT(q), LAYOUT(k), LAYOUT(v),        \
+                                                        LAYOUT(dO), LAYOUT(dk), LAYOUT(dv));               \
     }
 #define ATTN_BF16_DQ(D, NAME, WARPS, MIN_BLOCKS)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS) attn_bf16_bwd_dq_d##D##_##NAME(    \
         const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse,   \
-        float* lse2, float* delta, bf16* dq, int L, int S, float scale, int causal) {                       \
-        attn_bf16_bwd_dq<D, WARPS>(q, k, v, out, dout, lse, lse2, delta, dq, L, S, scale, causal);          \
+        float* lse2, float* delta, bf16* dq, int L, int S, float scale, int causal, int H, LAYOUT_PARAMS(q), \
+        LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dq)) {       \
+        attn_bf16_bwd_dq<D, WARPS>(q, k, v, out, dout, lse, lse2, delta, dq, L, S, scale, causal, H,        \
+                                   LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(o), LAYOUT(dO), LAYOUT(dq));    \
     }
 
 ATTN_BF16_FWD(64, w4m2, 4, 2, true, 1)

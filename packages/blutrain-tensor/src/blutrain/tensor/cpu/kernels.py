@@ -128,11 +128,12 @@ _add(("index", "index_select", "gather", "tril", "triu", "cat", "embedding", "in
 _add(("scatter_add", "index_add"), ix, ALL_DTYPES)
 _add(("embedding_backward",), ix, FLOATS)
 _add(("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "bias_gelu", "bias_gelu_backward",
-      "dropout", "cross_entropy", "cross_entropy_backward", "sdpa", "sdpa_backward"), nn, FLOATS)
+      "dropout", "cross_entropy", "cross_entropy_backward", "sdpa", "sdpa_backward", "sdpa_packed",
+      "sdpa_packed_backward"), nn, FLOATS)
 
 # outputs of forward kernels that are statistics for backward: kept in float32 for half inputs
 STATISTICS: dict[str, tuple[int, ...]] = {"layer_norm": (1, 2), "rms_norm": (1,), "cross_entropy": (1,),
-                                          "sdpa": (1,)}
+                                          "sdpa": (1,), "sdpa_packed": (1,)}
 
 
 def kernel_for(op: str, dtype: DType) -> Kernel:

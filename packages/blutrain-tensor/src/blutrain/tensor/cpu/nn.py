@@ -202,3 +202,34 @@ def sdpa_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Ar
     dq = xp.matmul(ds, k) * scale
     dk = xp.matmul(xp.swapaxes(ds, -1, -2), q) * scale
     return dq.astype(q.dtype, copy=False), dk.astype(q.dtype, copy=False), dv.astype(q.dtype, copy=False)
+
+
+def _heads(x: Array, n_head: int, parts: int) -> list[Array]:
+    """The ``parts`` column blocks of a [B, T, parts·C] array as (B, H, T, D) views (head h at columns h·D of
+    each block), as ``split`` + ``reshape`` + ``transpose`` would give them."""
+    B, T, W = x.shape
+    C = W // parts
+    xp = array_module(x)
+    return [xp.swapaxes(x[:, :, i * C:(i + 1) * C].reshape(B, T, n_head, C // n_head), 1, 2) for i in range(parts)]
+
+
+def sdpa_packed(qkv: Array, n_head: int, causal: bool, scale: float) -> tuple[Array, Array]:
+    """Self-attention over a packed [B, T, 3C] projection (q | k | v): y [B, T, C] and the lse [B, H, T]. The
+    same arithmetic as ``sdpa`` on the split heads, so the two paths agree exactly."""
+    q, k, v = _heads(qkv, n_head, 3)
+    out, lse = sdpa(q, k, v, None, causal, scale)
+    B, T, _ = qkv.shape
+    return array_module(qkv).swapaxes(out, 1, 2).reshape(B, T, -1), lse
+
+
+def sdpa_packed_backward(grad: Array, qkv: Array, out: Array, lse: Array, n_head: int, causal: bool,
+                         scale: float) -> Array:
+    """dqkv [B, T, 3C]: the three gradients of ``sdpa_backward`` on the split heads, each written once into its
+    block (no zero fill, no sum)."""
+    q, k, v = _heads(qkv, n_head, 3)
+    (g,), (o,) = _heads(grad, n_head, 1), _heads(out, n_head, 1)
+    grads = sdpa_backward(g, q, k, v, o, lse, None, causal, scale)
+    dqkv = array_module(qkv).empty(qkv.shape, dtype=grads[0].dtype)
+    for part, d in zip(_heads(dqkv, n_head, 3), grads, strict=True):
+        part[...] = d
+    return dqkv

@@ -252,3 +252,28 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             "lse": _statistic(lse, query), "mask": mask_data, "causal": bool(is_causal),
             "scale": sc})
     return res
+
+
+def self_attention(qkv: Tensor, n_head: int, is_causal: bool = False, scale: float | None = None) -> Tensor:
+    """Multi-head self-attention over a packed projection: ``qkv`` (B, T, 3C) holds q, k and v side by side
+    (head h at columns h·D of each, D = C / n_head, as GPT-2's ``c_attn`` makes them); the result is (B, T, C),
+    heads side by side again. One op each way: the same values as ``split`` + per-head
+    ``scaled_dot_product_attention`` + merging the heads, without materialising the transposed heads, and the
+    backward writes the (B, T, 3C) gradient in one buffer, in ``qkv``'s dtype. Keeps ``qkv``, the output and
+    the per-query log-sum-exp for backward. Under autocast it runs in the region's dtype, like attention.
+    """
+    if _autocast.dtype is not None:
+        qkv = lower(qkv)
+    _floating("self_attention", qkv, "qkv")
+    if isinstance(n_head, bool) or not isinstance(n_head, int) or n_head <= 0:
+        raise TensorValueError(f"self_attention: n_head must be a positive int, got {n_head!r}")
+    if qkv.ndim != 3 or qkv.shape[2] % (3 * n_head):
+        raise ShapeError(f"self_attention: qkv must be (B, T, 3·C) with C a multiple of n_head ({n_head}), "
+                         f"got {list(qkv.shape)}")
+    sc = float(scale) if scale is not None else (qkv.shape[2] // (3 * n_head)) ** -0.5
+    out, lse = _kernel("sdpa_packed", qkv.device.type, qkv.dtype)(qkv._data, n_head, bool(is_causal), sc)
+    res = Tensor._make(out, qkv.dtype, qkv.device)
+    if _needs_grad(qkv):
+        dispatch.recorder("sdpa_packed", (qkv,), res, {  # type: ignore[misc]
+            "lse": _statistic(lse, qkv), "n_head": n_head, "causal": bool(is_causal), "scale": sc})
+    return res
