@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
 from blutrain.dist.env import STORE_ENV, TIMEOUT_ENV
@@ -94,6 +95,28 @@ def _die_with_parent() -> None:
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies do not count). SIGKILL is delivered
+    asynchronously, so a killed rank's children may still be on their way out when the rank is reaped."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: a signal 0 to the group tells whether any member, zombie or not, is left
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def _relay(rank: Rank) -> None:
@@ -310,6 +333,9 @@ class Launcher:
         for r in self.ranks:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 r.process.wait(timeout=5.0)
+        deadline = time.monotonic() + 5.0  # until the killed groups are gone: nothing outlives the launcher
+        while time.monotonic() < deadline and any(_group_alive(r.process.pid) for r in self.ranks):
+            time.sleep(0.01)
         for path in self._segments:
             with contextlib.suppress(OSError):
                 os.unlink(path)
