@@ -16,6 +16,7 @@ from blutrain.tensor import (
     DeviceMismatchError,
     KernelNotFoundError,
     NotRegisteredError,
+    SerializationError,
     ShapeError,
     TensorIndexError,
     TensorTypeError,
@@ -26,7 +27,7 @@ from blutrain.tensor import (
 @pytest.mark.parametrize(("cls", "builtin"), [
     (TensorTypeError, TypeError), (ShapeError, ValueError), (TensorValueError, ValueError),
     (DeviceMismatchError, RuntimeError), (AutogradError, RuntimeError), (KernelNotFoundError, LookupError),
-    (NotRegisteredError, LookupError), (TensorIndexError, IndexError)])
+    (NotRegisteredError, LookupError), (TensorIndexError, IndexError), (SerializationError, ValueError)])
 def test_every_error_is_a_blutrain_error_and_the_builtin_users_catch(cls: type, builtin: type) -> None:
     assert issubclass(cls, BluTrainError) and issubclass(cls, builtin)
 

@@ -163,3 +163,20 @@ def test_from_pretrained_applies_config_overrides(tmp_path: Path) -> None:
     _model().save_pretrained(tmp_path)
     loaded = GPT2.from_pretrained(tmp_path, dropout=0.1, checkpoint_activations=True)
     assert loaded.config.dropout == 0.1 and loaded.config.checkpoint_activations
+
+
+@pytest.mark.parametrize("offsets", ["[0, 4]", "5", "[]", "{\"0\": 1}", "[0, 1e400]"])
+def test_a_malformed_weights_file_is_a_pretrained_error_naming_it(tmp_path: Path, offsets: str) -> None:
+    from blutrain.tensor import SerializationError
+
+    _model().save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    head = json.dumps(header).replace(json.dumps(header[name]["data_offsets"]), offsets, 1).encode()
+    path.write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + n:])
+    with pytest.raises(PretrainedError, match=r"model\.safetensors: tensor .* data_offsets") as info:
+        GPT2.from_pretrained(tmp_path)
+    assert isinstance(info.value.__cause__, SerializationError)

@@ -31,6 +31,7 @@ from blutrain.tensor.errors import (
     KernelNotFoundError,
     NotRegisteredError,
     PluginError,
+    SerializationError,
     ShapeError,
     TensorIndexError,
     TensorTypeError,
@@ -126,7 +127,15 @@ from blutrain.tensor.ops.reduction import (
 from blutrain.tensor.ops.shape import cat, stack
 from blutrain.tensor.plugins import hookimpl
 from blutrain.tensor.registry import Provider, Registry
-from blutrain.tensor.serialization import load_file, save_file
+from blutrain.tensor.serialization import (
+    SafetensorsEntry,
+    SafetensorsFile,
+    load_file,
+    load_metadata,
+    read_safetensors,
+    save_file,
+    write_safetensors,
+)
 from blutrain.tensor.tensor import Storage, Tensor, from_dlpack, from_numpy
 
 bool = bool_
@@ -153,6 +162,9 @@ __all__ = [
     "PluginError",
     "Provider",
     "Registry",
+    "SafetensorsEntry",
+    "SafetensorsFile",
+    "SerializationError",
     "ShapeError",
     "Storage",
     "Tensor",
@@ -223,6 +235,7 @@ __all__ = [
     "linear",
     "linspace",
     "load_file",
+    "load_metadata",
     "log",
     "log1p",
     "log_softmax",
@@ -254,6 +267,7 @@ __all__ = [
     "randint_like",
     "randn",
     "randn_like",
+    "read_safetensors",
     "relu",
     "result_type",
     "rms_norm",
@@ -280,6 +294,7 @@ __all__ = [
     "uint8",
     "var",
     "where",
+    "write_safetensors",
     "zeros",
     "zeros_like",
 ]

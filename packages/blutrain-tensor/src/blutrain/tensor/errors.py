@@ -46,3 +46,9 @@ class KernelNotFoundError(NotRegisteredError):
 
 class AutogradError(BluTrainError, RuntimeError):
     """Misuse of the autograd graph (backward twice, in-place after save, ...)."""
+
+
+class SerializationError(BluTrainError, ValueError):
+    """A safetensors file is malformed, unreadable or unwritable, or does not hold what was asked for; the
+    message names the file and what is wrong. Nothing else escapes the readers of
+    :mod:`blutrain.tensor.serialization`, whatever bytes the file holds."""

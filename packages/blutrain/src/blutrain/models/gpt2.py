@@ -289,8 +289,8 @@ class GPT2(Module):
                                   "files such as pytorch_model.bin)")
         try:
             raw = load_file(weights)
-        except SerializationError as exc:
-            raise PretrainedError(str(exc)) from None
+        except SerializationError as exc:  # names the file and what is wrong; nothing else escapes load_file
+            raise PretrainedError(str(exc)) from exc
         model = cls(config)
         model.load_state_dict(_state_from_hf(raw, weights))
         return model

@@ -6,11 +6,14 @@ Tensors are safetensors entries (``model.*``, ``optim.*``); everything else is J
 tensor's bytes, and one of the metadata, are stored and verified on load, so a flipped byte names the
 tensor (or the metadata) it hit.
 
-Durability: a checkpoint is written to a temporary file in the target directory, flushed and
-``fsync``-ed, renamed over the target (atomic on POSIX) and the directory is ``fsync``-ed, so the
-target name always holds either the previous complete checkpoint or the new complete one, whatever
-kills the process (``kill -9``, power loss after the directory sync). A killed save leaves only a
-``.NAME.*.tmp`` file behind, which :func:`remove_stale_temporaries` deletes.
+The file format is blutrain.tensor's: :func:`blutrain.tensor.write_safetensors` and
+:func:`blutrain.tensor.read_safetensors` do the writing and the checking of the file; this module
+decides what goes in it and checks that. Durability comes from that writer: a checkpoint is written
+to a temporary file in the target directory, flushed and ``fsync``-ed, renamed over the target (atomic
+on POSIX) and the directory is ``fsync``-ed, so the target name always holds either the previous
+complete checkpoint or the new complete one, whatever kills the process (``kill -9``, power loss after
+the directory sync). A killed save leaves only a ``.NAME.*.tmp`` file behind, which
+:func:`remove_stale_temporaries` deletes.
 
 A save has two halves: :func:`stage_checkpoint` copies every tensor to host memory through the device
 backend's host-copy API (``Backend.to_host``: pinned memory on cuda, a copy on the CPU) and
@@ -18,9 +21,10 @@ backend's host-copy API (``Backend.to_host``: pinned memory on cuda, a copy on t
 :class:`CheckpointWriter` runs the second on a background thread, so a training loop is blocked only
 for the staging.
 
-The reader checks the whole header (dtypes, shapes, offsets that tile the data region exactly, the
-metadata's JSON and its structure) before it trusts any of it; every problem raises
-:class:`CheckpointError` naming the file and what is wrong.
+The safetensors reader checks the whole header (dtypes, shapes, offsets that tile the data region
+exactly) before it trusts any of it; this module then checks the checksums, the metadata's JSON and its
+structure. Every problem raises :class:`CheckpointError` naming the file and what is wrong (a
+:class:`blutrain.tensor.SerializationError` of the reader is its ``__cause__``).
 
 Test hook: when the environment variable ``BLUTRAIN_CHECKPOINT_TEST_STALL`` names a file, a write
 creates that file once half of its tensor bytes are on disk and then sleeps, so that a test can kill
@@ -33,29 +37,28 @@ import hashlib
 import json
 import os
 import re
-import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
 import numpy as np
 
-from blutrain.tensor import Tensor, as_dtype, from_numpy
-from blutrain.tensor.errors import BluTrainError
+from blutrain.tensor import (
+    BluTrainError,
+    SafetensorsFile,
+    SerializationError,
+    Tensor,
+    from_numpy,
+    read_safetensors,
+    write_safetensors,
+)
+from blutrain.tensor.serialization import DTYPE_CODES
 
 FORMAT = "blutrain-checkpoint-1"
 STALL_VARIABLE = "BLUTRAIN_CHECKPOINT_TEST_STALL"
-_CODES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32", "int64": "I64",
-          "float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
-_DTYPES = {code: as_dtype(name) for name, code in _CODES.items()}
-_NP_CODES = {dt.np.newbyteorder("<"): code for code, dt in _DTYPES.items()}
-_MAX_HEADER = 100 * 1024 * 1024
-_MAX_NDIM = 32  # NumPy 1.x's limit (2.x allows 64)
-_MAX_EXTENT = 2**63 - 1
 _JSON_FIELDS = ("optimizer", "trainer", "loader", "rng", "config", "sha256")
 _STEP_FILE = re.compile(r"step_(\d+)\.safetensors")
 
@@ -110,9 +113,9 @@ def stage_checkpoint(*, model_state: dict[str, Tensor], optimizer_state: dict[st
         tensors[f"model.{k}"] = v
     optim_tree = _flatten(optimizer_state, "optim", tensors)
     for name, t in tensors.items():
-        if t.dtype.name not in _CODES:
+        if t.dtype.name not in DTYPE_CODES:
             raise CheckpointError(f"stage_checkpoint: tensor {name!r} has dtype {t.dtype.name}, which a "
-                                  f"checkpoint cannot store; expected one of {', '.join(_CODES)}")
+                                  f"checkpoint cannot store; expected one of {', '.join(DTYPE_CODES)}")
     arrays = {name: _host_copy(t) for name, t in tensors.items()}
     metadata = {"format": FORMAT}
     for key, value in (("optimizer", optim_tree), ("trainer", trainer_state), ("loader", loader_state),
@@ -125,62 +128,29 @@ def stage_checkpoint(*, model_state: dict[str, Tensor], optimizer_state: dict[st
 
 
 # ------------------------------------------------------------------------------------------ writing
-def _raw(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    return a.reshape(-1).view(np.uint8)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _as_checkpoint_error(p: Path, exc: SerializationError) -> CheckpointError:
+    """The safetensors layer's error as this module's, naming the file (its messages already do)."""
+    message = str(exc)
+    return CheckpointError(message if str(p) in message else f"{p}: {message}")
 
 
 def write_checkpoint(staged: StagedCheckpoint, path: str | Path) -> Path:
     """Hash and write a staged checkpoint to ``path`` durably and atomically; returns the path."""
     target = Path(path)
-    digests = {name: hashlib.sha256(_raw(a).data).hexdigest() for name, a in staged.arrays.items()}
+    digests = {name: hashlib.sha256(a.reshape(-1).view(np.uint8).data).hexdigest()
+               for name, a in staged.arrays.items()}
     meta = {**staged.metadata, "sha256": json.dumps(digests, sort_keys=True)}
     meta["metadata_sha256"] = _metadata_digest(meta)
-    header: dict[str, Any] = {"__metadata__": meta}
-    offset = 0
-    for name, a in staged.arrays.items():
-        header[name] = {"dtype": _NP_CODES[a.dtype.newbyteorder("<")], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # tensor data starts 8-byte aligned
     stall = os.environ.get(STALL_VARIABLE)
+
+    def stall_half_way(f: BinaryIO, written: int, total: int) -> None:
+        if stall and written * 2 >= total:
+            _stall(f, stall)
+
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise CheckpointError(f"{target}: cannot create a temporary file beside it: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(head)))
-            f.write(head)
-            written = 0
-            for a in staged.arrays.values():
-                f.write(_raw(a).data)
-                written += a.nbytes
-                if stall and written * 2 >= offset:
-                    _stall(f, stall)
-                    stall = None
-            if stall:
-                _stall(f, stall)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        _fsync_directory(target.parent)
-    except BaseException as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise CheckpointError(f"{target}: writing the checkpoint failed: {exc.strerror or exc}") from exc
-        raise
-    return target
+        return write_safetensors(target, staged.arrays, meta, progress=stall_half_way if stall else None)
+    except SerializationError as exc:
+        raise _as_checkpoint_error(target, exc) from exc
 
 
 def _metadata_digest(meta: dict[str, str]) -> str:
@@ -189,7 +159,7 @@ def _metadata_digest(meta: dict[str, str]) -> str:
     return hashlib.sha256(body.encode()).hexdigest()  # ASCII: json.dumps escapes the rest
 
 
-def _stall(f: Any, marker: str) -> None:
+def _stall(f: BinaryIO, marker: str) -> None:
     f.flush()
     os.fsync(f.fileno())
     Path(marker).write_text(str(os.getpid()))
@@ -302,72 +272,11 @@ def _is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _read_header(p: Path, f: Any, size: int) -> tuple[dict[str, Any], int]:
-    if size < 8:
-        raise _fail(p, f"file of {size} bytes is too short for a safetensors header")
-    (n,) = struct.unpack("<Q", f.read(8))
-    if n > size - 8 or n > _MAX_HEADER:
-        raise _fail(p, f"header claims {n} bytes but the file has {size} bytes (at most {_MAX_HEADER} allowed)")
-    raw = f.read(n)
+def _parse_json(p: Path, st: SafetensorsFile, key: str, kind: type) -> Any:
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, too many digits
-        raise _fail(p, f"header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise _fail(p, f"header must be a JSON object, got {type(header).__name__}")
-    return header, 8 + n
-
-
-def _entries(p: Path, header: dict[str, Any], data_size: int) -> list[tuple[str, str, tuple[int, ...], int, int]]:
-    entries = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-            got = sorted(info) if isinstance(info, dict) else type(info).__name__
-            raise _fail(p, f"tensor {name!r}: expected an object with dtype, shape and data_offsets, got {got}")
-        code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if not isinstance(code, str) or code not in _DTYPES:
-            raise _fail(p, f"tensor {name!r} has dtype {code!r}; expected one of {', '.join(_DTYPES)}")
-        if not (isinstance(shape, list) and len(shape) <= _MAX_NDIM and all(_is_int(s) and s >= 0 for s in shape)):
-            raise _fail(p, f"tensor {name!r} has shape {shape!r}; expected a list of at most {_MAX_NDIM} ints >= 0")
-        extent = _DTYPES[code].itemsize
-        for s in shape:
-            extent *= max(s, 1)
-        if extent > _MAX_EXTENT:  # NumPy cannot index it, even when a 0 makes it empty
-            raise _fail(p, f"tensor {name!r} has shape {shape}, whose dimensions exceed what an array can address")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1]):
-            raise _fail(p, f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end] with "
-                           "0 <= begin <= end")
-        need = _DTYPES[code].itemsize
-        for s in shape:
-            need *= s
-        if offsets[1] - offsets[0] != need:
-            raise _fail(p, f"tensor {name!r} of shape {shape} and dtype {code} needs {need} bytes, its "
-                           f"data_offsets {offsets} give {offsets[1] - offsets[0]}")
-        entries.append((name, code, tuple(shape), offsets[0], offsets[1]))
-    entries.sort(key=lambda e: (e[3], e[4]))
-    expected = 0
-    for name, _, _, begin, end in entries:
-        if begin != expected:
-            kind = "overlaps the previous tensor" if begin < expected else "leaves a gap before it"
-            raise _fail(p, f"tensor {name!r} starts at byte {begin} of the data region, expected {expected} "
-                           f"({kind})")
-        expected = end
-    if expected != data_size:
-        raise _fail(p, f"the header's tensors cover {expected} bytes but the data region holds {data_size} "
-                       "(truncated or corrupted file)")
-    return entries
-
-
-def _parse_json(p: Path, meta: dict[str, str], key: str, kind: type) -> Any:
-    if key not in meta:
-        raise _fail(p, f"metadata has no {key!r} entry; present: {sorted(meta)}")
-    try:
-        value = json.loads(meta[key])
-    except (ValueError, RecursionError) as exc:
-        raise _fail(p, f"metadata {key!r} is not valid JSON: {exc}") from None
+        value = st.metadata_json(key)
+    except SerializationError as exc:
+        raise _as_checkpoint_error(p, exc) from exc
     if not isinstance(value, kind):
         raise _fail(p, f"metadata {key!r} must be a JSON {kind.__name__}, got {type(value).__name__}")
     return value
@@ -410,44 +319,31 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> dict[str, Any]:
     """
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            header, start = _read_header(p, f, size)
-            meta = header.get("__metadata__")
-            if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-                raise _fail(p, "__metadata__ is missing or is not an object of strings; not a BluTrain checkpoint")
-            entries = _entries(p, header, size - start)
-            data = np.fromfile(f, dtype=np.uint8, count=size - start)
-    except FileNotFoundError:
-        raise _fail(p, "no such checkpoint file") from None
-    except IsADirectoryError:
-        raise _fail(p, "is a directory, not a checkpoint file") from None
-    except OSError as exc:
-        raise _fail(p, f"cannot read: {exc.strerror or exc}") from None
-    if data.size != size - start:
-        raise _fail(p, f"read {data.size} bytes of tensor data, expected {size - start} (file changed while read)")
+        st = read_safetensors(p)
+    except SerializationError as exc:
+        raise _as_checkpoint_error(p, exc) from exc
+    meta = st.metadata
+    if not meta:
+        raise _fail(p, "has no __metadata__; not a BluTrain checkpoint")
     if meta.get("format") != FORMAT:
         raise _fail(p, f"format is {meta.get('format')!r}, expected {FORMAT!r}")
     # checkpoints written before the metadata had its own checksum have none; a present one must match
     if "metadata_sha256" in meta and meta["metadata_sha256"] != _metadata_digest(meta):
         raise _fail(p, "the metadata (optimizer, trainer, loader, rng or config state) fails its SHA-256 check; "
                        "the file is corrupted")
-    parsed = {key: _parse_json(p, meta, key, dict) for key in _JSON_FIELDS}
+    parsed = {key: _parse_json(p, st, key, dict) for key in _JSON_FIELDS}
     digests = parsed["sha256"]
-    names = {e[0] for e in entries}
-    if set(digests) != names:
-        differ = sorted(set(digests) ^ names)
+    if set(digests) != set(st.entries):
+        differ = sorted(set(digests) ^ set(st.entries))
         raise _fail(p, f"tensors and stored checksums disagree on names: {differ[:5]}")
     tensors: dict[str, Tensor] = {}
-    for name, code, shape, begin, end in entries:
-        raw = data[begin:end]
-        if hashlib.sha256(raw.data).hexdigest() != digests[name]:
+    for name in st.entries:
+        if hashlib.sha256(st.raw(name).data).hexdigest() != digests[name]:
             raise _fail(p, f"tensor {name!r} fails its SHA-256 check; the file is corrupted")
-        dt = _DTYPES[code]
-        if code == "BOOL" and raw.size and int(raw.max()) > 1:
-            raise _fail(p, f"tensor {name!r} of dtype BOOL holds bytes other than 0 and 1")
-        arr = raw.view(dt.np.newbyteorder("<")).astype(dt.np, copy=False).reshape(shape)
-        t = from_numpy(arr)
+        try:
+            t = from_numpy(st.array(name))
+        except SerializationError as exc:
+            raise _as_checkpoint_error(p, exc) from exc
         tensors[name] = t if device == "cpu" else t.to(device=device)
     _check_trainer_state(p, parsed["trainer"])
     optimizer = _unflatten(p, parsed["optimizer"], tensors)
