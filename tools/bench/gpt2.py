@@ -232,13 +232,13 @@ class Meter:
         return None, None
 
 
-class TorchMeter(Meter):
-    source = "torch.cuda max_memory_allocated / max_memory_reserved"
+class CudaApiMeter(Meter):
+    """Peaks through a ``torch.cuda``-style module: PyTorch's own, or ``blutrain.cuda`` over blutrain-alloc
+    (the cuda backend installs it), which answers the same calls."""
 
-    def __init__(self) -> None:
-        import torch
-
-        self.cuda = torch.cuda
+    def __init__(self, cuda: Any, source: str) -> None:
+        self.cuda = cuda
+        self.source = source
         self.base = self.base_reserved = 0
 
     def baseline(self) -> None:
@@ -257,29 +257,10 @@ class TorchMeter(Meter):
                 self.cuda.max_memory_reserved() - self.base_reserved)
 
 
-class BluTrainAllocMeter(Meter):
-    """BluTrain's own caching allocator (blutrain-alloc, installed by the cuda backend): its peaks."""
+def torch_meter() -> Meter:
+    import torch
 
-    source = "blutrain-alloc caching allocator: allocated_bytes_peak / reserved_bytes_peak"
-
-    def __init__(self, cuda: Any) -> None:
-        self.cuda = cuda
-        self.base = self.base_reserved = 0
-
-    def baseline(self) -> None:
-        gc.collect()
-        self.cuda.synchronize()
-        self.cuda.empty_cache()
-        self.base, self.base_reserved = self.cuda.memory_allocated(), self.cuda.memory_reserved()
-
-    def begin(self) -> None:
-        self.cuda.synchronize()
-        self.cuda.reset_peak_memory_stats()
-
-    def end(self) -> tuple[int | None, int | None]:
-        self.cuda.synchronize()
-        return (self.cuda.max_memory_allocated() - self.base,
-                self.cuda.max_memory_reserved() - self.base_reserved)
+    return CudaApiMeter(torch.cuda, "torch.cuda max_memory_allocated / max_memory_reserved")
 
 
 class CupyPoolMeter(Meter):
@@ -344,7 +325,7 @@ def blutrain_meter() -> Meter:
     if hasattr(cuda, "max_memory_allocated"):
         try:
             cuda.max_memory_allocated()  # raises when CuPy's own pool is in use
-            return BluTrainAllocMeter(cuda)
+            return CudaApiMeter(cuda, "blutrain-alloc caching allocator: allocated_bytes_peak / reserved_bytes_peak")
         except Exception:
             pass
     import cupy
@@ -853,7 +834,7 @@ class Bench:
     def meter(self, impl: str) -> Meter:
         if self.device != "cuda":
             return Meter()
-        return blutrain_meter() if impl.startswith("blutrain") else TorchMeter()
+        return blutrain_meter() if impl.startswith("blutrain") else torch_meter()
 
     def precision_stage(self, precision: str, batches: list[Any]) -> None:
         """Build and warm up every implementation in this precision, then time them in turns. Returns with
