@@ -17,44 +17,25 @@ import socket
 import threading
 from collections.abc import Callable
 
+from blutrain.dist.server import ThreadedServer
 
-class PMIServer:
+
+class PMIServer(ThreadedServer):
     """Serve PMI-1 for ``size`` ranks, ``per_node`` of them on each of the job's nodes."""
 
     def __init__(self, size: int, per_node: int, host: str = "0.0.0.0",
                  on_abort: Callable[[int, int, str], None] | None = None) -> None:
+        super().__init__(host, 0, "blutrain-pmi")
         self.size = size
         self.per_node = per_node
         self.on_abort = on_abort
         # unique per job: MPICH names its node-local shared-memory segment after the kvs name, and a
         # segment left behind by a killed job must not be mistaken for this job's
         self.kvsname = f"blutrain_{os.getpid()}_{secrets.token_hex(6)}"
-        self._sock = socket.create_server((host, 0), backlog=1024)
-        self.port: int = self._sock.getsockname()[1]
         self._kvs: dict[str, str] = {}
         self._cond = threading.Condition()
         self._arrived = 0
         self._generation = 0
-        self._closed = False
-
-    def start(self) -> PMIServer:
-        threading.Thread(target=self._accept, name="blutrain-pmi", daemon=True).start()
-        return self
-
-    def close(self) -> None:
-        self._closed = True
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         rank = -1

@@ -18,6 +18,7 @@ import time
 from typing import Protocol, runtime_checkable
 
 from blutrain.dist.errors import StoreError, StoreTimeoutError
+from blutrain.dist.server import ThreadedServer
 
 _SET, _GET, _ADD, _CHECK, _DELETE = b"S", b"G", b"A", b"C", b"D"
 _HEAD = struct.Struct("!I")
@@ -50,40 +51,16 @@ def _recv_blob(sock: socket.socket) -> bytes:
     return _recv_exact(sock, n)
 
 
-class StoreServer:
+class StoreServer(ThreadedServer):
     """Hosts the key-value table on ``host:port`` (port 0 picks a free one; see :attr:`port`)."""
 
     def __init__(self, host: str = "0.0.0.0", port: int = 0) -> None:
         try:
-            self._sock = socket.create_server((host, port), reuse_port=False, backlog=1024)
+            super().__init__(host, port, "blutrain-store")
         except OSError as exc:
             raise StoreError(f"store server: cannot listen on {host}:{port}: {exc}") from exc
-        self.port: int = self._sock.getsockname()[1]
         self._data: dict[str, bytes] = {}
         self._cond = threading.Condition()
-        self._closed = False
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> StoreServer:
-        """Serve in a daemon thread (started separately so a launcher can fork its ranks first)."""
-        self._thread = threading.Thread(target=self._accept, name="blutrain-store", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._closed = True
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
