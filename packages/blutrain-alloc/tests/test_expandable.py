@@ -179,21 +179,20 @@ def test_a_fragmenting_pattern_reuses_the_holes_physical_memory_instead_of_reser
     assert (old.fragmentation_bytes, new.fragmentation_bytes) == (40 * MiB, 8 * MiB)
 
 
-def test_growing_within_the_peak_unmaps_nothing() -> None:
+def test_a_growth_below_the_peak_keeps_holes_mapped_and_one_past_it_unmaps_them_first() -> None:
     allocator, provider = new_allocator()
-    first = allocator.malloc(6 * MiB)
-    second = allocator.malloc(6 * MiB)
-    allocator.free(first)  # a 6 MiB hole: three whole chunks
-    allocator.free(second)
-    allocator.empty_cache()  # nothing mapped; the peak stays 12 MiB
-    again = allocator.malloc(6 * MiB)
-    assert allocator.stats().reserved_bytes == 6 * MiB
-    hole = allocator.malloc(4 * MiB)
-    allocator.free(again)  # 6 MiB free before the 4 MiB block
+    for ptr in [allocator.malloc(6 * MiB), allocator.malloc(6 * MiB)]:
+        allocator.free(ptr)
+    allocator.empty_cache()  # nothing mapped now; the peak stays 12 MiB
+    first, _second, _third = (allocator.malloc(2 * MiB) for _ in range(3))
+    allocator.free(first)  # a 2 MiB hole (one whole chunk) before two live blocks
     unmaps = allocator.stats().segment_free_count
-    allocator.malloc(8 * MiB)  # fits no free block: grows from 10 to 18 MiB, past the 12 MiB peak
-    assert allocator.stats().segment_free_count > unmaps  # the hole's chunks went back first
-    allocator.free(hole)
+    allocator.malloc(4 * MiB)  # fits no free block: grows 6 -> 10 MiB, below the peak
+    assert (allocator.stats().segment_free_count, provider.mapped_bytes) == (unmaps, 10 * MiB)
+    allocator.malloc(4 * MiB)  # 10 + 4 would pass the peak: the hole's chunk goes back first
+    stats = allocator.stats()
+    assert stats.segment_free_count == unmaps + 1
+    assert (stats.reserved_bytes, stats.reserved_bytes_peak, provider.mapped_bytes) == (12 * MiB, 12 * MiB, 12 * MiB)
 
 
 def test_mapped_memory_is_writable_and_reads_back() -> None:
