@@ -182,14 +182,15 @@ class DistributedDataParallel(Module):
 
 class DDP:
     """The "ddp" parallelism mode: ``DDP(mesh).wrap_model(model)`` over the mesh's "dp" dimension
-    (or a process group itself); the optimizer is unchanged."""
+    (dp × cp where the mesh has a "cp" dimension), or a process group itself; the optimizer is unchanged."""
 
     dim = "dp"
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
         if isinstance(mesh, DeviceMesh):
-            self.group = mesh.get_group(self.dim)
+            # context-parallel ranks hold replicas too (each saw part of the sequence): average over dp × cp
+            self.group = mesh.get_group(self.dim, "cp") if "cp" in mesh.names else mesh.get_group(self.dim)
         else:
             self.group = get_process_group() if mesh is None else mesh
         self.bucket_cap_mb = bucket_cap_mb

@@ -24,10 +24,11 @@ from blutrain.dist.mesh import DeviceMesh
 from blutrain.dist.parallel import ParallelMode
 from blutrain.dist.process_group import REDUCE_OPS, CompletedWork, ProcessGroup, ReduceOp, Work
 from blutrain.dist.registry import CommBackendRegistry, ParallelModeRegistry, comm_backends, parallel_modes
+from blutrain.dist.sharded import StateShard, merge_shards
 from blutrain.dist.store import Store, StoreServer, TCPStore
 
 __all__ = ["REDUCE_OPS", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
            "DistEnv", "DistEnvironmentError", "DistError", "LaunchError", "ParallelMode", "ParallelModeRegistry",
-           "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StoreTimeoutError", "TCPStore", "Work",
+           "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "Work",
            "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
-           "get_world_size", "init_process_group", "is_initialized", "parallel_modes"]
+           "get_world_size", "init_process_group", "is_initialized", "merge_shards", "parallel_modes"]

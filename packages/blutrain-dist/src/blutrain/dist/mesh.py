@@ -64,10 +64,26 @@ class DeviceMesh:
             raise DistArgumentError(f"DeviceMesh: no dimension {dim!r}; the mesh has {', '.join(self.names)}")
         return self.names.index(dim)
 
-    def get_group(self, dim: str) -> ProcessGroup:
-        """The group of the ranks that differ from this one only along ``dim``."""
-        self._index(dim)
-        return self._groups[dim]
+    def get_group(self, *dims: str) -> ProcessGroup:
+        """The group of the ranks that differ from this one only along ``dims`` (one or more).
+
+        Several dimensions (``get_group("dp", "cp")``: the replicas of a model that context
+        parallelism also replicates) give a group split on first use and kept, ordered row-major over
+        those dimensions: that first call is collective over the mesh's group.
+        """
+        if not dims:
+            raise DistArgumentError(f"DeviceMesh.get_group: name at least one dimension of {', '.join(self.names)}")
+        idx = sorted({self._index(d) for d in dims})
+        if len(idx) == 1:
+            return self._groups[self.names[idx[0]]]
+        key = tuple(self.names[i] for i in idx)
+        group = self._groups.get(",".join(key))
+        if group is None:
+            fixed = [i for i in range(len(self.shape)) if i not in idx]
+            color = rank_of(tuple(self.coords[i] for i in fixed), tuple(self.shape[i] for i in fixed))
+            order = rank_of(tuple(self.coords[i] for i in idx), tuple(self.shape[i] for i in idx))
+            group = self._groups[",".join(key)] = self.group.split(color, order)
+        return group
 
     def size(self, dim: str) -> int:
         return self.shape[self._index(dim)]

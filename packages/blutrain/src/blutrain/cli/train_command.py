@@ -33,6 +33,10 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("out", str, "output directory"),
     ("resume", str, "checkpoint to resume from"),
     ("seed", int, "random seed"),
+    ("parallel", str, "MODE[=VALUE] under `blutrain run -n N`: ddp (VALUE: bucket MiB) or zero=STAGE (1, 2, 3); any "
+                      "registered mode (see `blutrain plugins`)"),
+    ("dist-backend", str, "the process group's comm backend for --parallel: mpi or nccl (default: nccl on cuda, "
+                          "else mpi)"),
 )
 
 _SWITCHES: tuple[tuple[str, str], ...] = (
@@ -85,9 +89,18 @@ def run_train(args: argparse.Namespace) -> int:
     from blutrain.train import Trainer
 
     trainer = Trainer(build_config(args))
-    result = trainer.run()
+    try:
+        result = trainer.run()
+        text = trainer.sample(trainer.cfg.prompt, trainer.cfg.sample_tokens)  # every rank: zero=3 gathers
+    finally:
+        if trainer.group is not None:
+            from blutrain.dist import destroy_process_group
+
+            destroy_process_group()
+    if trainer.rank != 0:
+        return 0
     print("\n--- sample ---")
-    print(trainer.sample(trainer.cfg.prompt, trainer.cfg.sample_tokens))
+    print(text)
     print("--------------")
     out = Path(trainer.cfg.out)
     print(f"wrote {out / 'metrics.jsonl'}, {out / 'config.toml'}, {result['checkpoint']}"
@@ -99,11 +112,11 @@ def run_generate(args: argparse.Namespace) -> int:
     import blutrain.tensor as bt
     from blutrain.data import get_tokenizer
     from blutrain.models.gpt2 import GPT2, GPT2Config
-    from blutrain.train.checkpoint import load_checkpoint
+    from blutrain.train.sharded import load_any_checkpoint
     from blutrain.train.trainer import resolve_device
 
     device = resolve_device(args.device)
-    state = load_checkpoint(args.checkpoint, device=device)
+    state = load_any_checkpoint(args.checkpoint, device=device)
     model = GPT2(GPT2Config(**state["config"]["model"])).to(device)
     model.load_state_dict(state["model"])
     tok = get_tokenizer(state["config"]["train"].get("tokenizer", "byte"))

@@ -49,6 +49,8 @@ class TrainConfig:
     async_checkpoint: bool = False  # stage checkpoints to host memory, write them on a background thread
     deterministic: bool = False  # deterministic kernels (e.g. the cuda embedding backward): bit-identical runs
     auto_batch: bool = False  # find the largest micro-batch that fits; accumulation keeps the global batch
+    parallel: str = ""  # "MODE[=VALUE]": a registered parallel mode ("ddp", "zero=2"); "" → one process
+    dist_backend: str = "auto"  # the comm backend of --parallel: "mpi", "nccl"; auto → nccl on cuda, else mpi
     model_overrides: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -74,10 +76,38 @@ class TrainConfig:
         if self.compile and self.auto_batch:
             raise ConfigError("auto_batch cannot size compile's graph: it probes eager steps, whose memory is "
                               "not the compiled plan's; give batch_size explicitly with compile")
+        self.parallel_mode()
+        if self.parallel and self.compile:
+            raise ConfigError(f"parallel {self.parallel!r} cannot be combined with compile: the compiled step is one "
+                              "graph of this process's kernels and holds no collectives; run distributed eagerly")
+        if self.parallel and self.auto_batch:
+            raise ConfigError(f"auto_batch cannot be combined with parallel {self.parallel!r}: each rank would "
+                              "probe its own memory and the ranks could choose different micro-batches; give "
+                              "batch_size explicitly")
         micro = self.batch_size * self.seq_len
         if self.total_batch_tokens and self.total_batch_tokens % micro:
             raise ConfigError(f"total_batch_tokens ({self.total_batch_tokens}) must be a multiple of batch_size × "
                               f"seq_len ({micro})")
+
+    def parallel_mode(self) -> tuple[str, list[int | float | str]] | None:
+        """``parallel`` parsed: ``"zero=2"`` → ``("zero", [2])``, ``"ddp"`` → ``("ddp", [])``, ``""`` → None. The
+        value is the mode's first option (zero: the stage; ddp: the bucket size in MiB)."""
+        if not self.parallel:
+            return None
+        name, sep, raw = self.parallel.partition("=")
+        if not name.isidentifier() or (sep and not raw) or "," in raw:
+            raise ConfigError(f"parallel must be MODE or MODE=VALUE (e.g. 'ddp', 'zero=2'), got {self.parallel!r}")
+        if not sep:
+            return name, []
+        value: int | float | str
+        try:
+            value = int(raw)
+        except ValueError:
+            try:
+                value = float(raw)
+            except ValueError:
+                value = raw
+        return name, [value]
 
     @property
     def grad_accum_steps(self) -> int:

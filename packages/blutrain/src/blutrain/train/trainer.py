@@ -1,6 +1,9 @@
 """The training loop: data, model, optimizer plugin, schedule, clipping, evaluation, checkpoints.
 
 One step = ``grad_accum_steps`` micro-batches of forward + backward, one clip, one optimizer step.
+With ``--parallel`` each rank of ``blutrain run`` trains its slice of every batch through the mode
+(ddp, zero, ...); losses are averaged over ranks and only rank 0 logs and writes (a sharded optimizer
+has every rank write its shard of each checkpoint).
 Everything that decides the numbers (model weights, optimizer state, loader position, RNG states,
 step) is in the checkpoint, so a resumed CPU run reproduces an uninterrupted one bit for bit.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +31,6 @@ from blutrain.train.checkpoint import (
     CheckpointError,
     CheckpointWriter,
     StagedCheckpoint,
-    load_checkpoint,
     remove_stale_temporaries,
     rotate_checkpoints,
     stage_checkpoint,
@@ -36,6 +39,11 @@ from blutrain.train.checkpoint import (
 )
 from blutrain.train.config import ConfigError, TrainConfig
 from blutrain.train.errors import NonFiniteError, TrainOutOfMemoryError
+from blutrain.train.sharded import (
+    load_any_checkpoint,
+    remove_orphan_shards,
+    save_sharded_checkpoint,
+)
 
 
 def resolve_device(name: str) -> str:
@@ -102,8 +110,16 @@ class Trainer:
         cfg.validate()
         self.cfg = cfg
         self.out = Path(cfg.out)
-        self.stream = stream or sys.stdout
         self.device = resolve_device(cfg.device)
+        self.group: Any = self._init_distributed()
+        self.rank: int = self.group.rank if self.group is not None else 0
+        self.world: int = self.group.size if self.group is not None else 1
+        self.stream = (stream or sys.stdout) if self.rank == 0 else open(os.devnull, "w")  # noqa: SIM115
+        micro = cfg.batch_size * cfg.seq_len * self.world
+        if cfg.total_batch_tokens and cfg.total_batch_tokens % micro:
+            raise ConfigError(f"total_batch_tokens ({cfg.total_batch_tokens}) must be a multiple of batch_size × "
+                              f"seq_len × ranks ({cfg.batch_size} × {cfg.seq_len} × {self.world} = {micro})")
+        self.accum = max(cfg.total_batch_tokens // micro, 1)
         self._configure_precision()
         if cfg.deterministic:
             self._choose_deterministic_kernels()
@@ -121,18 +137,27 @@ class Trainer:
         if self.data.vocab_size > self.model_config.vocab_size:
             raise ConfigError(f"the data's vocabulary ({self.data.vocab_size}) is larger than the model's "
                               f"({self.model_config.vocab_size})")
-        self.model = GPT2(self.model_config).to(self.device)
-        groups = weight_decay_groups(self.model.parameters(), cfg.weight_decay)
+        self.net = GPT2(self.model_config).to(self.device)  # the model itself; self.model is what trains it
+        self.n_params = self.net.num_parameters()
+        groups = weight_decay_groups(self.net.parameters(), cfg.weight_decay)
         # nanoGPT's Adam betas; other optimizers take their own defaults
         extra = {"betas": (0.9, 0.95)} if cfg.optimizer == "adamw" else {}
-        self.optimizer = create(cfg.optimizer, groups, lr=cfg.lr, **extra)
+        self.optimizer: Any = create(cfg.optimizer, groups, lr=cfg.lr, **extra)
+        self.model: Any = self.net
+        self._wrap_parallel()
+        # a sharded optimizer (zero) writes sharded checkpoints and knows the global gradient norm
+        self.sharded = hasattr(self.optimizer, "state_shard")
+        if self.sharded and cfg.async_checkpoint:
+            raise ConfigError(f"async_checkpoint cannot write the sharded checkpoints of parallel {cfg.parallel!r}: "
+                              "every rank writes its shard and the save completes when all have; drop "
+                              "async_checkpoint")
         self.step = 0
         self.skipped_steps: list[int] = []
         self.history: list[dict[str, Any]] = []
         self.val_history: list[tuple[int, float]] = []
         # built before the batch search, so that a bad shard is reported before any probe runs
         self.loader = self._make_loader()
-        resume = load_checkpoint(cfg.resume, device=self.device) if cfg.resume else None
+        resume = load_any_checkpoint(cfg.resume, device=self.device) if cfg.resume else None
         if cfg.auto_batch:
             self._choose_micro_batch(resume)
         self.compiled_step: Any = None
@@ -140,13 +165,54 @@ class Trainer:
             from blutrain.compiler import compile as compile_step
 
             self.compiled_step = compile_step(self._step_body)
-        self.writer = CheckpointWriter() if cfg.async_checkpoint else None
+        self.writer = CheckpointWriter() if cfg.async_checkpoint and self.rank == 0 else None
         if resume is not None:
             self._resume(cfg.resume or "", resume)
 
     def _make_loader(self) -> TokenLoader:
         return TokenLoader(self.data.train_pattern, self.cfg.batch_size, self.cfg.seq_len, seed=self.cfg.seed,
-                           vocab_size=self.data.vocab_size)
+                           vocab_size=self.data.vocab_size, rank=self.rank, world_size=self.world)
+
+    # -- distribution --------------------------------------------------------------------------
+    def _init_distributed(self) -> Any:
+        """``--parallel``: this rank's default process group (made here unless the caller made one).
+        Without it, a launch of several ranks is an error rather than N copies of one run."""
+        from blutrain import dist
+
+        if self.cfg.parallel_mode() is None:
+            world = dist.get_world_size() if dist.is_initialized() else dist.detect().world_size
+            if world > 1:
+                raise ConfigError(f"this process is one of {world} ranks but parallel is not set: every rank would "
+                                  "train the same model alone; give --parallel ddp or --parallel zero=STAGE")
+            return None
+        if dist.is_initialized():
+            return dist.get_process_group()
+        env = dist.detect()
+        if self.device == "cuda" and env.world_size > 1:
+            self.device = f"cuda:{env.local_rank}"
+        backend = self.cfg.dist_backend
+        if backend == "auto":
+            backend = "nccl" if self.device.startswith("cuda") else "mpi"
+        return dist.init_process_group(backend)
+
+    def _wrap_parallel(self) -> None:
+        spec = self.cfg.parallel_mode()
+        if spec is None:
+            return
+        from blutrain import dist
+
+        name, values = spec
+        cls = dist.parallel_modes().get(name)
+        try:
+            mode = cls(self.group, *values)
+        except TypeError as exc:
+            raise ConfigError(f"parallel {self.cfg.parallel!r}: mode {name!r} does not take {values}: {exc}") from None
+        self.model = mode.wrap_model(self.net)
+        self.optimizer = mode.wrap_optimizer(self.optimizer)
+
+    def _state_model(self) -> Any:
+        """What saves and loads whole model state under the model's own names."""
+        return self.model if hasattr(self.model, "state_shard") else self.net
 
     def _configure_precision(self) -> None:
         """fp32: strict float32 GEMMs. tf32: the backend's TF32 GEMMs (a GPU mode; a backend without it,
@@ -184,18 +250,35 @@ class Trainer:
     def _stage(self, loader_state: dict[str, Any] | None = None,
                rng_state: dict[str, Any] | None = None) -> StagedCheckpoint:
         return stage_checkpoint(
-            model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
+            model_state=self.net.state_dict(), optimizer_state=self.optimizer.state_dict(),
             trainer_state={"step": self.step, "val_history": self.val_history,
                            "skipped_steps": self.skipped_steps},
             loader_state=loader_state if loader_state is not None else self.loader.state_dict(),
             rng_state=rng_state if rng_state is not None else self._rng_state(),
             config={"train": self.cfg.to_dict(), "model": self.model_config.to_dict()})
 
+    def _write(self, path: Path, loader_state: dict[str, Any] | None = None,
+               rng_state: dict[str, Any] | None = None) -> Path:
+        """Write a checkpoint now: every rank its shard (a sharded optimizer), else rank 0 the whole
+        state; returns once every rank's part is written."""
+        if self.sharded:
+            save_sharded_checkpoint(
+                path, self.optimizer.state_shard(), rank=self.rank, world_size=self.world,
+                trainer_state={"step": self.step, "val_history": self.val_history, "skipped_steps": self.skipped_steps},
+                loader_state=loader_state if loader_state is not None else self.loader.state_dict(),
+                rng_state=rng_state if rng_state is not None else self._rng_state(),
+                config={"train": self.cfg.to_dict(), "model": self.model_config.to_dict()})
+        elif self.rank == 0:
+            write_checkpoint(self._stage(loader_state, rng_state), path)
+        if self.group is not None:
+            self.group.barrier()
+        return path
+
     def save(self, path: Path) -> Path:
         """Write a checkpoint of the current state now (waiting for an asynchronous save in flight)."""
         if self.writer is not None:
             self.writer.wait()
-        return write_checkpoint(self._stage(), path)
+        return self._write(path)
 
     def _save_step_checkpoint(self) -> Path:
         """The periodic checkpoint: staged now, written here or on the writer thread, then the old ones
@@ -206,22 +289,34 @@ class Trainer:
             staged = self._stage()  # the only part of an asynchronous save the loop waits for
             self.writer.submit(staged, path, then=self._rotate)
         else:
-            write_checkpoint(self._stage(), path)
-            self._rotate(path)
+            self._write(path)
+            if self.rank == 0:
+                self._rotate(path)
         return path
 
     def _rotate(self, _: Path) -> None:
         rotate_checkpoints(self.out, self.cfg.keep)
+        remove_orphan_shards(self.out)
 
     def _resume(self, path: str, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        self._state_model().load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.loader.load_state_dict(state["loader"])
+        self.loader.load_state_dict(self._loader_state_for_this_layout(state["loader"]))
         self.step = int(state["trainer"]["step"])
         self.val_history = [tuple(v) for v in state["trainer"].get("val_history", [])]
         self.skipped_steps = [int(s) for s in state["trainer"].get("skipped_steps", [])]
         self._set_rng_state(state["rng"])
         self._print(f"resumed from {path} at step {self.step}")
+
+    def _loader_state_for_this_layout(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A loader state saved by another layout with the same global batch (4 ranks × 2 rows, or 1 × 8)
+        reads the same tokens per step: the ranks of a step read adjacent slices. Restate it in this
+        layout's terms; any other difference is left for the loader to report."""
+        saved_b, saved_w = state.get("batch_size"), state.get("world_size")
+        rows = self.cfg.batch_size * self.world
+        if isinstance(saved_b, int) and isinstance(saved_w, int) and saved_b * saved_w == rows:
+            return {**state, "batch_size": self.cfg.batch_size, "world_size": self.world}
+        return state
 
     # -- micro-batch search --------------------------------------------------------------------
     def _choose_micro_batch(self, resume: dict[str, Any] | None) -> None:
@@ -229,7 +324,7 @@ class Trainer:
         fits, trying the global batch first and halving on out-of-memory; gradient accumulation then
         keeps the global batch. A resumed run takes the micro-batch its checkpoint was trained with."""
         cfg = self.cfg
-        global_batch = cfg.grad_accum_steps * cfg.batch_size
+        global_batch = self.accum * cfg.batch_size
         if resume is not None:
             saved = resume["config"].get("train", {}) if isinstance(resume["config"], dict) else {}
             micro = saved.get("batch_size")
@@ -242,6 +337,7 @@ class Trainer:
         if micro != cfg.batch_size:
             cfg.total_batch_tokens = global_batch * cfg.seq_len
             cfg.batch_size = micro
+            self.accum = global_batch // micro
             self.loader = self._make_loader()
 
     def _search_micro_batch(self, global_batch: int) -> int:
@@ -299,10 +395,13 @@ class Trainer:
         """Forward and backward of every micro-batch, gradients summed into ``.grad``; the detached
         losses (the (B, T, vocab) logits are not kept alive through backward)."""
         losses = []
-        for x, y in batches:
-            with self.autocast:
-                loss = self.model(x, y)[1]
-            (loss / len(batches)).backward()
+        no_sync = getattr(self.model, "no_sync", None)  # ddp: reduce once, in the last micro-batch's backward
+        for i, (x, y) in enumerate(batches):
+            local = no_sync() if no_sync is not None and i < len(batches) - 1 else contextlib.nullcontext()
+            with local:
+                with self.autocast:
+                    loss = self.model(x, y)[1]
+                (loss / len(batches)).backward()
             losses.append(loss.detach())
         return losses
 
@@ -310,18 +409,25 @@ class Trainer:
         """The global gradient norm as a 0-d tensor on the device, clipping with it when ``clip`` > 0.
         This reduction is the whole non-finite check: a NaN or inf in any gradient element makes it
         non-finite, so no pass over the gradients is added."""
-        params = self.model.parameters()
+        if self.sharded:  # the gradients are sharded: the optimizer reduces the norm over every rank
+            total: bt.Tensor = (self.optimizer.clip_grad_norm_(self.cfg.clip) if self.cfg.clip > 0
+                                else self.optimizer.grad_norm())
+            return total
+        params = self.net.parameters()
         if self.cfg.clip > 0:
             return clip_grad_norm_(params, self.cfg.clip)
         with no_grad():
             norms = [bt.norm(p.grad.detach()).to(dtype=bt.float32) for p in params if p.grad is not None]
             return bt.norm(bt.stack(norms)) if norms else bt.zeros((), device=self.device)
 
-    @staticmethod
-    def _read(losses: list[bt.Tensor], norm: bt.Tensor) -> tuple[float, float, bool]:
-        """Mean loss, gradient norm and whether both are finite, through one device-to-host copy: the
-        step's one host sync."""
-        values = bt.stack([*(x.to(dtype=bt.float32) for x in losses), norm.to(dtype=bt.float32)]).tolist()
+    def _read(self, losses: list[bt.Tensor], norm: bt.Tensor) -> tuple[float, float, bool]:
+        """Mean loss (over micro-batches and ranks), gradient norm and whether both are finite, through
+        one device-to-host copy: the step's one host sync. Every rank reads the same numbers, so every
+        rank makes the same non-finite decision."""
+        stacked = bt.stack([*(x.to(dtype=bt.float32) for x in losses), norm.to(dtype=bt.float32)])
+        if self.group is not None and self.world > 1:
+            self.group.all_reduce(stacked, op="avg")  # the norm is global already: an average of equal values
+        values = stacked.tolist()
         loss = sum(values[:-1]) / len(losses)
         return loss, values[-1], all(math.isfinite(v) for v in values)
 
@@ -347,7 +453,7 @@ class Trainer:
         before = (self.loader.state_dict(), self._rng_state()) if cfg.on_nonfinite == "stop" else None
         try:
             self.model.train()
-            batches = [self._batch(self.loader) for _ in range(cfg.grad_accum_steps)]
+            batches = [self._batch(self.loader) for _ in range(self.accum)]
             if self.compiled_step is not None:
                 loss, norm, finite = self._read(*self.compiled_step(batches))
             else:
@@ -366,12 +472,12 @@ class Trainer:
             m["skipped"] = True
         dt = time.perf_counter() - t0
         self.step += 1
-        tokens = cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len
+        tokens = self.accum * cfg.batch_size * cfg.seq_len * self.world
         return m | {"tok_per_s": tokens / dt, "step_ms": dt * 1e3}
 
     def _nonfinite(self, m: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
         step, what = m["step"], f"loss {m['loss']}, gradient norm {m['grad_norm']}"
-        _emit("nonfinite", {"step": step, "loss": m["loss"], "grad_norm": m["grad_norm"],
+        self._emit("nonfinite", {"step": step, "loss": m["loss"], "grad_norm": m["grad_norm"],
                             "policy": self.cfg.on_nonfinite})
         if self.cfg.on_nonfinite == "skip":
             self.optimizer.zero_grad(set_to_none=True)
@@ -392,7 +498,7 @@ class Trainer:
         assert before is not None
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / f"step_{self.step:06d}.safetensors"  # the optimizer has not run: the state is good
-        write_checkpoint(self._stage(*before), path)
+        self._write(path, *before)
         raise NonFiniteError(
             f"step {step}: non-finite {what}; stopping (--on-nonfinite stop). The last good state (after step "
             f"{self.step}) is in {path}", step=step, loss=m["loss"], grad_norm=m["grad_norm"], checkpoint=path)
@@ -416,25 +522,28 @@ class Trainer:
         tok = get_tokenizer(self.data.tokenizer)
         ids = tok.encode(prompt) or [tok.eot_token]
         idx = bt.tensor([ids], dtype="int64", device=self.device)
-        out = self.model.generate(idx, tokens, temperature=0.8, top_k=40, seed=self.cfg.seed)
+        gathered = getattr(self.model, "gathered", None)  # zero=3: the whole model, on every rank
+        with gathered() if gathered is not None else contextlib.nullcontext():
+            out = self.net.generate(idx, tokens, temperature=0.8, top_k=40, seed=self.cfg.seed)
         return tok.decode(out[0].tolist())
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.toml").write_text(cfg.to_toml())
-        n_params = self.model.num_parameters()
-        self._print(f"BluTrain: GPT-2 '{cfg.preset}' ({n_params / 1e6:.2f} M parameters) on {self.device}, "
-                    f"{cfg.optimizer}, {cfg.batch_size}×{cfg.seq_len} tokens × {cfg.grad_accum_steps} per step, "
+        if self.rank == 0:
+            (self.out / "config.toml").write_text(cfg.to_toml())
+        ranks = f" × {self.world} ranks ({cfg.parallel})" if self.group is not None else ""
+        self._print(f"BluTrain: GPT-2 '{cfg.preset}' ({self.n_params / 1e6:.2f} M parameters) on {self.device}, "
+                    f"{cfg.optimizer}, {cfg.batch_size}×{cfg.seq_len} tokens × {self.accum} per step{ranks}, "
                     f"{cfg.max_steps} steps")
         if self.data.baseline_nats is not None:
             self._print(f"data: {self.data.train_pattern} (byte-unigram entropy of val: "
                         f"{self.data.baseline_nats:.3f} nats/token — the loss to beat)")
-        stale = remove_stale_temporaries(self.out)
+        stale = remove_stale_temporaries(self.out) if self.rank == 0 else []
         if stale:
             self._print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint saves in {self.out}")
-        _emit("train_start", {"step": self.step, "config": cfg.to_dict()})
-        metrics_path = self.out / "metrics.jsonl"
+        self._emit("train_start", {"step": self.step, "config": cfg.to_dict()})
+        metrics_path = self.out / "metrics.jsonl" if self.rank == 0 else Path(os.devnull)
         mode = "a" if cfg.resume else "w"
         start = time.perf_counter()
         first_step = self.step
@@ -447,15 +556,15 @@ class Trainer:
                         if val is not None:
                             m["val_loss"] = val
                             self.val_history.append((self.step, val))
-                            _emit("eval_end", {"step": self.step, "val_loss": val})
+                            self._emit("eval_end", {"step": self.step, "val_loss": val})
                     metrics.write(json.dumps(m) + "\n")
                     metrics.flush()
                     self.history.append(m)
-                    _emit("step_end", dict(m))
+                    self._emit("step_end", dict(m))
                     self._progress(m, start, first_step)
                     if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.max_steps:
                         path = self._save_step_checkpoint()
-                        _emit("checkpoint_saved", {"step": self.step, "path": str(path)})
+                        self._emit("checkpoint_saved", {"step": self.step, "path": str(path)})
             if self.writer is not None:
                 self.writer.wait()
         except BaseException:
@@ -470,13 +579,17 @@ class Trainer:
             self.val_history.append((self.step, final_val))
             self._print(f"validation loss at step {self.step}: {final_val:.4f}")
         ckpt = self.save(self.out / "final.safetensors")
-        plot = self._plot()
+        plot = self._plot() if self.rank == 0 else None
         result = {"step": self.step, "val_loss": final_val, "checkpoint": str(ckpt),
                   "train_loss": self.history[-1]["loss"] if self.history else None}
-        _emit("train_end", result)
+        self._emit("train_end", result)
         return result | {"plot": str(plot) if plot else None}
 
     # -- output --------------------------------------------------------------------------------
+    def _emit(self, event: str, state: dict[str, Any]) -> None:
+        if self.rank == 0:  # loggers and the like see one run, not one per rank
+            _emit(event, state)
+
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 

@@ -1,0 +1,147 @@
+"""Sharded state: what one rank holds of a model and its optimizer, and the merge back to full state.
+
+A :class:`StateShard` holds, for each tensor of a model's state (dotted names as in ``state_dict``),
+one contiguous range ``[start, stop)`` of its flattened elements, and the same range of each of the
+optimizer's per-parameter state tensors. Ranges say nothing about how the ranks were laid out, so
+shards saved by one layout (ZeRO on 2 ranks) merge into full state that any other layout (4 ranks, a
+single process) slices again: :func:`merge_shards`.
+
+In a shard's optimizer state a tensor that is 1-D with the range's length is a piece of a tensor of
+the parameter's shape (Adam's moments); every other value (a step count) is the same on every rank
+holding part of that parameter and is taken from any of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from blutrain.tensor import Tensor, from_numpy
+
+from blutrain.dist.errors import DistArgumentError
+
+FORMAT = "blutrain-sharded-1"
+
+
+@dataclass
+class StateShard:
+    """One rank's part of a model's and its optimizer's state.
+
+    ``shapes``: every tensor of the whole model state (all ranks), name → full shape. ``ranges`` and
+    ``params``: the flattened range this shard holds of a tensor, and those elements (1-D). ``optimizer``:
+    name → that parameter's optimizer state restricted to the same range. ``param_groups``: the
+    optimizer's groups, hyperparameters and ``"params"`` as names, in the optimizer's order.
+    """
+
+    shapes: dict[str, tuple[int, ...]]
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    params: dict[str, Tensor] = field(default_factory=dict)
+    optimizer: dict[str, dict[str, Any]] = field(default_factory=dict)
+    param_groups: list[dict[str, Any]] = field(default_factory=list)
+
+    def layout(self) -> dict[str, Any]:
+        """Everything but the tensors, as JSON-ready values (the index a checkpoint stores)."""
+        return {"format": FORMAT, "shapes": {n: list(s) for n, s in self.shapes.items()},
+                "ranges": {n: list(r) for n, r in self.ranges.items()}, "param_groups": self.param_groups}
+
+    @classmethod
+    def from_layout(cls, layout: Any, params: dict[str, Tensor], optimizer: dict[str, dict[str, Any]],
+                    where: str = "shard") -> StateShard:
+        """The inverse of :meth:`layout` plus the tensors; every range and piece is checked."""
+        if not isinstance(layout, dict) or layout.get("format") != FORMAT:
+            got = layout.get("format") if isinstance(layout, dict) else type(layout).__name__
+            raise DistArgumentError(f"{where}: expected a sharded-state layout of format {FORMAT!r}, got {got!r}")
+        try:
+            shapes = {str(n): tuple(int(d) for d in s) for n, s in layout["shapes"].items()}
+            ranges = {str(n): (int(r[0]), int(r[1])) for n, r in layout["ranges"].items()}
+            groups = list(layout["param_groups"])
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise DistArgumentError(f"{where}: malformed sharded-state layout ({type(exc).__name__}: {exc})") from None
+        shard = cls(shapes, ranges, dict(params), {str(k): dict(v) for k, v in optimizer.items()}, groups)
+        shard.check(where)
+        return shard
+
+    def check(self, where: str = "shard") -> None:
+        for name, (start, stop) in self.ranges.items():
+            if name not in self.shapes:
+                raise DistArgumentError(f"{where}: range of {name!r}, which has no shape")
+            n = math.prod(self.shapes[name])
+            if not 0 <= start < stop <= n:
+                raise DistArgumentError(f"{where}: range [{start}, {stop}) of {name!r} is not inside its "
+                                        f"{n} elements")
+            piece = self.params.get(name)
+            if piece is None or tuple(piece.shape) != (stop - start,):
+                got = list(piece.shape) if piece is not None else "nothing"
+                raise DistArgumentError(f"{where}: {name!r} must hold a 1-D piece of {stop - start} elements for "
+                                        f"its range [{start}, {stop}), got {got}")
+        if set(self.params) != set(self.ranges):
+            raise DistArgumentError(f"{where}: pieces without ranges: {sorted(set(self.params) ^ set(self.ranges))}")
+
+
+def _numpy(t: Tensor) -> np.ndarray[Any, Any]:
+    return np.asarray(t.detach().to(device="cpu").numpy())
+
+
+def _join(name: str, key: str, shape: tuple[int, ...], pieces: list[tuple[int, int, Tensor]]) -> Tensor:
+    n = math.prod(shape)
+    pieces = sorted(pieces, key=lambda x: x[0])
+    at = 0
+    for start, stop, _ in pieces:
+        if start != at:
+            what = "overlap" if start < at else "a gap"
+            raise DistArgumentError(f"merge_shards: the shards of {name!r}{key} have {what} at element {at} "
+                                    f"(a piece starts at {start}); every element must be held exactly once")
+        at = stop
+    if at != n:
+        raise DistArgumentError(f"merge_shards: the shards hold elements [0, {at}) of {name!r}{key}, which has {n}; "
+                                "a shard file is missing")
+    flat = np.concatenate([_numpy(p) for _, _, p in pieces]) if pieces else np.zeros(0, dtype=np.float32)
+    return from_numpy(np.ascontiguousarray(flat.reshape(shape)))
+
+
+def merge_shards(shards: Sequence[StateShard]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Full state from shards that together hold every element once: ``(model_state, optimizer_state)``.
+
+    ``model_state`` maps each name to a CPU tensor of its full shape; ``optimizer_state`` is in
+    :meth:`blutrain.optim.Optimizer.state_dict`'s format (parameters numbered in the order of the
+    groups), so ``optimizer.load_state_dict`` of an optimizer built the same way takes it.
+    """
+    if not shards:
+        raise DistArgumentError("merge_shards: got no shards")
+    shapes = shards[0].shapes
+    for i, s in enumerate(shards):
+        if s.shapes != shapes:
+            raise DistArgumentError(f"merge_shards: shard {i} describes other tensors than shard 0 (different "
+                                    "models)")
+    model = {}
+    for name, shape in shapes.items():
+        held = [(s.ranges[name][0], s.ranges[name][1], s.params[name]) for s in shards if name in s.ranges]
+        model[name] = _join(name, "", shape, held)
+    groups = shards[0].param_groups
+    order = [name for g in groups for name in g["params"]]
+    state: dict[int, dict[str, Any]] = {}
+    for index, name in enumerate(order):
+        if name not in shapes:
+            raise DistArgumentError(f"merge_shards: the optimizer's parameter {name!r} is not a tensor of the model")
+        holders = [s for s in shards if name in s.optimizer]
+        if not holders:
+            continue
+        entry: dict[str, Any] = {}
+        for key, value in holders[0].optimizer[name].items():
+            start, stop = holders[0].ranges[name]
+            if isinstance(value, Tensor) and tuple(value.shape) == (stop - start,):
+                pieces = [(s.ranges[name][0], s.ranges[name][1], s.optimizer[name][key]) for s in holders]
+                entry[key] = _join(name, f" (optimizer state {key!r})", shapes[name], pieces)
+            else:
+                entry[key] = value
+        state[index] = entry
+    numbered = [{**{k: v for k, v in g.items() if k != "params"},
+                 "params": [order.index(n) for n in g["params"]]} for g in groups]
+    return model, {"state": state, "param_groups": numbered}
+
+
+__all__ = ["FORMAT", "StateShard", "merge_shards"]

@@ -1,0 +1,106 @@
+"""Context parallelism in one process (an MPI singleton): the chunk layout, the log-sum-exp merge of
+partial attentions against float64, each attention kind on a GPT-2 equal to the plain one, and
+argument errors. Multi-rank runs: integration_tests/test_dist_tp_cp.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blutrain.tensor as bt
+from blutrain.dist import DistArgumentError, parallel_modes
+from blutrain.models import GPT2, GPT2Config
+from blutrain_comm_mpi import create_group
+from blutrain_parallel_cp import CP, ChunkLayout, ContextParallelGPT2, attend, merge_partials
+
+
+@pytest.fixture(scope="module")
+def group():  # type: ignore[no-untyped-def]
+    g = create_group(rank=0, world_size=1, store=None, timeout=30.0)
+    yield g
+    g.destroy()
+
+
+def tiny() -> GPT2:
+    bt.manual_seed(0)
+    return GPT2(GPT2Config.preset("tiny", n_layer=2, n_head=4, n_embd=32, block_size=8))
+
+
+def test_the_plugin_registers_cp() -> None:
+    assert parallel_modes().get("cp") is CP
+
+
+def test_each_rank_holds_an_early_and_a_late_chunk() -> None:
+    layout = ChunkLayout(12, 3)
+    assert [layout.chunks(r) for r in range(3)] == [(0, 5), (1, 4), (2, 3)]
+    assert layout.positions(1) == [2, 3, 8, 9]
+    gathered = [p for r in range(3) for p in layout.positions(r)]
+    assert [gathered[i] for i in layout.order()] == list(range(12))
+    x = bt.tensor(np.arange(24).reshape(2, 12))
+    assert layout.shard(x, 2).tolist() == [[4, 5, 6, 7], [16, 17, 18, 19]]
+
+
+def test_a_sequence_that_does_not_split_in_two_chunks_per_rank_is_an_error() -> None:
+    with pytest.raises(DistArgumentError, match=r"sequence length 10 must be a multiple of 2·cp = 4"):
+        ChunkLayout(10, 2)
+
+
+def _softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...]:  # type: ignore[type-arg]
+    s = q @ k.T / np.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = w @ v.T
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(q.shape[-1])
+    return p @ v, ds @ k, ds.T @ q, p.T @ w
+
+
+def test_merging_partials_over_key_blocks_equals_attention_over_all_keys_in_float64() -> None:
+    rng = np.random.default_rng(3)
+    q, k, v, w = rng.standard_normal((5, 4)), rng.standard_normal((9, 4)) * 3, rng.standard_normal((9, 4)), \
+        rng.standard_normal((5, 4))
+    want, dq, dk, dv = _softmax_attention(q, k, v, w)
+    tq, tk, tv = (bt.tensor(a, dtype="float64", requires_grad=True) for a in (q, k, v))
+    blocks = [(0, 2), (2, 7), (7, 9)]
+    parts = [attend(tq, tk[a:b], tv[a:b], False, 0.5) for a, b in blocks]
+    out, lse = merge_partials(parts)
+    (out * bt.tensor(w, dtype="float64")).sum().backward()
+    s = q @ k.T * 0.5
+    np.testing.assert_allclose(lse.detach().numpy()[:, 0], np.log(np.exp(s).sum(-1)), rtol=1e-14)
+    np.testing.assert_allclose(out.detach().numpy(), want, atol=1e-14)
+    for t, ref in ((tq, dq), (tk, dk), (tv, dv)):
+        assert t.grad is not None
+        np.testing.assert_allclose(t.grad.numpy(), ref, atol=1e-13)
+
+
+def test_merging_nothing_is_an_error() -> None:
+    with pytest.raises(DistArgumentError, match="at least one"):
+        merge_partials([])
+
+
+@pytest.mark.parametrize("attn", ["ring", "allgather", "ulysses"])
+def test_each_attention_in_a_group_of_one_equals_gpt2(group, attn: str) -> None:  # type: ignore[no-untyped-def]
+    tokens = np.random.default_rng(0).integers(0, 256, (2, 9))
+    x, y = bt.tensor(tokens[:, :-1]), bt.tensor(tokens[:, 1:])
+    ref = tiny()
+    _, ref_loss = ref(x, y)
+    assert ref_loss is not None
+    ref_loss.backward()
+    model = tiny()
+    _, loss = CP(group, attn=attn).wrap_model(model)(x, y)
+    assert loss is not None
+    loss.backward()
+    np.testing.assert_allclose(loss.item(), ref_loss.item(), rtol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_an_unknown_attention_is_an_error_naming_the_choices(group) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DistArgumentError, match="attn must be one of ring, allgather, ulysses, got 'flash'"):
+        CP(group, attn="flash")
+
+
+def test_a_sequence_length_that_does_not_split_is_named_at_forward(group) -> None:  # type: ignore[no-untyped-def]
+    model = ContextParallelGPT2(tiny(), group)
+    with pytest.raises(DistArgumentError, match="sequence length 7 must be a multiple of 2·cp = 2"):
+        model(bt.zeros(1, 7, dtype="int64"))

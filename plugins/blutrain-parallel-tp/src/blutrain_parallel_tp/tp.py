@@ -1,0 +1,155 @@
+"""The "tp" mode: a GPT-2 rewritten in place into Megatron tensor parallelism.
+
+In every block ``attn.c_attn`` becomes column-parallel by heads (each rank keeps ``n_head / tp``
+whole heads: its rows of q, of k and of v), ``attn.c_proj`` row-parallel, ``mlp.c_fc``
+column-parallel and ``mlp.c_proj`` row-parallel; so each block does two all-reduces forward (one
+per row-parallel layer) and two backward (one per column-parallel layer). The token embedding
+``wte`` becomes vocab-parallel and the tied LM head uses the same shard: each rank computes the
+logits of its part of the vocabulary, and the vocab-parallel cross-entropy reduces three values
+per token, so no rank holds full logits. LayerNorms, ``wpe`` and the row-parallel biases are
+replicated; their gradients are equal on every rank (their inputs and output gradients are), so
+they need no reduction.
+
+The model is cut from full weights: rank 0 of the group broadcasts its parameters first (so every
+rank starts from the same model) and each rank slices its part, hence a single-process checkpoint
+loads by loading it into ``GPT2`` before wrapping; :meth:`TensorParallelGPT2.full_parameters`
+gathers them back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blutrain.autograd import no_grad
+from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, get_process_group
+from blutrain.models import GPT2
+from blutrain.nn import CausalSelfAttention, Embedding, Linear, Module
+from blutrain.tensor import Tensor
+from blutrain.tensor.errors import ShapeError
+from blutrain_parallel_tp.comm import copy_to_tp_region
+from blutrain_parallel_tp.cross_entropy import vocab_parallel_cross_entropy
+from blutrain_parallel_tp.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    Shard,
+    VocabParallelEmbedding,
+    gather_shard,
+)
+
+
+def _expect(where: str, what: str, value: object, kind: type) -> Any:
+    if not isinstance(value, kind):
+        raise DistArgumentError(f"{where}: {what} must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+class TensorParallelGPT2(Module):
+    """``model`` (a :class:`~blutrain.models.GPT2`) rewritten for tensor parallelism over ``group``.
+
+    ``forward(idx, targets=None)`` returns ``(logits, loss)`` as GPT2's, where ``logits`` is this
+    rank's vocabulary shard (B, T, vocab_size / tp) and ``loss`` the full mean cross-entropy, the
+    same on every rank. Parameter names are the model's, under ``module.``.
+    """
+
+    def __init__(self, model: GPT2, group: ProcessGroup, broadcast_parameters: bool = True) -> None:
+        super().__init__()
+        where = "TensorParallelGPT2"
+        _expect(where, "model", model, GPT2)
+        size = group.size
+        c = model.config
+        if c.n_head % size:
+            raise DistArgumentError(f"{where}: n_head ({c.n_head}) must be divisible by the tensor-parallel size "
+                                    f"{size} (each rank keeps whole heads)")
+        if c.vocab_size % size:
+            raise DistArgumentError(f"{where}: vocab_size ({c.vocab_size}) must be divisible by the tensor-parallel "
+                                    f"size {size}; pad the vocabulary (GPT-2's 50257 → 50304)")
+        self.group = group
+        if broadcast_parameters and size > 1:
+            with no_grad():
+                for t in [*model.parameters(), *model.buffers()]:
+                    group.broadcast(t.detach(), src=0)
+        self._shards: dict[int, Shard] = {}
+        self._rewrite(model)
+        self.module = model
+
+    def _parallel(self, m: Any) -> Any:
+        for name, shard in m.shards().items():
+            self._shards[id(getattr(m, name))] = shard
+        return m
+
+    def _rewrite(self, model: GPT2) -> None:
+        g = self.group
+        for i, block in enumerate(model.transformer.h):
+            attn = _expect(f"TensorParallelGPT2: transformer.h.{i}", "attn", block.attn, CausalSelfAttention)
+            attn.c_attn = self._parallel(ColumnParallelLinear.from_linear(
+                _expect("TensorParallelGPT2", "attn.c_attn", attn.c_attn, Linear), g, parts=3))
+            attn.c_proj = self._parallel(RowParallelLinear.from_linear(
+                _expect("TensorParallelGPT2", "attn.c_proj", attn.c_proj, Linear), g))
+            attn.n_head = attn.n_head // g.size  # the heads this rank computes; self_attention splits by it
+            mlp = block.mlp
+            mlp.c_fc = self._parallel(ColumnParallelLinear.from_linear(
+                _expect("TensorParallelGPT2", "mlp.c_fc", mlp.c_fc, Linear), g))
+            mlp.c_proj = self._parallel(RowParallelLinear.from_linear(
+                _expect("TensorParallelGPT2", "mlp.c_proj", mlp.c_proj, Linear), g))
+        wte = self._parallel(VocabParallelEmbedding.from_embedding(
+            _expect("TensorParallelGPT2", "transformer.wte", model.transformer.wte, Embedding), g))
+        model.transformer.wte = wte
+        model.lm_head.weight = wte.weight  # still tied: the head's rows are this rank's vocabulary
+        model.lm_head.out_features = wte.per_rank
+
+    @property
+    def vocab_start(self) -> int:
+        """The first vocabulary id whose logit this rank computes."""
+        wte = self.module.transformer.wte
+        assert isinstance(wte, VocabParallelEmbedding)  # put there by _rewrite
+        return wte.vocab_start
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        model: GPT2 = self.module
+        model._check_idx(idx)
+        x = model.transformer(idx)
+        logits: Tensor = model.lm_head(copy_to_tp_region(x, self.group))
+        if targets is None:
+            return logits, None
+        if not isinstance(targets, Tensor) or targets.shape != idx.shape:
+            got = list(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+            raise ShapeError(f"TensorParallelGPT2: targets must have the shape of idx {list(idx.shape)}, got {got}")
+        B, T, V = logits.shape
+        loss = vocab_parallel_cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), self.group,
+                                            self.vocab_start, ignore_index=-1)
+        return logits, loss
+
+    def full_parameters(self) -> dict[str, Tensor]:
+        """Every parameter of the single-process model, by its GPT2 name (collective over the group:
+        sharded ones are all-gathered)."""
+        out: dict[str, Tensor] = {}
+        for name, p in self.module.named_parameters():
+            shard = self._shards.get(id(p))
+            out[name] = gather_shard(p, shard, self.group) if shard is not None else p.detach().clone()
+        return out
+
+    def extra_repr(self) -> str:
+        return f"tp={self.group.size}, rank {self.group.rank}"
+
+
+class TP:
+    """The "tp" parallelism mode: ``TP(mesh).wrap_model(gpt2)`` over the mesh's "tp" dimension (or a
+    process group itself); the optimizer is unchanged (it updates each rank's shards)."""
+
+    dim = "tp"
+
+    def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, broadcast_parameters: bool = True) -> None:
+        if isinstance(mesh, DeviceMesh):
+            self.group = mesh.get_group(self.dim)
+        else:
+            self.group = get_process_group() if mesh is None else mesh
+        self.broadcast_parameters = broadcast_parameters
+
+    def wrap_model(self, model: Any) -> TensorParallelGPT2:
+        return TensorParallelGPT2(model, self.group, self.broadcast_parameters)
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        return optimizer
+
+
+__all__ = ["TP", "TensorParallelGPT2"]

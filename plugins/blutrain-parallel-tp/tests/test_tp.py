@@ -1,0 +1,97 @@
+"""Tensor parallelism in one process (an MPI singleton): slicing by heads, the rewritten GPT-2 equal to
+the plain one, the vocab-parallel cross-entropy against float64, and argument errors. Multi-rank runs
+against the single process: integration_tests/test_dist_tp_cp.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blutrain.tensor as bt
+from blutrain import nn
+from blutrain.dist import DistArgumentError, parallel_modes
+from blutrain.models import GPT2, GPT2Config
+from blutrain_comm_mpi import create_group
+from blutrain_parallel_tp import TP, Shard, TensorParallelGPT2, slice_shard, vocab_parallel_cross_entropy
+
+
+@pytest.fixture(scope="module")
+def group():  # type: ignore[no-untyped-def]
+    g = create_group(rank=0, world_size=1, store=None, timeout=30.0)
+    yield g
+    g.destroy()
+
+
+def tiny() -> GPT2:
+    bt.manual_seed(0)
+    return GPT2(GPT2Config.preset("tiny", n_layer=2, n_head=4, n_embd=32, block_size=8))
+
+
+def test_the_plugin_registers_tp() -> None:
+    assert parallel_modes().get("tp") is TP
+
+
+def test_slicing_by_heads_keeps_each_ranks_rows_of_q_k_and_v() -> None:
+    full = np.arange(12 * 2, dtype=np.float32).reshape(12, 2)  # q, k, v: 4 rows each
+    got = slice_shard(bt.tensor(full), Shard(0, parts=3), rank=1, size=2).numpy()
+    np.testing.assert_array_equal(got, full[[2, 3, 6, 7, 10, 11]])
+
+
+def test_row_slicing_takes_columns() -> None:
+    full = np.arange(3 * 8, dtype=np.float32).reshape(3, 8)
+    got = slice_shard(bt.tensor(full), Shard(1), rank=3, size=4).numpy()
+    np.testing.assert_array_equal(got, full[:, 6:8])
+
+
+def test_a_shape_that_does_not_split_is_an_error_naming_it() -> None:
+    with pytest.raises(DistArgumentError, match=r"dim 0 of shape \[10, 2\] must split into 3 part\(s\) of 2"):
+        slice_shard(bt.zeros(10, 2), Shard(0, parts=3), rank=0, size=2)
+
+
+def test_the_rewritten_model_in_a_group_of_one_equals_gpt2(group) -> None:  # type: ignore[no-untyped-def]
+    tokens = np.random.default_rng(0).integers(0, 256, (2, 9))
+    x, y = bt.tensor(tokens[:, :-1]), bt.tensor(tokens[:, 1:])
+    ref = tiny()
+    ref_logits, ref_loss = ref(x, y)
+    assert ref_loss is not None
+    ref_loss.backward()
+    model = tiny()
+    tp = TP(group).wrap_model(model)
+    assert isinstance(tp, TensorParallelGPT2)
+    logits, loss = tp(x, y)
+    assert loss is not None
+    loss.backward()
+    np.testing.assert_allclose(logits.detach().numpy(), ref_logits.detach().numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(loss.item(), ref_loss.item(), rtol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+    full = tp.full_parameters()
+    assert list(full) == [n for n, _ in ref.named_parameters()]
+
+
+def test_vocab_parallel_cross_entropy_matches_float64_reference(group) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((5, 11)) * 4
+    target = np.array([3, 0, -1, 10, 7])
+    valid = target != -1
+    lse = np.log(np.exp(logits).sum(1))
+    want = (lse - logits[np.arange(5), np.where(valid, target, 0)])[valid].mean()
+    probs = np.exp(logits - lse[:, None])
+    probs[np.arange(5)[valid], target[valid]] -= 1
+    x = bt.tensor(logits, dtype="float64", requires_grad=True)
+    loss = vocab_parallel_cross_entropy(x, bt.tensor(target), group, 0, ignore_index=-1)
+    loss.backward()
+    assert x.grad is not None
+    np.testing.assert_allclose(loss.item(), want, rtol=1e-13)
+    np.testing.assert_allclose(x.grad.numpy(), probs * valid[:, None] / valid.sum(), atol=1e-14)
+
+
+def test_vocab_parallel_cross_entropy_names_a_bad_target(group) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DistArgumentError, match=r"target must be an integer Tensor of shape \[4\].*got shape \[3\]"):
+        vocab_parallel_cross_entropy(bt.zeros(4, 6), bt.tensor([1, 2, 3]), group, 0)
+
+
+def test_wrapping_something_else_than_gpt2_is_an_error(group) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DistArgumentError, match="model must be a GPT2, got Linear"):
+        TP(group).wrap_model(nn.Linear(2, 2))

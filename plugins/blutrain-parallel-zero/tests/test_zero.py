@@ -1,0 +1,98 @@
+"""ZeRO in a group of one (an MPI singleton): every stage trains as the unwrapped model does, stage 3 frees
+parameters between uses, and misuse is reported by name. Multi-rank runs against the single process:
+integration_tests/test_dist_zero.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blutrain.tensor as bt
+from blutrain import nn
+from blutrain.dist import DistError, merge_shards, parallel_modes
+from blutrain.optim import create
+from blutrain_comm_mpi import create_group
+from blutrain_parallel_zero import ZeRO, ZeroModel
+
+
+@pytest.fixture(scope="module")
+def group():  # type: ignore[no-untyped-def]
+    g = create_group(rank=0, world_size=1, store=None, timeout=30.0)
+    yield g
+    g.destroy()
+
+
+def mlp() -> nn.Module:
+    bt.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4))
+
+
+def train(model: nn.Module, optimizer, steps: int = 3) -> list[float]:  # type: ignore[no-untyped-def]
+    out = []
+    for step in range(steps):
+        x = bt.tensor(np.random.default_rng(step).standard_normal((5, 8)).astype(np.float32))
+        loss = (model(x) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        out.append(float(loss.item()))
+    return out
+
+
+def test_the_plugin_registers_zero() -> None:
+    assert parallel_modes().get("zero") is ZeRO
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_every_stage_trains_as_the_unwrapped_model(group, stage: int) -> None:  # type: ignore[no-untyped-def]
+    ref = mlp()
+    ref_losses = train(ref, create("adamw", list(ref.parameters()), lr=1e-2))
+    net = mlp()
+    mode = ZeRO(group, stage=stage, bucket_cap_mb=(16 * 16 * 4) / 2**20)
+    model = mode.wrap_model(net)
+    optimizer = mode.wrap_optimizer(create("adamw", list(net.parameters()), lr=1e-2))
+    np.testing.assert_allclose(train(model, optimizer), ref_losses, rtol=1e-6)
+    state = model.state_dict()
+    for name, p in ref.state_dict().items():
+        np.testing.assert_allclose(state[name].numpy(), p.numpy(), rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_stage_3_keeps_parameters_sharded_outside_forward_and_backward(group) -> None:  # type: ignore[no-untyped-def]
+    net = mlp()
+    model = ZeroModel(net, group, stage=3)
+    assert [u.size for u in model.units] == [0, 2, 2, 2]  # the root, then each member of the Sequential
+    assert [p.shape for p in net.parameters()] == [(0, 0), (0,)] * 3  # dims kept
+    model(bt.ones(2, 8)).sum().backward()
+    assert all(p.numel() == 0 and p.grad is None for p in net.parameters())
+    assert all(float(bt.norm(b.shard_grad).item()) > 0 for b in model.buckets)
+
+
+def test_a_sharded_state_merges_into_whole_optimizer_state(group) -> None:  # type: ignore[no-untyped-def]
+    net = mlp()
+    mode = ZeRO(group, stage=2)
+    model = mode.wrap_model(net)
+    optimizer = mode.wrap_optimizer(create("sgd", list(net.parameters()), lr=0.1, momentum=0.9))
+    train(model, optimizer, steps=1)
+    full, state = merge_shards([optimizer.state_shard()])
+    assert sorted(full) == sorted(net.state_dict())
+    assert sorted(state["state"]) == list(range(6)) and "momentum_buffer" in state["state"][0]
+
+
+def test_a_parameter_without_gradient_is_named_at_the_next_forward(group) -> None:  # type: ignore[no-untyped-def]
+    net = mlp()
+    model = ZeroModel(net, group, stage=2)
+    x = bt.ones(2, 8)
+    net[1](net[0](x)).sum().backward()  # the last layer takes no part
+    with pytest.raises(DistError, match=r"did not produce gradients for 2\.(bias|weight)"):
+        model(x)
+
+
+def test_stage_must_be_1_2_or_3(group) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DistError, match="stage must be 1, 2 or 3, got 4"):
+        ZeRO(group, stage=4)
+
+
+def test_the_optimizer_is_wrapped_after_the_model(group) -> None:  # type: ignore[no-untyped-def]
+    net = mlp()
+    with pytest.raises(DistError, match="call wrap_model first"):
+        ZeRO(group).wrap_optimizer(create("adamw", list(net.parameters())))
