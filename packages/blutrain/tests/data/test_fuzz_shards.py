@@ -3,9 +3,8 @@ errors, and accept exactly what the format allows. The full run (1,000,000 input
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import struct
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,17 +13,10 @@ import pytest
 
 from blutrain.data import write_shard
 
-TOOL = Path(__file__).resolve().parents[4] / "tools" / "fuzz_shards.py"
-
 
 @pytest.fixture(scope="module")
 def fuzzer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fuzz_shards", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz_shards"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("fuzz_shards")  # tools/ is on sys.path through the workspace's pytest config
 
 
 def test_a_ci_sized_run_finds_no_crash_or_mismatch_and_reaches_every_outcome(fuzzer: ModuleType) -> None:
