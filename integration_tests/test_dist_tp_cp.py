@@ -5,6 +5,11 @@ the ranks start once: tp, cp with each attention (ring, all-gather, Ulysses), an
 2-D meshes dp × tp and dp × cp. Each must give the single-process losses within 1e-5 and the same
 final parameters (gathered from the tensor-parallel shards). The 2-rank run also checks the
 vocab-parallel cross-entropy and the three attentions, forward and backward, against float64.
+
+`blutrain train --parallel dp=2,tp=2` and `dp=2,cp=2` under `blutrain run -n 4` (the trainer builds the
+mesh, shards the data by dp rank, clips with the global gradient norm and saves whole state) must
+give the losses and gradient norms of a single-process `blutrain train` with the same global batch,
+and a mesh that does not fit the ranks is refused.
 """
 
 from __future__ import annotations
@@ -89,3 +94,86 @@ def test_unit_check_matches_the_float64_reference_on_every_rank(job: Callable[[i
     _, results = job(2)
     for rank, result in enumerate(results):
         assert result["units"][check]["ok"], f"rank {rank}: {check}: {result['units'][check]}"
+
+
+# ------------------------------------------------------------------------- blutrain train --parallel MESH
+
+TRAIN_TOML = """max_steps = 3
+seq_len = 32
+warmup_steps = 1
+eval_every = 0
+eval_batches = 1
+sample_tokens = 2
+clip = 1.0
+model_overrides = { n_layer = 2, n_head = 2, n_embd = 32 }
+"""
+MESHES = ["dp=2,tp=2", "dp=2,cp=2"]
+
+
+def _blutrain(*args: str | Path, ranks: int = 0) -> subprocess.CompletedProcess[str]:
+    launch = ["run", "-n", str(ranks), "--grace", "2", "--timeout", "60", "--", "blutrain"] if ranks else []
+    return subprocess.run([sys.executable, "-m", "blutrain.cli", *launch, *map(str, args)], capture_output=True,
+                          text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`blutrain train` alone with 8 rows per step, and under `blutrain run -n 4` with 4 rows per
+    data-parallel rank on each mesh; dp × cp also saves a step checkpoint asynchronously (rank 0 alone
+    stages it: the others must not wait for it)."""
+    d = tmp_path_factory.mktemp("mesh")
+    (d / "c.toml").write_text(TRAIN_TOML)
+    extra = {"dp=2,cp=2": ["--async-checkpoint", "--checkpoint-every", "2"]}
+    for ranks, rows, mesh in [(0, "8", None), *((4, "4", m) for m in MESHES)]:
+        parallel = ["--parallel", mesh, *extra.get(mesh, [])] if mesh else []
+        proc = _blutrain("train", "--config", d / "c.toml", "--batch-size", rows, *parallel, "--out",
+                         d / (mesh or "one"), ranks=ranks)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return d
+
+
+def _metrics(directory: Path, key: str) -> list[float]:
+    return [json.loads(line)[key] for line in (directory / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_blutrain_train_on_a_mesh_matches_one_process_with_the_same_global_batch(trained: Path, mesh: str) -> None:
+    one_norms = _metrics(trained / "one", "grad_norm")
+    assert len(one_norms) == 3 and min(one_norms) > 1.0  # every step clips: the norm decides the update
+    np.testing.assert_allclose(_metrics(trained / mesh, "loss"), _metrics(trained / "one", "loss"), rtol=1e-5, atol=0)
+    # a replicated parameter counted once per tp rank, or a shard left out, moves the norm by > 10%
+    np.testing.assert_allclose(_metrics(trained / mesh, "grad_norm"), one_norms, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_a_mesh_run_saves_the_whole_model_and_optimizer_state(trained: Path, mesh: str) -> None:
+    from blutrain.train import load_checkpoint
+
+    one = load_checkpoint(trained / "one" / "final.safetensors")
+    got = load_checkpoint(trained / mesh / "final.safetensors")
+    assert sorted(got["model"]) == sorted(one["model"])
+    for name, want in one["model"].items():
+        assert got["model"][name].shape == want.shape, name
+        np.testing.assert_allclose(got["model"][name].numpy(), want.numpy(), rtol=0, atol=3e-5, err_msg=name)
+    assert got["optimizer"]["param_groups"] == one["optimizer"]["param_groups"]
+    for i, entry in one["optimizer"]["state"].items():
+        assert got["optimizer"]["state"][i]["step"] == entry["step"] == 3
+        for key in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_allclose(got["optimizer"]["state"][i][key].numpy(), entry[key].numpy(), rtol=0,
+                                       atol=1e-6, err_msg=f"{i}.{key}")
+
+
+def test_an_asynchronous_step_checkpoint_of_replicas_is_written_by_rank_0_alone(trained: Path) -> None:
+    from blutrain.train import load_checkpoint
+
+    state = load_checkpoint(trained / "dp=2,cp=2" / "step_000002.safetensors")
+    assert state["trainer"]["step"] == 2
+    assert sorted(p.name for p in (trained / "dp=2,cp=2").glob("*.safetensors")) == [
+        "final.safetensors", "step_000002.safetensors"]
+
+
+def test_a_mesh_that_does_not_fit_the_ranks_is_refused(tmp_path: Path) -> None:
+    proc = _blutrain("train", "--parallel", "dp=2,tp=2", "--max-steps", "1", "--out", tmp_path, ranks=2)
+    assert proc.returncode != 0
+    assert "parallel 'dp=2,tp=2' lays out 4 ranks (dp 2 × tp 2), but this run has 2 rank(s)" in proc.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()

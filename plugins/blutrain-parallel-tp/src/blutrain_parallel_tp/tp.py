@@ -18,13 +18,14 @@ gathers them back.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from blutrain.autograd import no_grad
 from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, get_process_group
 from blutrain.models import GPT2
 from blutrain.nn import CausalSelfAttention, Embedding, Linear, Module
-from blutrain.tensor import Tensor
+from blutrain.tensor import Tensor, clamp, norm, stack, zeros
 from blutrain.tensor.errors import ShapeError
 from blutrain_parallel_tp.comm import copy_to_tp_region
 from blutrain_parallel_tp.cross_entropy import vocab_parallel_cross_entropy
@@ -127,6 +128,59 @@ class TensorParallelGPT2(Module):
             shard = self._shards.get(id(p))
             out[name] = gather_shard(p, shard, self.group) if shard is not None else p.detach().clone()
         return out
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The single-process GPT2's ``state_dict()`` (collective over the group: sharded parameters are
+        all-gathered)."""
+        return {**self.module.state_dict(), **self.full_parameters()}
+
+    def full_optimizer_state_dict(self, optimizer: Any) -> dict[str, Any]:
+        """``optimizer.state_dict()`` (an optimizer over this model's parameters, in the single-process
+        order) as the single-process optimizer's: each state tensor shaped like its sharded parameter
+        (AdamW's moments) is all-gathered, everything else is kept. Collective over the group."""
+        state = optimizer.state_dict()
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        full: dict[int, dict[str, Any]] = {}
+        for i, entry in state["state"].items():
+            p = params[i]
+            shard = self._shards.get(id(p))
+            full[i] = {k: gather_shard(v, shard, self.group)
+                       if shard is not None and isinstance(v, Tensor) and v.shape == p.shape else v
+                       for k, v in entry.items()}
+        return {**state, "state": full}
+
+    def grad_norm(self) -> Tensor:
+        """The L2 norm of the whole model's gradient, the same on every rank (collective over the
+        group): the squares of each rank's shards are summed over the group, and a replicated
+        parameter's (LayerNorms, ``wpe``, row-parallel biases: equal on every rank) counted once, from
+        rank 0 of the group."""
+        with no_grad():
+            grads = [p.grad.detach() for p in self.module.parameters()
+                     if p.grad is not None and (id(p) in self._shards or self.group.rank == 0)]
+            first = next(iter(self.module.parameters()))
+            dtype = max((g.dtype for g in grads), key=lambda d: d.itemsize, default=first.dtype)
+            local = norm(stack([norm(g).to(dtype=dtype) for g in grads])) if grads else zeros(
+                (), dtype=dtype, device=first.device)
+            sq = local * local
+            self.group.all_reduce(sq, op="sum")
+            total: Tensor = sq ** 0.5
+            return total
+
+    def clip_grad_norm_(self, max_norm: float, eps: float = 1e-6) -> Tensor:
+        """As :func:`blutrain.optim.clip_grad_norm_` over the whole model: scale every gradient by
+        ``min(1, max_norm / (norm + eps))`` with the global norm of :meth:`grad_norm`, so every rank
+        applies the same coefficient; returns the norm before clipping."""
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0 or not \
+                math.isfinite(max_norm):
+            raise DistArgumentError(f"TensorParallelGPT2.clip_grad_norm_: max_norm must be a finite number > 0, "
+                                    f"got {max_norm!r}")
+        total = self.grad_norm()
+        with no_grad():
+            coef = clamp(max_norm / (total + eps), max=1.0)
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.detach().mul_(coef if coef.dtype is p.grad.dtype else coef.to(dtype=p.grad.dtype))
+        return total
 
     def extra_repr(self) -> str:
         return f"tp={self.group.size}, rank {self.group.rank}"

@@ -33,8 +33,9 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("out", str, "output directory"),
     ("resume", str, "checkpoint to resume from"),
     ("seed", int, "random seed"),
-    ("parallel", str, "MODE[=VALUE] under `blutrain run -n N`: ddp (VALUE: bucket MiB) or zero=STAGE (1, 2, 3); any "
-                      "registered mode (see `blutrain plugins`)"),
+    ("parallel", str, "under `blutrain run -n N`: MODE[=VALUE], ddp (VALUE: bucket MiB), zero=STAGE (1, 2, 3) or any "
+                      "registered mode (see `blutrain plugins`); or mesh sizes multiplying to N: dp=2,tp=2, "
+                      "dp=2,cp=2[,attn=ring|allgather|ulysses], tp=N, cp=N, dp=N (ddp)"),
     ("dist-backend", str, "the process group's comm backend for --parallel: mpi or nccl (default: nccl on cuda, "
                           "else mpi)"),
 )

@@ -15,11 +15,11 @@ from blutrain.train.checkpoint import (
     stage_checkpoint,
     write_checkpoint,
 )
-from blutrain.train.config import ConfigError, TrainConfig
+from blutrain.train.config import ConfigError, ParallelPlan, TrainConfig
 from blutrain.train.errors import NonFiniteError, TrainError, TrainOutOfMemoryError
 
-__all__ = ["CheckpointError", "CheckpointWriter", "ConfigError", "NonFiniteError", "TrainConfig", "TrainError",
-           "TrainOutOfMemoryError", "Trainer", "load_checkpoint", "rotate_checkpoints", "save_checkpoint",
+__all__ = ["CheckpointError", "CheckpointWriter", "ConfigError", "NonFiniteError", "ParallelPlan", "TrainConfig",
+           "TrainError", "TrainOutOfMemoryError", "Trainer", "load_checkpoint", "rotate_checkpoints", "save_checkpoint",
            "stage_checkpoint", "write_checkpoint"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -14,6 +15,45 @@ from blutrain.tensor.errors import BluTrainError
 
 class ConfigError(BluTrainError, ValueError):
     """A configuration value or file is invalid; the message names the key."""
+
+
+# The dimensions of a ``--parallel`` mesh, outermost first (tp and cp ranks are neighbours, as Megatron
+# keeps tensor parallelism within a node), and the mode that parallelizes along each.
+MESH_MODES: dict[str, str] = {"dp": "ddp", "cp": "cp", "tp": "tp"}
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """``--parallel`` parsed: how the ranks of a run are laid out and what wraps the model.
+
+    Two forms. ``MODE[=VALUE]`` (``ddp``, ``ddp=25``, ``zero=2``, any registered mode): the mode over
+    every rank, VALUE its first option; ``mesh`` is empty. Mesh sizes (``dp=2,tp=2``, ``dp=2,cp=2,attn=ring``,
+    ``tp=4``, ``cp=2``, ``dp=4``): a :class:`blutrain.dist.DeviceMesh` of those dimensions, whose sizes
+    multiply to the number of ranks; tp or cp rewrites the model first, then ddp averages gradients over
+    the dp dimension. ``modes``: (name, positional options, keyword options), innermost first.
+    """
+
+    text: str
+    mesh: dict[str, int]
+    modes: tuple[tuple[str, tuple[int | float | str, ...], dict[str, str]], ...]
+
+    def size(self, dim: str) -> int:
+        """The mesh's size along ``dim`` (1 where the mesh has no such dimension)."""
+        return self.mesh.get(dim, 1)
+
+    @property
+    def ranks(self) -> int | None:
+        """The number of ranks the mesh lays out (None: a mode over however many there are)."""
+        return math.prod(self.mesh.values()) if self.mesh else None
+
+
+def _option(raw: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
 
 
 @dataclass
@@ -49,7 +89,7 @@ class TrainConfig:
     async_checkpoint: bool = False  # stage checkpoints to host memory, write them on a background thread
     deterministic: bool = False  # deterministic kernels (e.g. the cuda embedding backward): bit-identical runs
     auto_batch: bool = False  # find the largest micro-batch that fits; accumulation keeps the global batch
-    parallel: str = ""  # "MODE[=VALUE]": a registered parallel mode ("ddp", "zero=2"); "" → one process
+    parallel: str = ""  # "MODE[=VALUE]" ("ddp", "zero=2") or mesh sizes ("dp=2,tp=2"); "" → one process
     dist_backend: str = "auto"  # the comm backend of --parallel: "mpi", "nccl"; auto → nccl on cuda, else mpi
     model_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -76,7 +116,14 @@ class TrainConfig:
         if self.compile and self.auto_batch:
             raise ConfigError("auto_batch cannot size compile's graph: it probes eager steps, whose memory is "
                               "not the compiled plan's; give batch_size explicitly with compile")
-        self.parallel_mode()
+        plan = self.parallel_plan()
+        cp = plan.size("cp") if plan is not None and "cp" in plan.mesh else 0
+        if cp and self.seq_len % (2 * cp):
+            raise ConfigError(f"seq_len must be a multiple of 2 × cp = {2 * cp} under parallel {self.parallel!r} "
+                              f"(two chunks of every sequence per context-parallel rank), got {self.seq_len}")
+        if plan is not None and "tp" in plan.mesh and self.async_checkpoint:
+            raise ConfigError(f"async_checkpoint cannot stage the checkpoints of parallel {self.parallel!r}: every "
+                              "rank takes part in gathering the tensor-parallel shards; drop async_checkpoint")
         if self.parallel and self.compile:
             raise ConfigError(f"parallel {self.parallel!r} cannot be combined with compile: the compiled step is one "
                               "graph of this process's kernels and holds no collectives; run distributed eagerly")
@@ -89,25 +136,50 @@ class TrainConfig:
             raise ConfigError(f"total_batch_tokens ({self.total_batch_tokens}) must be a multiple of batch_size × "
                               f"seq_len ({micro})")
 
-    def parallel_mode(self) -> tuple[str, list[int | float | str]] | None:
-        """``parallel`` parsed: ``"zero=2"`` → ``("zero", [2])``, ``"ddp"`` → ``("ddp", [])``, ``""`` → None. The
-        value is the mode's first option (zero: the stage; ddp: the bucket size in MiB)."""
+    def parallel_plan(self) -> ParallelPlan | None:
+        """``parallel`` parsed (None when it is empty); see :class:`ParallelPlan` for the forms."""
         if not self.parallel:
             return None
-        name, sep, raw = self.parallel.partition("=")
-        if not name.isidentifier() or (sep and not raw) or "," in raw:
-            raise ConfigError(f"parallel must be MODE or MODE=VALUE (e.g. 'ddp', 'zero=2'), got {self.parallel!r}")
-        if not sep:
-            return name, []
-        value: int | float | str
-        try:
-            value = int(raw)
-        except ValueError:
-            try:
-                value = float(raw)
-            except ValueError:
-                value = raw
-        return name, [value]
+        text = self.parallel
+        form = (f"parallel must be MODE[=VALUE] ('ddp', 'zero=2') or mesh sizes ('dp=2,tp=2', "
+                f"'dp=2,cp=2,attn=ulysses', 'tp=4'), got {text!r}")
+        parts: list[tuple[str, str | None]] = []
+        for item in text.split(","):
+            key, sep, value = item.strip().partition("=")
+            if not key.isidentifier() or (sep and not value):
+                raise ConfigError(form)
+            if key in (k for k, _ in parts):
+                raise ConfigError(f"parallel {text!r}: {key} is given twice")
+            parts.append((key, value if sep else None))
+        if not any(key in MESH_MODES for key, _ in parts):
+            if len(parts) != 1:
+                raise ConfigError(form)
+            name, given = parts[0]
+            return ParallelPlan(text, {}, ((name, () if given is None else (_option(given),), {}),))
+        sizes: dict[str, int] = {}
+        attn: str | None = None
+        for key, raw in parts:
+            if key in MESH_MODES:
+                if raw is None or not raw.isdigit() or int(raw) < 1:
+                    raise ConfigError(f"parallel {text!r}: {key} must be a number of ranks >= 1 (e.g. {key}=2), "
+                                      f"got {'no size' if raw is None else repr(raw)}")
+                sizes[key] = int(raw)
+            elif key == "attn" and raw is not None:
+                attn = raw
+            else:
+                part = key if raw is None else f"{key}={raw}"
+                raise ConfigError(f"parallel {text!r}: unknown part {part!r}; a "
+                                  "mesh takes dp=N, tp=N, cp=N and, with cp, attn=ring|allgather|ulysses (other "
+                                  "modes, such as zero, run alone over every rank)")
+        if "tp" in sizes and "cp" in sizes:
+            raise ConfigError(f"parallel {text!r}: tp and cp do not compose yet; give dp × tp or dp × cp")
+        if attn is not None and "cp" not in sizes:
+            raise ConfigError(f"parallel {text!r}: attn={attn} chooses context parallelism's attention and needs "
+                              "cp=N")
+        mesh = {dim: sizes[dim] for dim in MESH_MODES if dim in sizes}
+        modes = tuple((MESH_MODES[dim], (), {"attn": attn} if dim == "cp" and attn is not None else {})
+                      for dim in reversed(mesh))
+        return ParallelPlan(text, mesh, modes)
 
     @property
     def grad_accum_steps(self) -> int:

@@ -111,14 +111,25 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.device = resolve_device(cfg.device)
+        self.plan = cfg.parallel_plan()
         self.group: Any = self._init_distributed()
         self.rank: int = self.group.rank if self.group is not None else 0
         self.world: int = self.group.size if self.group is not None else 1
+        self.mesh: Any = None
+        # the data-parallel rank and size: the ranks of a tp or cp group train on the same rows
+        self.dp_rank, self.dp_size = self.rank, self.world
+        if self.plan is not None and self.plan.mesh:
+            from blutrain.dist import DeviceMesh
+
+            self.mesh = DeviceMesh(self.group, self.plan.mesh)
+            has_dp = "dp" in self.plan.mesh
+            self.dp_rank, self.dp_size = (self.mesh.local_rank("dp"), self.mesh.size("dp")) if has_dp else (0, 1)
         self.stream = (stream or sys.stdout) if self.rank == 0 else open(os.devnull, "w")  # noqa: SIM115
-        micro = cfg.batch_size * cfg.seq_len * self.world
+        micro = cfg.batch_size * cfg.seq_len * self.dp_size
         if cfg.total_batch_tokens and cfg.total_batch_tokens % micro:
             raise ConfigError(f"total_batch_tokens ({cfg.total_batch_tokens}) must be a multiple of batch_size × "
-                              f"seq_len × ranks ({cfg.batch_size} × {cfg.seq_len} × {self.world} = {micro})")
+                              f"seq_len × data-parallel ranks ({cfg.batch_size} × {cfg.seq_len} × {self.dp_size} "
+                              f"= {micro})")
         self.accum = max(cfg.total_batch_tokens // micro, 1)
         self._configure_precision()
         if cfg.deterministic:
@@ -139,14 +150,28 @@ class Trainer:
                               f"({self.model_config.vocab_size})")
         self.net = GPT2(self.model_config).to(self.device)  # the model itself; self.model is what trains it
         self.n_params = self.net.num_parameters()
+        modes = self._parallel_modes()
+        self.model: Any = self.net
+        for mode in modes:  # tp rewrites self.net in place: the optimizer is built over what it leaves
+            self.model = self._configured(mode.wrap_model, self.model)
         groups = weight_decay_groups(self.net.parameters(), cfg.weight_decay)
         # nanoGPT's Adam betas; other optimizers take their own defaults
         extra = {"betas": (0.9, 0.95)} if cfg.optimizer == "adamw" else {}
         self.optimizer: Any = create(cfg.optimizer, groups, lr=cfg.lr, **extra)
-        self.model: Any = self.net
-        self._wrap_parallel()
-        # a sharded optimizer (zero) writes sharded checkpoints and knows the global gradient norm
+        for mode in modes:
+            self.optimizer = self._configured(mode.wrap_optimizer, self.optimizer)
+        # a sharded optimizer (zero) writes sharded checkpoints
         self.sharded = hasattr(self.optimizer, "state_shard")
+        # what knows the global gradient norm where the gradients are sharded (zero's optimizer, tp's
+        # model): the first wrapper with clip_grad_norm_; None → every rank holds whole gradients
+        self.norm_source: Any = next((o for o in (self.optimizer, *self._wrappers())
+                                      if hasattr(o, "clip_grad_norm_")), None)
+        # what gathers the whole model and optimizer state from shards that are not saved as shards (tp)
+        self.gatherer: Any = next((m for m in self._wrappers() if hasattr(m, "full_state_dict")), None)
+        if self.gatherer is not None and cfg.resume:
+            raise ConfigError(f"resume cannot load into parallel {cfg.parallel!r} yet: its tensor-parallel shards are "
+                              "cut from the whole model when it is wrapped; resume in another layout (ddp, zero, "
+                              "dp × cp or one process)")
         if self.sharded and cfg.async_checkpoint:
             raise ConfigError(f"async_checkpoint cannot write the sharded checkpoints of parallel {cfg.parallel!r}: "
                               "every rank writes its shard and the save completes when all have; drop "
@@ -171,7 +196,7 @@ class Trainer:
 
     def _make_loader(self) -> TokenLoader:
         return TokenLoader(self.data.train_pattern, self.cfg.batch_size, self.cfg.seq_len, seed=self.cfg.seed,
-                           vocab_size=self.data.vocab_size, rank=self.rank, world_size=self.world)
+                           vocab_size=self.data.vocab_size, rank=self.dp_rank, world_size=self.dp_size)
 
     # -- distribution --------------------------------------------------------------------------
     def _init_distributed(self) -> Any:
@@ -179,12 +204,18 @@ class Trainer:
         Without it, a launch of several ranks is an error rather than N copies of one run."""
         from blutrain import dist
 
-        if self.cfg.parallel_mode() is None:
-            world = dist.get_world_size() if dist.is_initialized() else dist.detect().world_size
+        world = dist.get_world_size() if dist.is_initialized() else dist.detect().world_size
+        if self.plan is None:
             if world > 1:
                 raise ConfigError(f"this process is one of {world} ranks but parallel is not set: every rank would "
-                                  "train the same model alone; give --parallel ddp or --parallel zero=STAGE")
+                                  "train the same model alone; give --parallel ddp, zero=STAGE or mesh sizes such as "
+                                  f"dp={world}")
             return None
+        if self.plan.ranks is not None and self.plan.ranks != world:
+            sizes = " × ".join(f"{dim} {n}" for dim, n in self.plan.mesh.items())
+            raise ConfigError(f"parallel {self.plan.text!r} lays out {self.plan.ranks} ranks ({sizes}), but this run "
+                              f"has {world} rank(s); launch `blutrain run -n {self.plan.ranks}` or give sizes that "
+                              f"multiply to {world}")
         if dist.is_initialized():
             return dist.get_process_group()
         env = dist.detect()
@@ -195,20 +226,43 @@ class Trainer:
             backend = "nccl" if self.device.startswith("cuda") else "mpi"
         return dist.init_process_group(backend)
 
-    def _wrap_parallel(self) -> None:
-        spec = self.cfg.parallel_mode()
-        if spec is None:
-            return
+    def _parallel_modes(self) -> list[Any]:
+        """The modes of ``--parallel``, innermost first, each made over the mesh (or the whole group)."""
+        if self.plan is None:
+            return []
         from blutrain import dist
 
-        name, values = spec
-        cls = dist.parallel_modes().get(name)
+        modes = []
+        for name, args, options in self.plan.modes:
+            try:
+                cls = dist.parallel_modes().get(name)
+            except LookupError as exc:
+                raise ConfigError(f"parallel {self.plan.text!r}: {exc}") from None
+            try:
+                modes.append(cls(self.mesh if self.mesh is not None else self.group, *args, **options))
+            except TypeError as exc:
+                raise ConfigError(f"parallel {self.plan.text!r}: mode {name!r} does not take {[*args]} {options}: "
+                                  f"{exc}") from None
+            except dist.DistArgumentError as exc:
+                raise ConfigError(f"parallel {self.plan.text!r}: {exc}") from None
+        return modes
+
+    def _configured(self, wrap: Any, target: Any) -> Any:
+        """``wrap(target)``, a mode's refusal (e.g. heads not divisible by tp) reported as a ConfigError."""
+        from blutrain.dist import DistArgumentError
+
         try:
-            mode = cls(self.group, *values)
-        except TypeError as exc:
-            raise ConfigError(f"parallel {self.cfg.parallel!r}: mode {name!r} does not take {values}: {exc}") from None
-        self.model = mode.wrap_model(self.net)
-        self.optimizer = mode.wrap_optimizer(self.optimizer)
+            return wrap(target)
+        except DistArgumentError as exc:
+            raise ConfigError(f"parallel {self.cfg.parallel!r}: {exc}") from None
+
+    def _wrappers(self) -> list[Any]:
+        """``self.model`` and each module it wraps (``.module``), outermost first, down to ``self.net``."""
+        out, m = [], self.model
+        while m is not None and m is not self.net:
+            out.append(m)
+            m = getattr(m, "module", None)
+        return out
 
     def _state_model(self) -> Any:
         """What saves and loads whole model state under the model's own names."""
@@ -247,10 +301,18 @@ class Trainer:
         if rng is not None:
             dev.backend.generator(dev.index).set_state(rng)
 
-    def _stage(self, loader_state: dict[str, Any] | None = None,
-               rng_state: dict[str, Any] | None = None) -> StagedCheckpoint:
+    def _whole_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The single-process model and optimizer state dicts; under tp a collective that gathers the
+        shards, so every rank calls it."""
+        if self.gatherer is not None:
+            return self.gatherer.full_state_dict(), self.gatherer.full_optimizer_state_dict(self.optimizer)
+        return self.net.state_dict(), self.optimizer.state_dict()
+
+    def _stage(self, loader_state: dict[str, Any] | None = None, rng_state: dict[str, Any] | None = None,
+               whole: tuple[dict[str, Any], dict[str, Any]] | None = None) -> StagedCheckpoint:
+        model_state, optimizer_state = whole if whole is not None else self._whole_state()
         return stage_checkpoint(
-            model_state=self.net.state_dict(), optimizer_state=self.optimizer.state_dict(),
+            model_state=model_state, optimizer_state=optimizer_state,
             trainer_state={"step": self.step, "val_history": self.val_history,
                            "skipped_steps": self.skipped_steps},
             loader_state=loader_state if loader_state is not None else self.loader.state_dict(),
@@ -268,8 +330,10 @@ class Trainer:
                 loader_state=loader_state if loader_state is not None else self.loader.state_dict(),
                 rng_state=rng_state if rng_state is not None else self._rng_state(),
                 config={"train": self.cfg.to_dict(), "model": self.model_config.to_dict()})
-        elif self.rank == 0:
-            write_checkpoint(self._stage(loader_state, rng_state), path)
+        else:
+            whole = self._whole_state()
+            if self.rank == 0:
+                write_checkpoint(self._stage(loader_state, rng_state, whole), path)
         if self.group is not None:
             self.group.barrier()
         return path
@@ -284,10 +348,13 @@ class Trainer:
         """The periodic checkpoint: staged now, written here or on the writer thread, then the old ones
         beyond ``--keep`` are deleted (only after the new one is durable)."""
         path = self.out / f"step_{self.step:06d}.safetensors"
-        if self.writer is not None:
-            self.writer.check()
-            staged = self._stage()  # the only part of an asynchronous save the loop waits for
-            self.writer.submit(staged, path, then=self._rotate)
+        if self.cfg.async_checkpoint:
+            # rank 0 alone stages and writes (replicas: its state is the run's); the other ranks go on
+            # without a barrier, which rank 0 would not join (async is refused where every rank takes part)
+            if self.writer is not None:
+                self.writer.check()
+                staged = self._stage()  # the only part of an asynchronous save the loop waits for
+                self.writer.submit(staged, path, then=self._rotate)
         else:
             self._write(path)
             if self.rank == 0:
@@ -313,9 +380,9 @@ class Trainer:
         reads the same tokens per step: the ranks of a step read adjacent slices. Restate it in this
         layout's terms; any other difference is left for the loader to report."""
         saved_b, saved_w = state.get("batch_size"), state.get("world_size")
-        rows = self.cfg.batch_size * self.world
+        rows = self.cfg.batch_size * self.dp_size
         if isinstance(saved_b, int) and isinstance(saved_w, int) and saved_b * saved_w == rows:
-            return {**state, "batch_size": self.cfg.batch_size, "world_size": self.world}
+            return {**state, "batch_size": self.cfg.batch_size, "world_size": self.dp_size}
         return state
 
     # -- micro-batch search --------------------------------------------------------------------
@@ -409,9 +476,9 @@ class Trainer:
         """The global gradient norm as a 0-d tensor on the device, clipping with it when ``clip`` > 0.
         This reduction is the whole non-finite check: a NaN or inf in any gradient element makes it
         non-finite, so no pass over the gradients is added."""
-        if self.sharded:  # the gradients are sharded: the optimizer reduces the norm over every rank
-            total: bt.Tensor = (self.optimizer.clip_grad_norm_(self.cfg.clip) if self.cfg.clip > 0
-                                else self.optimizer.grad_norm())
+        if self.norm_source is not None:  # sharded gradients: the mode reduces the norm over its ranks
+            total: bt.Tensor = (self.norm_source.clip_grad_norm_(self.cfg.clip) if self.cfg.clip > 0
+                                else self.norm_source.grad_norm())
             return total
         params = self.net.parameters()
         if self.cfg.clip > 0:
@@ -472,7 +539,7 @@ class Trainer:
             m["skipped"] = True
         dt = time.perf_counter() - t0
         self.step += 1
-        tokens = self.accum * cfg.batch_size * cfg.seq_len * self.world
+        tokens = self.accum * cfg.batch_size * cfg.seq_len * self.dp_size
         return m | {"tok_per_s": tokens / dt, "step_ms": dt * 1e3}
 
     def _nonfinite(self, m: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
@@ -522,9 +589,14 @@ class Trainer:
         tok = get_tokenizer(self.data.tokenizer)
         ids = tok.encode(prompt) or [tok.eot_token]
         idx = bt.tensor([ids], dtype="int64", device=self.device)
+        net = self.net
+        if self.plan is not None and ("tp" in self.plan.mesh or "cp" in self.plan.mesh):
+            # tp and cp rewrote the model's layers for sharded inputs: sample with a whole copy
+            net = GPT2(self.model_config).to(self.device)
+            net.load_state_dict(self.gatherer.full_state_dict() if self.gatherer is not None else self.net.state_dict())
         gathered = getattr(self.model, "gathered", None)  # zero=3: the whole model, on every rank
         with gathered() if gathered is not None else contextlib.nullcontext():
-            out = self.net.generate(idx, tokens, temperature=0.8, top_k=40, seed=self.cfg.seed)
+            out = net.generate(idx, tokens, temperature=0.8, top_k=40, seed=self.cfg.seed)
         return tok.decode(out[0].tolist())
 
     def run(self) -> dict[str, Any]:

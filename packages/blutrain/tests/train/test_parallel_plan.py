@@ -1,0 +1,87 @@
+"""``--parallel``: one mode over every rank (``ddp``, ``zero=2``) or the sizes of a device mesh
+(``dp=2,tp=2``, ``dp=2,cp=2,attn=ulysses``), parsed and checked before any rank starts work."""
+
+from __future__ import annotations
+
+import pytest
+
+from blutrain.train import ConfigError, ParallelPlan, TrainConfig, Trainer
+
+
+def plan(text: str, **fields: object) -> ParallelPlan:
+    cfg = TrainConfig(parallel=text, **fields)  # type: ignore[arg-type]
+    cfg.validate()
+    got = cfg.parallel_plan()
+    assert got is not None
+    return got
+
+
+def refusal(text: str, **fields: object) -> str:
+    cfg = TrainConfig(parallel=text, **fields)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as info:
+        cfg.validate()
+    return str(info.value)
+
+
+def test_no_parallel_is_no_plan() -> None:
+    assert TrainConfig().parallel_plan() is None
+
+
+@pytest.mark.parametrize(("text", "mode"), [("ddp", ("ddp", (), {})), ("ddp=25", ("ddp", (25,), {})),
+                                            ("zero=2", ("zero", (2,), {})), ("zero=0.5", ("zero", (0.5,), {}))])
+def test_a_mode_alone_runs_over_every_rank_with_its_value_as_first_option(text: str, mode: object) -> None:
+    got = plan(text)
+    assert got.mesh == {} and got.ranks is None
+    assert got.modes == (mode,)
+
+
+def test_dp_times_tp_rewrites_for_tp_first_then_averages_over_dp() -> None:
+    got = plan("tp=2,dp=2")
+    assert got.mesh == {"dp": 2, "tp": 2}  # dp outermost whatever the order given: tp ranks are neighbours
+    assert got.ranks == 4
+    assert got.modes == (("tp", (), {}), ("ddp", (), {}))
+
+
+def test_dp_times_cp_passes_the_attention_to_cp() -> None:
+    got = plan("dp=2,cp=2,attn=ulysses")
+    assert got.mesh == {"dp": 2, "cp": 2}
+    assert got.modes == (("cp", (), {"attn": "ulysses"}), ("ddp", (), {}))
+
+
+@pytest.mark.parametrize(("text", "mesh", "modes"), [("dp=4", {"dp": 4}, ("ddp",)), ("tp=4", {"tp": 4}, ("tp",)),
+                                                     ("cp=2", {"cp": 2}, ("cp",))])
+def test_one_mesh_dimension_is_its_mode_over_every_rank(text: str, mesh: dict[str, int],
+                                                         modes: tuple[str, ...]) -> None:
+    got = plan(text)
+    assert got.mesh == mesh
+    assert tuple(name for name, _, _ in got.modes) == modes
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("dp=2,tp=0", "tp must be a number of ranks >= 1 (e.g. tp=2), got '0'"),
+    ("dp=2,tp", "tp must be a number of ranks >= 1 (e.g. tp=2), got no size"),
+    ("dp=2,tp=two", "tp must be a number of ranks >= 1 (e.g. tp=2), got 'two'"),
+    ("dp=2,dp=4", "dp is given twice"),
+    ("dp=2,zero=2", "unknown part 'zero=2'"),
+    ("tp=2,cp=2", "tp and cp do not compose yet"),
+    ("dp=2,tp=2,attn=ring", "attn=ring chooses context parallelism's attention and needs cp=N"),
+    ("dp=2,,tp=2", "parallel must be MODE[=VALUE]"),
+    ("ddp,zero=2", "parallel must be MODE[=VALUE]"),
+])
+def test_a_malformed_spec_is_refused_naming_the_part(text: str, message: str) -> None:
+    assert message in refusal(text)
+
+
+def test_cp_needs_two_chunks_of_every_sequence_per_rank() -> None:
+    assert "seq_len must be a multiple of 2 × cp = 8" in refusal("cp=4", seq_len=20)
+    plan("cp=4", seq_len=24)
+
+
+def test_tp_checkpoints_cannot_be_staged_asynchronously() -> None:
+    assert "async_checkpoint cannot stage" in refusal("dp=2,tp=2", async_checkpoint=True)
+
+
+def test_a_mesh_of_other_than_the_ranks_of_the_run_is_refused_before_any_group_is_made(tmp_path: object) -> None:
+    cfg = TrainConfig(parallel="dp=2,tp=2", out=str(tmp_path), device="cpu")
+    with pytest.raises(ConfigError, match=r"lays out 4 ranks \(dp 2 × tp 2\), but this run has 1 rank\(s\)"):
+        Trainer(cfg)
