@@ -7,54 +7,15 @@ to have on its path.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from venvs import MEMBERS, UV, install, make_venv, run, uninstall, wheel_of
 
-ROOT = Path(__file__).resolve().parents[1]
-UV = shutil.which("uv")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(UV is None, reason="uv is not on PATH")]
 
-MEMBERS = sorted(
-    p.name for d in ("packages", "plugins") for p in (ROOT / d).iterdir() if (p / "pyproject.toml").exists()
-)
-
-
-def _run(*cmd: str | Path, env: dict[str, str] | None = None, check: bool = True,
-         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", **(env or {})}
-    full_env.pop("VIRTUAL_ENV", None)
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=full_env, cwd=cwd)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-@pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheels")
-    _run(UV, "build", "--all-packages", "--wheel", "--out-dir", out, cwd=ROOT)  # type: ignore[arg-type]
-    return out
-
-
-def _venv(path: Path) -> Path:
-    _run(UV, "venv", "--python", sys.executable, path)  # type: ignore[arg-type]
-    return path / "bin" / "python"
-
-
-def _install(python: Path, *targets: str | Path) -> None:
-    _run(UV, "pip", "install", "--python", python, *targets)  # type: ignore[arg-type]
-
-
-def _wheel(wheels: Path, dist: str) -> Path:
-    found = sorted(wheels.glob(dist.replace("-", "_") + "-*.whl"))
-    assert len(found) == 1, f"expected one wheel for {dist}, found {found}"
-    return found[0]
+# the wheels are conftest.py's session fixture `wheels`, built once for this file and test_new_user.py
 
 
 def test_every_package_and_plugin_builds_one_wheel(wheels: Path) -> None:
@@ -65,16 +26,16 @@ def test_every_package_and_plugin_builds_one_wheel(wheels: Path) -> None:
 @pytest.mark.parametrize(("dist", "module"), [("blutrain-tensor", "blutrain.tensor"),
                                               ("blutrain-alloc", "blutrain.alloc")])
 def test_component_installs_and_imports_alone(wheels: Path, tmp_path: Path, dist: str, module: str) -> None:
-    python = _venv(tmp_path / "venv")
-    _install(python, _wheel(wheels, dist))
-    listing = _run(UV, "pip", "list", "--python", python).stdout  # type: ignore[arg-type]
+    python = make_venv(tmp_path / "venv")
+    install(python, wheel_of(wheels, dist))
+    listing = run(UV, "pip", "list", "--python", python).stdout  # type: ignore[arg-type]
     others = [m for m in MEMBERS if m != dist and f"\n{m} " in "\n" + listing]
     assert others == [], f"{dist} pulled in other BluTrain packages: {others}"
     probe = {
         "blutrain.tensor": "import blutrain.tensor as bt; print((bt.ones(2, 3) * 2).sum().item())",
         "blutrain.alloc": "import blutrain.alloc as ba; print(ba.__name__)",
     }[module]
-    out = _run(python, "-c", probe).stdout.strip()
+    out = run(python, "-c", probe).stdout.strip()
     assert out == ("12.0" if module == "blutrain.tensor" else "blutrain.alloc")
 
 
@@ -114,30 +75,30 @@ LION = """
 @pytest.fixture(scope="module")
 def framework_venv(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("framework")
-    python = _venv(root / "venv")
-    _install(python, *sorted(wheels.glob("*.whl")))
+    python = make_venv(root / "venv")
+    install(python, *sorted(wheels.glob("*.whl")))
     return python
 
 
 def test_third_party_optimizer_plugin_is_listed_registered_and_blockable(framework_venv: Path,
                                                                          tmp_path: Path) -> None:
     python = framework_venv
-    _install(python, _write_plugin(tmp_path, "lion_opt", LION))
+    install(python, _write_plugin(tmp_path, "lion_opt", LION))
     blutrain = python.parent / "blutrain"
-    listing = _run(blutrain, "plugins").stdout
+    listing = run(blutrain, "plugins").stdout
     assert "lion_opt  [entry point]  lion-opt 3.1.4" in listing
     assert "blutrain_register_optimizers: lion" in listing
     probe = "from blutrain.optim import optimizers; print(optimizers().get('lion').__name__)"
-    assert _run(python, "-c", probe).stdout.strip() == "Lion"
+    assert run(python, "-c", probe).stdout.strip() == "Lion"
 
     blocked = {"BLUTRAIN_DISABLE_PLUGINS": "lion_opt"}
-    blocked_listing = _run(blutrain, "plugins", env=blocked).stdout
+    blocked_listing = run(blutrain, "plugins", env=blocked).stdout
     assert "lion_opt  [entry point]" not in blocked_listing
     assert "disabled: lion_opt" in blocked_listing
-    gone = _run(python, "-c", probe, env=blocked, check=False)
+    gone = run(python, "-c", probe, env=blocked, check=False)
     assert gone.returncode != 0
     assert "no optimizer 'lion'; installed: adamw (blutrain-optim-adamw 0.1.0)" in gone.stderr
-    _run(UV, "pip", "uninstall", "--python", python, "lion-opt")  # type: ignore[arg-type]
+    uninstall(python, "lion-opt")
 
 
 @pytest.mark.parametrize(("name", "body", "expected"), [
@@ -159,10 +120,10 @@ def test_third_party_optimizer_plugin_is_listed_registered_and_blockable(framewo
 def test_plugin_with_hook_typo_fails_at_load_naming_the_plugin(framework_venv: Path, tmp_path: Path, name: str,
                                                                body: str, expected: str) -> None:
     python = framework_venv
-    _install(python, _write_plugin(tmp_path, name, body))
+    install(python, _write_plugin(tmp_path, name, body))
     try:
-        proc = _run(python.parent / "blutrain", "plugins", check=False)
+        proc = run(python.parent / "blutrain", "plugins", check=False)
         assert proc.returncode != 0
         assert expected in proc.stderr
     finally:
-        _run(UV, "pip", "uninstall", "--python", python, name.replace("_", "-"))  # type: ignore[arg-type]
+        uninstall(python, name.replace("_", "-"))

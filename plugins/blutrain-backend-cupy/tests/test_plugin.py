@@ -13,7 +13,7 @@ import blutrain_backend_cupy
 from blutrain.kernels import cuda as fused
 from blutrain.tensor.backend import get_backend
 from blutrain.tensor.cpu.kernels import TABLE
-from blutrain.tensor.kernel import kernels
+from blutrain.tensor.kernel import KernelRegistry, kernels
 from blutrain_backend_cupy import CudaUnavailableError, CupyBackend, cuda
 
 no_gpu = pytest.mark.skipif(cuda.is_available(), reason="a GPU is visible: the unavailable path does not apply")
@@ -32,10 +32,15 @@ def test_the_cuda_backend_is_registered_by_the_plugin() -> None:
 
 
 def test_every_cpu_op_has_a_cuda_kernel() -> None:
-    registry = kernels()
+    # what this plugin registers, apart from the installed plugins that override one op at a higher
+    # priority (the development environment has blutrain-kernels-example's gelu)
+    registry = KernelRegistry()
+    blutrain_backend_cupy.blutrain_register_kernels(registry)
     for op, (_, dtypes, _) in TABLE.items():
         for dt in dtypes:
-            assert registry.lookup(op, "cuda", dt).provider.plugin == "cuda", (op, dt.name)
+            registry.lookup(op, "cuda", dt)  # raises KernelNotFoundError naming the op
+    winners = {kernels().lookup(op, "cuda", dt).provider.plugin for op, (_, dts, _) in TABLE.items() for dt in dts}
+    assert "cuda" in winners
 
 
 def test_the_multi_tensor_adamw_op_is_registered_for_float32() -> None:
