@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -99,3 +101,13 @@ def test_the_command_exits_zero_from_a_shell() -> None:
                            "gelu", "--examples", "2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "device cpu: 4 passed, 0 failed, 0 skipped" in proc.stdout
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`blutrain plugins | head -n 1`: the pipe closes before the output is written; no traceback, the exit
+    status of a writer killed by SIGPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as closed_pipe:
+        monkeypatch.setattr(sys, "stdout", closed_pipe)
+        assert main(["plugins"]) == 128 + signal.SIGPIPE

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -36,10 +38,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()
+        return code
     except BluTrainError as exc:
         print(f"blutrain {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader went away (`blutrain plugins | head -n 1`): what it wanted was written; point stdout at
+        # /dev/null so the interpreter's final flush does not raise again, and exit as a killed writer would
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":  # pragma: no cover
