@@ -43,9 +43,13 @@ def _matmul_bf16(a: Array, b: Array) -> Array:
     global _bf16_native
     import cupy as cp
 
-    if a.ndim < 2 or b.ndim < 2 or a.shape[:-2] != b.shape[:-2]:
-        # CuPy sends vector and broadcast-batch bfloat16 products down an integer tensordot path that
-        # does not know the dtype (seen with CuPy 14.2): compute those in float32, rounded once
+    if a.ndim > 2 and b.ndim == 2:
+        out = _matmul_bf16(_rows(a), b)  # a weight applied to batched rows: one matrix product
+        return out.reshape((*a.shape[:-1], b.shape[1]))
+    if a.ndim != 2 or b.ndim != 2:
+        # CuPy sends every bfloat16 product but matrix × matrix (vectors, batches) down an integer
+        # tensordot path that does not know the dtype (seen with CuPy 14.2): compute those in float32,
+        # rounded once
         return cp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
     if _bf16_native is None:
         try:

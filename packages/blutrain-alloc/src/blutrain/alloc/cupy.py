@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from blutrain.alloc.allocator import CachingAllocator
@@ -42,8 +43,6 @@ __all__ = [
 # cudaErrorMemoryAllocation, should the installed CuPy not export the constant.
 _CUDA_ERROR_MEMORY_ALLOCATION = 2
 CONF_VARIABLE = "BLUTRAIN_ALLOC_CONF"
-# Bound at import: a block dropped during interpreter shutdown may find the module's globals (sys) gone.
-_is_finalizing = sys.is_finalizing
 
 
 def _import_cupy() -> Any:
@@ -195,7 +194,9 @@ class _DeviceBlock:
         self._allocator = allocator
         self._ptr = ptr
 
-    def __del__(self) -> None:
+    # sys.is_finalizing bound as a default: a block dropped during interpreter shutdown finds the
+    # module's globals already cleared to None.
+    def __del__(self, _is_finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         if not _is_finalizing():
             self._allocator.free(self._ptr)
 
@@ -278,7 +279,7 @@ class _PinnedBlock:
     def __int__(self) -> int:
         return self.ptr
 
-    def __del__(self) -> None:
+    def __del__(self, _is_finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         if self._allocator is not None and not _is_finalizing():
             self._allocator.free(self.ptr)
 
