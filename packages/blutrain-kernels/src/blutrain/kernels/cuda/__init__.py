@@ -358,9 +358,11 @@ def _ce_checks(logits: Array, target: Array, reduction: str) -> tuple[str, int, 
     return suffix, N, C
 
 
-def _ce_forward(logits: Array, target: Array, ignore_index: int, label_smoothing: float, reduction: str,
-                with_grad: bool) -> tuple[Array, Array, Array | None] | None:
-    checked = _ce_checks(logits, target, reduction)
+def _ce_rows(logits: Array, target: Array, ignore_index: int, label_smoothing: float, with_grad: bool,
+             count: Array | None) -> tuple[str, Array, Array, Array, Array | None] | None:
+    """(suffix, contiguous target, float32 loss per row, lse, dlogits) in one kernel; dlogits is scaled by
+    1/count when ``count`` (a device int64) is given, else by 1 on every row that is not ignored."""
+    checked = _ce_checks(logits, target, "none")
     if checked is None:
         return None
     suffix, N, C = checked
@@ -370,18 +372,41 @@ def _ce_forward(logits: Array, target: Array, ignore_index: int, label_smoothing
     loss_rows = cp.empty((N,), np.float32)
     lse = cp.empty((N,), np.float32)
     dlogits = cp.empty((N, C), logits.dtype) if with_grad else None
-    count = cp.count_nonzero(tc != ignore_index).astype(np.int64) if with_grad and reduction == "mean" else None
     name, vec = _variant(suffix, C, lc, dlogits)
     _launch("cross_entropy", f"ce_fwd_{name}", (N,), (_row_threads(C // vec),),
             (lc, tc, np.int32(C), np.int64(ignore_index), np.float32(label_smoothing), loss_rows, lse,
              _ptr(dlogits), _ptr(count)))
+    return suffix, tc, loss_rows, lse, dlogits
+
+
+def _ce_forward(logits: Array, target: Array, ignore_index: int, label_smoothing: float, reduction: str,
+                with_grad: bool) -> tuple[Array, Array, Array | None] | None:
+    if _ce_checks(logits, target, reduction) is None:
+        return None
+    cp = _cp()
+    count = None
+    if with_grad and reduction == "mean":
+        count = cp.count_nonzero(cp.asarray(target) != ignore_index).astype(np.int64)
+    rows = _ce_rows(logits, target, ignore_index, label_smoothing, with_grad, count)
+    assert rows is not None
+    suffix, tc, loss_rows, lse, dlogits = rows
     if reduction == "none":
         loss = loss_rows if suffix == "f32" else loss_rows.astype(logits.dtype)
     else:
         loss = cp.empty((), logits.dtype)
         _launch("cross_entropy", f"ce_reduce_{suffix}", (1,), (1024,),
-                (loss_rows, tc, np.int64(N), np.int64(ignore_index), np.int32(reduction == "mean"), loss))
+                (loss_rows, tc, np.int64(tc.shape[0]), np.int64(ignore_index), np.int32(reduction == "mean"),
+                 loss))
     return loss, lse, dlogits
+
+
+def cross_entropy_rows(logits: Array, target: Array, ignore_index: int, label_smoothing: float,
+                       with_grad: bool) -> tuple[Array, Array | None] | None:
+    """(float32 loss per row, dlogits for an upstream gradient of 1 per row) over [N, C] logits, one
+    kernel; ignored rows have loss 0 and a zero gradient. Not an op of its own: the building block of
+    fused losses that process the rows in chunks (``linear_cross_entropy``)."""
+    rows = _ce_rows(logits, target, ignore_index, label_smoothing, with_grad, None)
+    return None if rows is None else (rows[2], rows[4])
 
 
 def cross_entropy(logits: Array, target: Array, ignore_index: int, label_smoothing: float,
@@ -1028,6 +1053,7 @@ __all__ = [
     "bias_gelu_backward",
     "cross_entropy",
     "cross_entropy_backward",
+    "cross_entropy_rows",
     "cross_entropy_with_grad",
     "embedding",
     "embedding_backward",
