@@ -537,7 +537,7 @@ class BluTrainRunner:
         with phase("forward"):
             self.opt.zero_grad(set_to_none=True)
             with self.autocast:
-                loss = self.model(x, y)[1]  # the logits are not kept alive past the loss
+                loss = self.model(x, y, return_logits=False)[1]  # the head and loss fused: no logits
         with phase("backward"):
             loss.backward()
         with phase("optimizer"):
@@ -570,7 +570,7 @@ class BluTrainCompiledRunner(BluTrainRunner):
 
     def _whole_step(self, x: Any, y: Any) -> Any:
         with self.autocast:
-            loss = self.model(x, y)[1]
+            loss = self.model(x, y, return_logits=False)[1]
         loss.backward()
         if self.clip > 0:
             self.clip_fn(self.params, self.clip)

@@ -421,6 +421,21 @@ def _cross_entropy(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     return [rng.standard_normal((n, c))], lambda x: bt.cross_entropy(x, t, **kw)
 
 
+@case("linear_cross_entropy")
+def _linear_cross_entropy(data: st.DataObject, rng: np.random.Generator) -> Drawn:
+    lead = data.draw(shapes(1, 2))
+    c, v = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 5))
+    target = rng.integers(0, v, size=lead)
+    target[rng.random(lead) < 0.3] = -100
+    target.reshape(-1)[0] = 0  # 'mean' over at least one target
+    kw = {"reduction": data.draw(st.sampled_from(("mean", "sum"))),
+          "label_smoothing": data.draw(st.sampled_from((0.0, 0.2))),
+          "chunk_size": data.draw(st.sampled_from((None, 1, 2)))}
+    t = bt.tensor(target)
+    return ([rng.standard_normal((*lead, c)), rng.standard_normal((v, c))],
+            lambda x, w: bt.linear_cross_entropy(x, w, t, **kw))
+
+
 @case("sdpa")
 def _sdpa(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     batch = data.draw(shapes(0, 2, max_side=2))

@@ -188,6 +188,59 @@ def test_bfloat16_matmul_accumulates_in_float32() -> None:
     assert rel(host(out), a.astype(np.float64) @ b.astype(np.float64)) < 1e-2
 
 
+@pytest.mark.parametrize(("trans_a", "trans_b"), [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize(("operands", "result"), [("float32", "float32"), ("bfloat16", "float32"),
+                                                   ("bfloat16", "bfloat16")])
+def test_gemm_into_multiplies_row_major_matrices_and_accumulates(trans_a: bool, trans_b: bool, operands: str,
+                                                                   result: str) -> None:
+    import cupy as cp
+
+    from blutrain_backend_cupy import gemm
+
+    r = np.random.default_rng(4)
+    m, k, n = 67, 130, 45
+    a = r.standard_normal((k, m) if trans_a else (m, k)).astype(bt.as_dtype(operands).np)
+    b = r.standard_normal((n, k) if trans_b else (k, n)).astype(bt.as_dtype(operands).np)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = (a64.T if trans_a else a64) @ (b64.T if trans_b else b64)
+    out = cp.empty((m, n), bt.as_dtype(result).np)
+    gemm.gemm_into(cp.asarray(a), cp.asarray(b), out, trans_a=trans_a, trans_b=trans_b)
+    tol = 1e-5 if result == "float32" else 1e-2
+    assert rel(cp.asnumpy(out).astype(np.float64), want) < tol
+    gemm.gemm_into(cp.asarray(a), cp.asarray(b), out, trans_a=trans_a, trans_b=trans_b, accumulate=True)
+    assert rel(cp.asnumpy(out).astype(np.float64), 2 * want) < tol
+    with pytest.raises(ValueError, match="does not fit out"):
+        gemm.gemm_into(cp.asarray(a), cp.asarray(b), cp.empty((m + 1, n), np.float32), trans_a=trans_a,
+                       trans_b=trans_b)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("chunk", [None, 1, 100, 257])
+def test_linear_cross_entropy_matches_float64_on_the_cpu(autocast: bool, chunk: int | None) -> None:
+    """The cuBLAS chunked head and loss (bf16 GEMMs under autocast) against the float64 CPU op: loss and
+    the input and weight gradients, some targets ignored, an upstream gradient of 0.5."""
+    r = np.random.default_rng(5)
+    n, c, v = 300, 64, 1000
+    x, w = r.standard_normal((n, c)).astype(np.float32), (r.standard_normal((v, c)) * 0.2).astype(np.float32)
+    target = r.integers(0, v, n)
+    target[r.random(n) < 0.1] = -1
+    results = []
+    for device, dtype in (("cuda", "float32"), ("cpu", "float64")):
+        xt = bt.tensor(x, device=device, dtype=dtype, requires_grad=True)
+        wt = bt.tensor(w, device=device, dtype=dtype, requires_grad=True)
+        with bt.autocast(enabled=autocast and device == "cuda"):
+            loss = bt.linear_cross_entropy(xt, wt, bt.tensor(target, device=device), ignore_index=-1,
+                                           label_smoothing=0.1, chunk_size=chunk)
+        (loss * 0.5).backward()
+        assert xt.grad is not None and wt.grad is not None
+        results.append([host(t) for t in (loss, xt.grad, wt.grad)])
+        if device == "cuda":
+            assert loss.dtype is bt.float32 and xt.grad.dtype is bt.float32 and wt.grad.dtype is bt.float32
+    tol = 1e-2 if autocast else 1e-5
+    for got, want in zip(*results, strict=True):
+        assert rel(got, want) < tol
+
+
 # ------------------------------------------------------------------------------------------- ops against the CPU
 
 
@@ -303,6 +356,29 @@ def test_fused_kernels_win_for_float32_and_bfloat16_only() -> None:
     assert reg.lookup("sdpa_backward", "cuda", bt.bfloat16).priority == 10
     assert reg.lookup("layer_norm", "cuda", bt.float16).priority == 0
     assert dispatch.kernel("adamw_multi_tensor", "cuda", bt.float32) is fused.adamw_multi_tensor
+
+
+_FLOATS = ("float32", "bfloat16", "float16")
+
+
+@pytest.mark.parametrize(("src", "dst"), [(s, d) for s in _FLOATS for d in _FLOATS if s != d])
+def test_casts_between_float_dtypes_on_cuda_equal_the_cpu_bit_for_bit(src: str, dst: str) -> None:
+    assert kernels().lookup("cast", "cuda", bt.as_dtype(src)).priority == 10  # the cast kernels of casts.cu
+    r = np.random.default_rng(7)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaNs and overflow flag NumPy's conversions
+        patterns = r.integers(0, 2**32, (37, 61), dtype=np.uint32).view(np.float32).astype(bt.as_dtype(src).np)
+        values = (r.standard_normal((37, 61)) * 100).astype(np.float32).astype(bt.as_dtype(src).np)
+        for host_array in (patterns, values):  # every class of value (NaNs, subnormals...), then plain ones
+            c, g = bt.tensor(host_array), bt.tensor(host_array, device="cuda")
+            for view in (lambda t: t, lambda t: t.T, lambda t: t[1:, ::3]):  # contiguous, transposed, strided
+                want = view(c).to(dtype=dst).numpy()
+                got = view(g).to(dtype=dst).cpu().numpy()
+                assert got.dtype == want.dtype and got.shape == want.shape
+                nan = np.isnan(want.astype(np.float32))
+                assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+                if view(g)._data.flags.c_contiguous or view(g)._data.flags.f_contiguous:
+                    nan[...] = False  # the cast kernels give NumPy's NaN bits too; CuPy's astype (strided) may not
+                assert np.array_equal(got.view(f"u{got.itemsize}")[~nan], want.view(f"u{want.itemsize}")[~nan])
 
 
 def test_gradients_of_a_small_block_on_cuda_match_the_cpu() -> None:

@@ -272,3 +272,24 @@ def test_generate_rejects_bad_arguments() -> None:
         m.generate(tensor([[1]]), 2, top_k=0)
     with pytest.raises(ModelError, match="max_new_tokens must be an int >= 0, got -3"):
         m.generate(tensor([[1]]), -3)
+
+
+def test_loss_without_logits_equals_the_loss_of_the_logits_with_the_same_gradients() -> None:
+    """return_logits=False fuses the head and the loss (linear_cross_entropy): no logits tensor, the
+    same float64 loss and gradients, the tied embedding's two gradients summed as before."""
+    x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
+    y_np = _tokens((2, 16), SMALL.vocab_size, seed=5)
+    y_np[0, :4] = -1
+    y = from_numpy(y_np)
+    results = []
+    for return_logits in (True, False):
+        m = _model().to(float64)
+        logits, loss = m(x, y, return_logits=return_logits)
+        assert (logits is None) is (not return_logits) and loss is not None
+        loss.backward()
+        results.append((float(loss.item()), {n: p.grad.numpy() for n, p in m.named_parameters()
+                                             if p.grad is not None}))
+    (ref_loss, ref_grads), (loss, grads) = results
+    assert abs(loss - ref_loss) < 1e-12 and grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
+        np.testing.assert_allclose(g, ref_grads[name], rtol=1e-10, atol=1e-13, err_msg=name)

@@ -199,6 +199,7 @@ OVERRIDES: dict[str, Kernel] = {
     "matmul": gemm.matmul,
     "linear": gemm.linear,
     "linear_backward": gemm.linear_backward,
+    "linear_cross_entropy": gemm.linear_cross_entropy,
 }
 
 

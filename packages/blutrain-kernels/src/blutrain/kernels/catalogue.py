@@ -591,6 +591,26 @@ def cross_entropy_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sam
 
 
 @_composite
+def linear_cross_entropy_samples(draw: DrawFn, dtype: DType) -> Sample:
+    """Rows (..., C) against a (V, C) head; some targets ignored; 'mean' or 'sum'; label smoothing; chunks
+    of every size (one row, a part, all); inputs that require grad or not."""
+    st = _st()
+    rng, seed = _rng(draw)
+    c, v = draw(st.sampled_from((1, 3, 5, 8))), draw(st.sampled_from((1, 2, 7, 13)))
+    lead = _draw_shape(draw, 0, 2)
+    grad = draw(st.booleans())
+    ignore = draw(st.sampled_from((-100, 0)))
+    target = rng.integers(0, v, size=lead)
+    target = np.where(rng.random(lead) < 0.2, ignore, target)
+    x = _draw_arg(draw, rng, (*lead, c), dtype, grad=grad)
+    w = _draw_arg(draw, rng, (v, c), dtype, grad=grad)
+    kwargs = {"ignore_index": ignore, "reduction": draw(st.sampled_from(("mean", "sum"))),
+              "label_smoothing": draw(st.sampled_from((0.0, 0.1))),
+              "chunk_size": draw(st.sampled_from((None, 1, 2, 5)))}
+    return Sample((x, w, Arg(np.asarray(target), "index")), kwargs, seed)
+
+
+@_composite
 def sdpa_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
     """q (…, L, E), k (…, S, E), v (…, S, Ev); causal, a bool or float mask, or none."""
     st = _st()
@@ -704,6 +724,16 @@ def _dropout_reference(outputs: tuple[Tensor, Tensor], x: Tensor, p: float) -> t
 
 def _fn(name: str) -> Callable[..., Any]:
     return getattr(bt, name)  # type: ignore[no-any-return]
+
+
+def _loss_and_grads(x: Tensor, w: Tensor, target: Tensor, **kwargs: Any) -> Any:
+    """linear_cross_entropy's loss, and the input and weight gradients when they require grad: its kernel
+    computes them in the forward, so one entry checks both."""
+    loss = bt.linear_cross_entropy(x, w, target, **kwargs)
+    if not (x.requires_grad or w.requires_grad):
+        return loss
+    loss.backward()
+    return loss.detach(), x.grad, w.grad
 
 
 def _operator(symbol: str) -> Callable[..., Any]:
@@ -885,6 +915,12 @@ _op("linear", "linear(input, weight, bias=None) -> Tensor", "x Wᵀ + b over the
     lambda dt: linear_samples(dt), _fn("linear"))
 _op("linear_backward", "linear(input, weight, bias) → backward", "dx = dy W, dW = dyᵀ x, db = Σ dy", FLOATS,
     lambda dt: linear_samples(dt, grad=True), _fn("linear"), backward=True)
+
+_op("linear_cross_entropy",
+    "linear_cross_entropy(input, weight, target, *, ignore_index=-100, reduction='mean', label_smoothing=0.0, "
+    "chunk_size=None) -> Tensor",
+    "cross_entropy(linear(input, weight), target) a chunk of rows at a time, without the logits; the input and "
+    "weight gradients computed in the forward", FLOATS, lambda dt: linear_cross_entropy_samples(dt), _loss_and_grads)
 
 _op("index", "input[key] (integer or bool tensors in key) -> Tensor",
     "gathers the elements an advanced key selects into a new tensor", ALL_DTYPES, getitem_samples, _getitem)

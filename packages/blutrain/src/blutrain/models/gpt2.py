@@ -24,7 +24,18 @@ from blutrain.autograd import checkpoint, is_grad_enabled, no_grad
 from blutrain.models.errors import ModelError, PretrainedError
 from blutrain.nn import GELU, CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
 from blutrain.nn import init as nn_init
-from blutrain.tensor import Tensor, arange, bias_gelu, cat, cross_entropy, float64, from_numpy, linear, rand
+from blutrain.tensor import (
+    Tensor,
+    arange,
+    bias_gelu,
+    cat,
+    cross_entropy,
+    float64,
+    from_numpy,
+    linear,
+    linear_cross_entropy,
+    rand,
+)
 from blutrain.tensor.errors import ShapeError, TensorTypeError
 from blutrain.tensor.serialization import SerializationError, load_file, save_file
 
@@ -210,17 +221,27 @@ class GPT2(Module):
             raise ShapeError(f"GPT2: sequence length {idx.shape[1]} exceeds block_size "
                              f"{self.config.block_size}")
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *,
+                return_logits: bool = True) -> tuple[Tensor | None, Tensor | None]:
         """Logits (B, T, vocab) for every position, and the mean cross-entropy against ``targets``
-        (B, T) when given (positions whose target is -1 are ignored)."""
+        (B, T) when given (positions whose target is -1 are ignored).
+
+        ``return_logits=False`` with targets computes the loss without the logits
+        (:func:`~blutrain.tensor.linear_cross_entropy`, the head and the loss fused chunk by chunk)
+        and returns ``(None, loss)``: for training, where the [B, T, vocab] logits and their gradient
+        are the largest tensors of the step (2 × 3 GiB for GPT-2 124M at 16 × 1024 in float32).
+        """
         self._check_idx(idx)
         x = self.transformer(idx)
+        if targets is not None:
+            if not isinstance(targets, Tensor) or targets.shape != idx.shape:
+                got = list(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+                raise ShapeError(f"GPT2: targets must have the shape of idx {list(idx.shape)}, got {got}")
+            if not return_logits:
+                return None, linear_cross_entropy(x, self.lm_head.weight, targets, ignore_index=-1)
         logits: Tensor = self.lm_head(x)
         if targets is None:
             return logits, None
-        if not isinstance(targets, Tensor) or targets.shape != idx.shape:
-            got = list(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
-            raise ShapeError(f"GPT2: targets must have the shape of idx {list(idx.shape)}, got {got}")
         B, T, V = logits.shape
         loss = cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
         return logits, loss

@@ -7,6 +7,7 @@ from blutrain.tensor import (
     gelu,
     layer_norm,
     linear,
+    linear_cross_entropy,
     log_softmax,
     one_hot,
     relu,
@@ -18,5 +19,6 @@ from blutrain.tensor import (
     tanh,
 )
 
-__all__ = ["cross_entropy", "dropout", "embedding", "gelu", "layer_norm", "linear", "log_softmax", "one_hot",
-           "relu", "rms_norm", "scaled_dot_product_attention", "sigmoid", "silu", "softmax", "tanh"]
+__all__ = ["cross_entropy", "dropout", "embedding", "gelu", "layer_norm", "linear", "linear_cross_entropy",
+           "log_softmax", "one_hot", "relu", "rms_norm", "scaled_dot_product_attention", "sigmoid", "silu", "softmax",
+           "tanh"]

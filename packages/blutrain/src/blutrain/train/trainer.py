@@ -154,6 +154,10 @@ class Trainer:
         self.model: Any = self.net
         for mode in modes:  # tp rewrites self.net in place: the optimizer is built over what it leaves
             self.model = self._configured(mode.wrap_model, self.model)
+        # the loss without the [B, T, vocab] logits (the fused head and loss of GPT2.forward); tp and cp
+        # compute their own sharded loss in their forward, which takes no such option
+        sharded_loss = self.plan is not None and bool({"tp", "cp"} & set(self.plan.mesh))
+        self.loss_options: dict[str, Any] = {} if sharded_loss else {"return_logits": False}
         groups = weight_decay_groups(self.net.parameters(), cfg.weight_decay)
         # nanoGPT's Adam betas; other optimizers take their own defaults
         extra = {"betas": (0.9, 0.95)} if cfg.optimizer == "adamw" else {}
@@ -467,7 +471,7 @@ class Trainer:
             local = no_sync() if no_sync is not None and i < len(batches) - 1 else contextlib.nullcontext()
             with local:
                 with self.autocast:
-                    loss = self.model(x, y)[1]
+                    loss = self.model(x, y, **self.loss_options)[1]
                 (loss / len(batches)).backward()
             losses.append(loss.detach())
         return losses
@@ -580,7 +584,7 @@ class Trainer:
             for _ in range(self.cfg.eval_batches):
                 x, y = self._batch(val)
                 with self.autocast:
-                    _, loss = self.model(x, y)
+                    _, loss = self.model(x, y, **self.loss_options)
                 total += float(loss.item())
         self.model.train()
         return total / self.cfg.eval_batches

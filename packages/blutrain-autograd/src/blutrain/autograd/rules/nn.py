@@ -4,7 +4,8 @@ What each saves is decided here: LayerNorm and RMSNorm keep the input and the pe
 cross-entropy keeps the logits and per-row log-sum-exp (no softmax tensor); attention keeps q, k, v
 (packed self-attention: the one qkv tensor), its output and the log-sum-exp (no T×S matrix);
 bias+GELU keeps its input and bias (not their sum; the backward kernel adds them again); dropout keeps
-its boolean mask; embedding keeps only the indices.
+its boolean mask; embedding keeps only the indices; the fused LM-head loss (linear_cross_entropy)
+keeps the input and weight gradients its forward already computed, nothing of the logits.
 """
 
 from __future__ import annotations
@@ -87,6 +88,17 @@ def _cross_entropy(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any
         g._data, logits._data, a["target"]._data, a["lse"]._data, a["ignore_index"], a["label_smoothing"],
         a["reduction"])
     return (_wrap(data, logits),)
+
+
+@derivative("linear_cross_entropy", save=save_nothing)
+def _linear_cross_entropy(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("linear_cross_entropy", create_graph)
+    a = node.attrs
+    scale = grads[0].to(dtype=a["scale"].dtype) * a["scale"]  # upstream gradient × (1/count or 1)
+    need_x, need_w = node.needs
+    dx, dw = a["dx"], a["dw"]
+    return (dx * scale.to(dtype=dx.dtype) if need_x and dx is not None else None,
+            dw * scale.to(dtype=dw.dtype) if need_w and dw is not None else None)
 
 
 def _save_sdpa(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:

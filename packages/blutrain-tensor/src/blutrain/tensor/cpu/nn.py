@@ -151,6 +151,55 @@ def cross_entropy_backward(grad: Array, logits: Array, target: Array, lse: Array
     return (g * scale).astype(logits.dtype, copy=False)
 
 
+def linear_cross_entropy(x: Array, w: Array, target: Array, ignore_index: int, label_smoothing: float,
+                         mean: bool, compute: str, loss_dtype: str, need_x: bool, need_w: bool,
+                         chunk_rows: int) -> tuple[Array, Array, Array | None, Array | None]:
+    """(loss, grad scale, dx, dw) of cross_entropy(x wᵀ, target) over ``chunk_rows`` rows at a time.
+
+    dx and dw are the gradients for an upstream 1 per row (sum semantics); backward multiplies them by
+    its gradient times ``scale`` (1/count of targets for 'mean', 1 for 'sum'). A half ``compute``
+    dtype rounds the operands and the two GEMM results the loss reads (logits, their gradient) to it,
+    as GEMMs writing that dtype do; everything else accumulates in float32 and is returned in the
+    dtypes of x and w.
+    """
+    from blutrain.tensor.dtype import as_dtype
+
+    xp = array_module(x)
+    cd = as_dtype(compute)
+    half = cd.name in ("float16", "bfloat16")
+    acc = np.dtype(np.float32) if half else np.dtype(cd.np)
+
+    def rounded(a: Array) -> Array:
+        return a.astype(cd.np).astype(acc) if half else a
+
+    xs = x.astype(cd.np, copy=False).astype(acc, copy=False)
+    ws = w.astype(cd.np, copy=False).astype(acc, copy=False)
+    n = x.shape[0]
+    loss_rows = xp.zeros((n,), acc)
+    dx = xp.empty(x.shape, acc) if need_x else None
+    dw = xp.zeros(w.shape, acc) if need_w else None
+    for start in range(0, n, chunk_rows):
+        stop = min(n, start + chunk_rows)
+        logits = rounded(xs[start:stop] @ ws.T)
+        t = target[start:stop]
+        rows, lse = cross_entropy(logits, t, ignore_index, label_smoothing, "none")
+        loss_rows[start:stop] = rows
+        if need_x or need_w:
+            ones = xp.ones((stop - start,), acc)
+            dl = rounded(cross_entropy_backward(ones, logits, t, lse, ignore_index, label_smoothing, "none"))
+            if dx is not None:
+                dx[start:stop] = dl @ ws
+            if dw is not None:
+                dw += dl.T @ xs[start:stop]
+    total = loss_rows.sum(dtype=acc)
+    count = (target != ignore_index).sum()
+    with _quiet():
+        loss = xp.asarray(total / count if mean else total).astype(as_dtype(loss_dtype).np)
+        scale = xp.asarray(acc.type(1) / count if mean else 1, dtype=acc)
+    return (loss, scale, None if dx is None else dx.astype(x.dtype, copy=False),
+            None if dw is None else dw.astype(w.dtype, copy=False))
+
+
 _ABOVE_DIAGONAL: dict[tuple[int, int, int], Array] = {}
 
 

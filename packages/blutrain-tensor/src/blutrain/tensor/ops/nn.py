@@ -8,6 +8,7 @@ the memory a training step needs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from blutrain.tensor.autocast import lower, widen
 from blutrain.tensor.autocast import state as autocast_state
 from blutrain.tensor.backend import Generator
 from blutrain.tensor.checks import check_class_targets
-from blutrain.tensor.dtype import bool_, from_numpy_dtype
+from blutrain.tensor.dtype import bool_, float32, from_numpy_dtype
 from blutrain.tensor.errors import (
     DeviceMismatchError,
     ShapeError,
@@ -204,6 +205,79 @@ def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, re
             return res.reshape(())
         if extra:
             return res.reshape((input.shape[0], *extra))
+    return res
+
+
+# Rows of logits one chunk of ``linear_cross_entropy`` may hold (its logits and their gradient, each):
+# small next to GPT-2's full [B·T, V] logits (3 GiB in float32 at 16×1024×50304), large enough that
+# the chunk's GEMMs keep the tensor cores busy.
+LOGITS_CHUNK_BYTES = 256 * 2**20
+
+
+def linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor, *, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0,
+                         chunk_size: int | None = None) -> Tensor:
+    """``cross_entropy(linear(input, weight), target)`` without the logits tensor: a language model's
+    head and loss in one op, for training at large vocabularies.
+
+    ``input`` (..., C) and ``weight`` (V, C) — the tied token embedding, say — give V logits per row;
+    the rows are processed ``chunk_size`` at a time (default: as many as fit in
+    :data:`LOGITS_CHUNK_BYTES`): each chunk's logits, its loss and its logit gradient live only
+    while that chunk runs, and the input and weight gradients are computed in the forward when
+    either needs a gradient (kept until backward, scaled there by the upstream gradient). Memory:
+    two chunks of logits and the two gradients instead of the [N, V] logits and their gradient.
+    Under autocast the GEMMs run in the region's dtype (logits and their gradient in it, as the
+    separate ops do), the loss in float32, and the gradients are accumulated in float32 and
+    returned in the dtype of ``input`` and ``weight``, with no rounding to the half dtype between.
+    ``reduction`` is 'mean' (over targets that are not ``ignore_index``) or 'sum'.
+    """
+    _floating("linear_cross_entropy", input)
+    _floating("linear_cross_entropy", weight, "weight")
+    if weight.device is not input.device:
+        raise DeviceMismatchError(f"linear_cross_entropy: weight is on {weight.device}, input on {input.device}")
+    if weight.dtype is not input.dtype:
+        raise TensorTypeError(f"linear_cross_entropy: weight has dtype {weight.dtype.name}, input has "
+                              f"{input.dtype.name}; expected the same dtype")
+    if weight.ndim != 2 or input.ndim == 0 or input.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"linear_cross_entropy: input of shape {list(input.shape)} does not fit weight of "
+                         f"shape {list(weight.shape)} (expected input[..., {weight.shape[-1] if weight.ndim else '?'}] "
+                         "and a 2-D weight (V, C))")
+    if reduction not in ("mean", "sum"):
+        raise TensorValueError(f"linear_cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r} "
+                               "(per-row losses need the logits: use linear + cross_entropy)")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise TensorValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not isinstance(target, Tensor) or target.dtype.is_floating or target.dtype is bool_:
+        got = target.dtype.name if isinstance(target, Tensor) else type(target).__name__
+        raise TensorTypeError(f"linear_cross_entropy: target must be an integer Tensor of class indices, got {got}")
+    if target.device is not input.device:
+        raise DeviceMismatchError(f"linear_cross_entropy: target is on {target.device}, input on {input.device}")
+    if target.shape != input.shape[:-1]:
+        raise ShapeError(f"linear_cross_entropy: target shape {list(target.shape)} does not match input "
+                         f"{list(input.shape)} (expected {list(input.shape[:-1])})")
+    n_rows = math.prod(input.shape[:-1])
+    # the arrays reshaped, not the tensors: the op records itself against input and target as given
+    rows = input._data.reshape(n_rows, input.shape[-1])
+    tgt = target._data.reshape(n_rows)
+    vocab = weight.shape[0]
+    compute = _autocast.dtype or input.dtype
+    if chunk_size is None:
+        chunk_size = max(1, LOGITS_CHUNK_BYTES // max(1, vocab * compute.itemsize))
+    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise TensorValueError(f"linear_cross_entropy: chunk_size must be a positive int, got {chunk_size!r}")
+    if target.device.type == "cpu":  # elsewhere the debug mode checks the targets
+        check_class_targets("linear_cross_entropy", tgt, vocab, ignore_index)
+    loss_dtype = float32 if _autocast.dtype is not None else input.dtype
+    need_x, need_w = _needs_grad(input), _needs_grad(weight)
+    loss, scale, dx, dw = _kernel("linear_cross_entropy", input.device.type, input.dtype)(
+        rows, weight._data, tgt, ignore_index, float(label_smoothing), reduction == "mean",
+        compute.name, loss_dtype.name, need_x, need_w, min(chunk_size, max(1, n_rows)))
+    res = Tensor._make(loss, loss_dtype, input.device)
+    if need_x or need_w:
+        dispatch.recorder("linear_cross_entropy", (input, weight), res, {  # type: ignore[misc]
+            "scale": _statistic(scale, input),
+            "dx": None if dx is None else Tensor._make(dx.reshape(input.shape), input.dtype, input.device),
+            "dw": None if dw is None else Tensor._make(dw, weight.dtype, weight.device)})
     return res
 
 
