@@ -82,7 +82,7 @@ class Bench:
 
         assert t.is_contiguous()
         dtype = {"torch.float32": np.float32, "torch.bfloat16": ml_dtypes.bfloat16, "torch.int64": np.int64,
-                 "torch.float64": np.float64}[str(t.dtype)]
+                 "torch.float64": np.float64, "torch.float16": np.float16}[str(t.dtype)]
         mem = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t)
         return cp.ndarray(tuple(t.shape), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
 
@@ -325,6 +325,52 @@ class Bench:
         self.mem_row(bwd, 3 * n * es)
         rows.append(bwd)
 
+    def casts(self, rows: list[Row]) -> None:
+        torch = self.torch
+        shapes = [(16384, 768), (16384, 2304), (16384, 3072), (16, 1024, 50304)]
+        if self.quick:
+            shapes = [(16384, 768)]
+        f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+        pairs = [(f32, bf16), (bf16, f32), (f32, f16), (f16, f32), (bf16, f16), (f16, bf16)]
+        for shp in shapes:
+            for src, dst in pairs:
+                self.cast_case(rows, shp, src, dst)
+                self.free()
+
+    def cast_case(self, rows: list[Row], shp: tuple[int, ...], src: Any, dst: Any) -> None:
+        """One dtype conversion: ours (casts.cu), torch's ``.to(dtype)`` and, in the row's extra, CuPy's astype
+        (what the cuda backend ran before); bytes read + written."""
+        import ml_dtypes
+        import numpy as np
+
+        from blutrain.kernels import cuda as K
+
+        torch = self.torch
+        n = math.prod(shp)
+        names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+        target = {torch.float32: np.dtype(np.float32), torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+                  torch.float16: np.dtype(np.float16)}[dst]
+        es_in, es_out = (torch.empty((), dtype=d).element_size() for d in (src, dst))
+        sets = [(torch.randn(*shp, device="cuda") * 4).to(src) for _ in range(self.copies(n * es_in))]
+        csets = [self.as_cupy(t) for t in sets]
+        ours_next, torch_next = self.rotation(csets), self.rotation(sets)
+        row = Row(f"cast {names[src]}->{names[dst]}", "x".join(map(str, shp)), names[src])
+        ref = sets[0].to(dst)
+        ours = K.cast(csets[0], target)
+        assert ours is not None
+        got = self.to_torch(ours, ref)
+        bits = torch.int16 if es_out == 2 else torch.int32
+        row.rel_err = self.rel_err(got, ref)
+        row.extra["elements_differing_from_torch"] = int((got.view(bits) != ref.view(bits)).sum())
+        del ours, got, ref
+        row.ours_ms = self.time_ms(lambda: K.cast(ours_next(), target))
+        row.torch_ms = self.time_ms(lambda: torch_next().to(dst), torch_side=True)
+        row.extra["cupy_astype_ms"] = self.time_ms(lambda: ours_next().astype(target))
+        self.mem_row(row, n * (es_in + es_out))
+        if row.rate and row.ours_ms:
+            row.extra["cupy_astype_GBps"] = row.rate * row.ours_ms / row.extra["cupy_astype_ms"]
+        rows.append(row)
+
     def layernorm(self, rows: list[Row]) -> None:
         torch = self.torch
         shapes = [(1024, 768), (4096, 768), (16384, 768), (32768, 768), (16384, 1024), (16384, 3072), (16384, 4096)]
@@ -507,7 +553,7 @@ class Bench:
         rows.append(row)
 
 
-FAMILIES = ("attention", "gelu", "layernorm", "cross_entropy", "reduce_sum", "adamw")
+FAMILIES = ("attention", "gelu", "casts", "layernorm", "cross_entropy", "reduce_sum", "adamw")
 
 
 def fmt(v: float | None, spec: str) -> str:

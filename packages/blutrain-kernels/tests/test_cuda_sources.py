@@ -38,7 +38,15 @@ def test_unknown_family_is_an_error_listing_the_families() -> None:
 
 def test_registry_names_ops_and_dtypes_the_plugin_can_register() -> None:
     for op, (fn, dtypes) in {**cuda.KERNELS, **cuda.STANDALONE}.items():
-        assert callable(fn) and dtypes and set(dtypes) <= {"float32", "bfloat16"}, op
+        assert callable(fn) and dtypes and set(dtypes) <= {"float32", "bfloat16", "float16"}, op
+
+
+def test_every_cast_the_launcher_names_is_a_kernel_of_casts_cu() -> None:
+    code = cuda.source("casts")
+    pairs = set(re.findall(r"^CAST_KERNELS\((\w+), (\w+), (\w+)\)$", code, re.M))
+    defined = {f"cast_{name}_{v}" for name, _, _ in pairs for v in ("v8", "v1")}
+    named = {kernel for names in cuda._CASTS.values() for kernel in names}
+    assert len(cuda._CASTS) == 6 and named == defined
 
 
 @pytest.mark.parametrize(("counter", "key", "expected"), ref.KNOWN_ANSWERS)

@@ -8,7 +8,8 @@ Three layers, highest priority last:
   float16/bfloat16 math computed in float32 and rounded once, as on the CPU;
 * GEMM ops through cuBLAS (:mod:`blutrain_backend_cupy.gemm`);
 * the fused kernels of :mod:`blutrain.kernels.cuda` at priority 10, each falling back to the layer
-  below for a call it does not cover.
+  below for a call it does not cover (the float32/bfloat16/float16 casts among them, which the
+  half-precision wrappers below use as well).
 
 Without a GPU every op is registered as a function raising :class:`CudaUnavailableError`, so that
 using the device says why it cannot run instead of "no kernel".
@@ -45,13 +46,22 @@ def _cp() -> Any:
 
 # ---------------------------------------------------------------------------------------------- half precision
 
+_F32 = np.dtype(np.float32)
+
+
+def _astype(v: Any, dtype: np.dtype[Any]) -> Any:
+    """``v.astype(dtype)``, by the cast kernels where they cover it (a contiguous CuPy array of float32,
+    bfloat16 or float16; bit-identical to astype), else by CuPy."""
+    out = fused.cast(v, dtype) if type(v) is _cp().ndarray else None
+    return v.astype(dtype) if out is None else out
+
 
 def _up(v: Any) -> Any:
     if isinstance(v, list):
         return [_up(x) for x in v]
     dt = getattr(v, "dtype", None)
     if dt is not None and dt.name in HALF and type(v) is not np.ndarray:
-        return v.astype(np.float32)
+        return _astype(v, _F32)
     return v
 
 
@@ -59,7 +69,7 @@ def _down(v: Any, dtype: np.dtype[Any]) -> Any:
     if isinstance(v, tuple):
         return tuple(_down(x, dtype) for x in v)
     if v is not None and getattr(v, "dtype", None) == np.float32 and type(v) is not np.ndarray:
-        return v.astype(dtype)
+        return _astype(v, dtype)
     return v
 
 

@@ -10,8 +10,9 @@ implements (see ``blutrain.tensor.ops``), so a device plugin can register it dir
 statistics that only backward reads (LayerNorm's mean and rstd, the log-sum-exp of cross-entropy
 and attention) are float32 whatever the input dtype, as PyTorch keeps them. A function
 returns ``None`` when a call is outside what its kernel covers (a dtype other than float32 and
-bfloat16, a mask given to attention, an unsupported head dim, an empty tensor): the caller then
-runs the generic kernel. :data:`KERNELS` lists them by op name.
+bfloat16, a mask given to attention, an unsupported head dim, an empty tensor, a strided view or a
+dtype pair other than float32/bfloat16/float16 given to a cast): the caller then runs the generic
+kernel. :data:`KERNELS` lists them by op name.
 
 Importing this module does not import CuPy; nothing here runs without a GPU.
 """
@@ -25,12 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from blutrain.tensor.dtype import bfloat16, float16, float32
 from blutrain.tensor.errors import ShapeError, TensorTypeError
 
 Array = Any
 _DIR = Path(__file__).parent
-FAMILIES = ("adamw", "attention", "attention_bf16", "cross_entropy", "embedding", "gelu", "layernorm", "philox",
-            "reduce", "softmax")
+FAMILIES = ("adamw", "attention", "attention_bf16", "casts", "cross_entropy", "embedding", "gelu", "layernorm",
+            "philox", "reduce", "softmax")
 _OPTIONS = ("-std=c++17",)
 _DEFAULT_SMEM = 48 * 1024
 
@@ -343,6 +345,41 @@ def bias_gelu_backward(grad: Array, x: Array, bias: Array, approximate: str = "t
     return dx, db
 
 
+# ---------------------------------------------------------------------------------------------- casts
+
+# (source, target) dtype -> casts.cu's (16-byte vector kernel, one-element kernel)
+_CAST_SHORT = {float32: "f32", bfloat16: "bf16", float16: "f16"}
+_CASTS: dict[tuple[np.dtype[Any], np.dtype[Any]], tuple[str, str]] = {
+    (src.np, dst.np): (f"cast_{a}_{b}_v8", f"cast_{a}_{b}_v1")
+    for src, a in _CAST_SHORT.items() for dst, b in _CAST_SHORT.items() if src is not dst}
+_CAST_THREADS = (256,)
+
+
+def cast(a: Array, dtype: Any) -> Array | None:
+    """``a.astype(dtype)`` between float32, bfloat16 and float16, bit for bit as NumPy and ml_dtypes convert
+    (round to nearest even; NaN rules in casts.cu), for an array contiguous in C or Fortran order (the result
+    has the same order). None for other dtype pairs and for strided views, which CuPy's astype converts."""
+    names = _CASTS.get((a.dtype, np.dtype(dtype)))
+    if names is None:
+        return None
+    flags = a.flags
+    if flags.c_contiguous:
+        order = "C"
+    elif flags.f_contiguous:
+        order = "F"
+    else:
+        return None
+    out = _cp().empty(a.shape, dtype, order=order)
+    n = a.size
+    if n == 0:
+        return out
+    if a.data.ptr % 16 == 0 and out.data.ptr % 16 == 0:
+        _launch("casts", names[0], _elementwise_grid(n >> 3), _CAST_THREADS, (a, out, np.int64(n)))
+    else:  # a view at an offset that is not a multiple of 16 bytes
+        _launch("casts", names[1], _elementwise_grid((n + 3) >> 2), _CAST_THREADS, (a, out, np.int64(n)))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- cross-entropy
 
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
@@ -535,7 +572,7 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array | 
         acc = cp.zeros((V, D), np.float32)
         _launch("embedding", f"embedding_bwd_atomic_{suffix}", (ntok, max(1, min(8, (D + 255) // 256))), (256,),
                 (rows, flat, acc, np.int32(D)))
-        return acc if suffix == "f32" else acc.astype(grad.dtype)
+        return acc if suffix == "f32" else cast(acc, grad.dtype)
     # Unique keys id * ntok + position: any sort gives the same order, so the sum order is fixed.
     keys = cp.sort(flat * ntok + cp.arange(ntok, dtype=np.int64))
     ids = keys // ntok
@@ -1035,6 +1072,7 @@ KERNELS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "sdpa_backward": (sdpa_backward, ("float32", "bfloat16")),
     "sdpa_packed": (sdpa_packed, ("float32", "bfloat16")),
     "sdpa_packed_backward": (sdpa_packed_backward, ("float32", "bfloat16")),
+    "cast": (cast, ("float32", "bfloat16", "float16")),
 }
 
 # Ops with no generic kernel: registered as they are (they never return None for valid input).
@@ -1051,6 +1089,7 @@ __all__ = [
     "adamw_multi_tensor",
     "bias_gelu",
     "bias_gelu_backward",
+    "cast",
     "cross_entropy",
     "cross_entropy_backward",
     "cross_entropy_rows",

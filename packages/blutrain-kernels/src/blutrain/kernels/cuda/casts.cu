@@ -1,0 +1,170 @@
+// Casts between float32, bfloat16 and float16 over a contiguous buffer of n elements, bit-identical to
+// NumPy / ml_dtypes (the CPU backend's astype): round to nearest even, subnormals kept, overflow to inf.
+// NaNs keep their sign; their payload follows the CPU's rules, which differ per pair: to bfloat16 (from
+// float32 or float16) and bfloat16 -> float16 give the quiet NaN (0x7fc0 / 0x7e00); float32 -> float16
+// keeps the top 10 payload bits (NumPy; 0x7c01 if they are all zero); widening copies the payload.
+// bfloat16 and float16 are unsigned 16-bit storage here (no cuda_fp16.h / cuda_bf16.h: NVRTC through
+// CuPy lacks one of them, see common.cuh); the float16 rounding is the PTX cvt.rn instruction.
+//
+// cast_{src}_{dst}_v8: grid-stride over the n / 8 vectors of 8 elements; each step reads 8 source
+//                      elements and writes 8 with 16-byte accesses (two float4 for float32, one uint4
+//                      for 16-bit types), so both pointers must be 16-byte aligned. The n % 8 tail
+//                      elements go one each to the first threads of the grid. Block 256 threads, grid
+//                      min(ceil(n / 8 / 256), 16 x SMs).
+// cast_{src}_{dst}_v1: the same conversion one element per access, for a source that is not 16-byte
+//                      aligned (a view at an odd offset): each thread has 4 loads in flight, a block's
+//                      accesses are contiguous. Block 256, grid min(ceil(n / 4 / 256), 16 x SMs).
+// Bytes: read n * sizeof(src), write n * sizeof(dst) (6n for float32 <-> 16-bit, 4n for bf16 <-> f16).
+// FLOPs: none (a few integer operations per element; the kernels are bound by memory bandwidth).
+
+typedef unsigned short u16;
+
+struct F32 { typedef float T; };
+struct BF16 { typedef u16 T; };
+struct F16 { typedef u16 T; };
+
+__device__ __forceinline__ bool f32_isnan(unsigned int u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+
+// float32 -> bfloat16, round to nearest even (the carry of 0x7fff + lsb rounds a tie to the even
+// neighbour and lets the largest finite floats overflow to inf); a NaN becomes the quiet NaN of its sign.
+__device__ __forceinline__ u16 f32_to_bf16(float x) {
+    const unsigned int u = __float_as_uint(x);
+    if (f32_isnan(u)) return (u16)(((u >> 16) & 0x8000u) | 0x7fc0u);
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float((unsigned int)h << 16); }
+
+// float32 -> float16 by the hardware's IEEE round to nearest even (no .ftz: subnormal results kept).
+__device__ __forceinline__ u16 f32_to_f16_rn(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+// NumPy's float32 -> float16: the NaN keeps its sign and the top 10 bits of its payload (made nonzero so
+// that it stays a NaN); the hardware would give one canonical NaN.
+__device__ __forceinline__ u16 f32_to_f16(float x) {
+    const unsigned int u = __float_as_uint(x);
+    if (f32_isnan(u)) {
+        const unsigned int m = (u & 0x7fffffu) >> 13;
+        return (u16)(((u >> 16) & 0x8000u) | 0x7c00u | (m ? m : 1u));
+    }
+    return f32_to_f16_rn(x);
+}
+
+// float16 -> float32 is exact; the NaN is widened bit for bit (sign and payload), as NumPy does.
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    if ((h & 0x7fffu) > 0x7c00u) {
+        return __uint_as_float(((unsigned int)(h & 0x8000u) << 16) | 0x7f800000u | ((unsigned int)(h & 0x3ffu) << 13));
+    }
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// ml_dtypes' bfloat16 -> float16 goes through float32 (exact) and Eigen's float -> half, whose NaN is the
+// quiet NaN of its sign.
+__device__ __forceinline__ u16 bf16_to_f16(u16 b) {
+    if ((b & 0x7fffu) > 0x7f80u) return (u16)((b & 0x8000u) | 0x7e00u);
+    return f32_to_f16_rn(bf16_to_f32(b));
+}
+
+// ml_dtypes' float16 -> bfloat16: through float32 (exact), then float32 -> bfloat16.
+__device__ __forceinline__ u16 f16_to_bf16(u16 h) { return f32_to_bf16(f16_to_f32(h)); }
+
+template <typename From, typename To> struct Cast;
+template <> struct Cast<F32, BF16> { static __device__ __forceinline__ u16 apply(float x) { return f32_to_bf16(x); } };
+template <> struct Cast<BF16, F32> { static __device__ __forceinline__ float apply(u16 x) { return bf16_to_f32(x); } };
+template <> struct Cast<F32, F16> { static __device__ __forceinline__ u16 apply(float x) { return f32_to_f16(x); } };
+template <> struct Cast<F16, F32> { static __device__ __forceinline__ float apply(u16 x) { return f16_to_f32(x); } };
+template <> struct Cast<BF16, F16> { static __device__ __forceinline__ u16 apply(u16 x) { return bf16_to_f16(x); } };
+template <> struct Cast<F16, BF16> { static __device__ __forceinline__ u16 apply(u16 x) { return f16_to_bf16(x); } };
+
+// 8 consecutive elements through 16-byte accesses; p is 16-byte aligned.
+__device__ __forceinline__ void load8(const float* __restrict__ p, float (&v)[8]) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+__device__ __forceinline__ void load8(const u16* __restrict__ p, u16 (&v)[8]) {
+    const uint4 a = *reinterpret_cast<const uint4*>(p);
+    const unsigned int w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        v[2 * k] = (u16)(w[k] & 0xffffu);  // little-endian: the lower half is the earlier element
+        v[2 * k + 1] = (u16)(w[k] >> 16);
+    }
+}
+
+__device__ __forceinline__ void store8(float* __restrict__ p, const float (&v)[8]) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+__device__ __forceinline__ void store8(u16* __restrict__ p, const u16 (&v)[8]) {
+    uint4 a;
+    a.x = (unsigned int)v[0] | ((unsigned int)v[1] << 16);
+    a.y = (unsigned int)v[2] | ((unsigned int)v[3] << 16);
+    a.z = (unsigned int)v[4] | ((unsigned int)v[5] << 16);
+    a.w = (unsigned int)v[6] | ((unsigned int)v[7] << 16);
+    *reinterpret_cast<uint4*>(p) = a;
+}
+
+template <typename From, typename To>
+__device__ __forceinline__ void cast_v8(const typename From::T* __restrict__ src, typename To::T* __restrict__ dst,
+                                        long long n) {
+    const long long nv = n >> 3;
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = tid; i < nv; i += stride) {
+        typename From::T s[8];
+        typename To::T d[8];
+        load8(src + (i << 3), s);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) d[k] = Cast<From, To>::apply(s[k]);
+        store8(dst + (i << 3), d);
+    }
+    const long long t = (nv << 3) + tid;  // at most 7 tail elements; the grid has >= 256 threads
+    if (t < n) dst[t] = Cast<From, To>::apply(src[t]);
+}
+
+#define CAST_V1_UNROLL 4
+
+template <typename From, typename To>
+__device__ __forceinline__ void cast_v1(const typename From::T* __restrict__ src, typename To::T* __restrict__ dst,
+                                        long long n) {
+    const long long step = (long long)gridDim.x * blockDim.x * CAST_V1_UNROLL;
+    for (long long base = (long long)blockIdx.x * blockDim.x * CAST_V1_UNROLL + threadIdx.x; base < n;
+         base += step) {
+        typename From::T s[CAST_V1_UNROLL];
+#pragma unroll
+        for (int u = 0; u < CAST_V1_UNROLL; ++u) {
+            const long long j = base + (long long)u * blockDim.x;
+            if (j < n) s[u] = src[j];
+        }
+#pragma unroll
+        for (int u = 0; u < CAST_V1_UNROLL; ++u) {
+            const long long j = base + (long long)u * blockDim.x;
+            if (j < n) dst[j] = Cast<From, To>::apply(s[u]);
+        }
+    }
+}
+
+#define CAST_KERNELS(NAME, FROM, TO)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                                         \
+        cast_##NAME##_v8(const FROM::T* __restrict__ src, TO::T* __restrict__ dst, long long n) {           \
+        cast_v8<FROM, TO>(src, dst, n);                                                                       \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256)                                                         \
+        cast_##NAME##_v1(const FROM::T* __restrict__ src, TO::T* __restrict__ dst, long long n) {           \
+        cast_v1<FROM, TO>(src, dst, n);                                                                       \
+    }
+CAST_KERNELS(f32_bf16, F32, BF16)
+CAST_KERNELS(bf16_f32, BF16, F32)
+CAST_KERNELS(f32_f16, F32, F16)
+CAST_KERNELS(f16_f32, F16, F32)
+CAST_KERNELS(bf16_f16, BF16, F16)
+CAST_KERNELS(f16_bf16, F16, BF16)
