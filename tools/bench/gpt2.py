@@ -608,6 +608,10 @@ def set_precision(precision: str, device: str, have_torch: bool) -> None:
         set_tf32(precision == "tf32")
 
 
+# ``--data stdlib``: the corpus `blutrain train` uses by default (real text, so a loss that falls steadily)
+BUILTIN_DATA = "stdlib"
+
+
 # -- batches -----------------------------------------------------------------------------------------------
 class Batches:
     """The same (x, y) int64 batches for every configuration: random tokens, or ``--data`` shards."""
@@ -617,6 +621,10 @@ class Batches:
         self.rng = np.random.default_rng(seed)
         self.high = min(vocab, GPT2_TOKENS)
         self.loader = None
+        if data == BUILTIN_DATA:
+            from blutrain.data import stdlib_corpus
+
+            data = stdlib_corpus().train_pattern
         if data:
             from blutrain.data.loader import TokenLoader
 
@@ -1267,6 +1275,8 @@ def kernel_table(trace: Path) -> dict[str, Any]:
 
 # -- small helpers -----------------------------------------------------------------------------------------
 def _describe(data: str | None, vocab: int) -> str:
+    if data == BUILTIN_DATA:
+        return "the built-in corpus (this Python's standard-library sources, byte tokens)"
     return f"shards {data}" if data else f"uniform random tokens in [0, {min(vocab, GPT2_TOKENS)})"
 
 
@@ -1341,7 +1351,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "blutrain,torch (cpu); blutrain-compile only when named")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per configuration (default 20)")
     ap.add_argument("--warmup", type=int, help="warm-up steps per configuration (default 3, 2 with --quick)")
-    ap.add_argument("--data", help="a directory or glob of token shards (blutrain prepare); default random tokens")
+    ap.add_argument("--data", help=f"a directory or glob of token shards (blutrain prepare), or {BUILTIN_DATA!r} for "
+                                   "the built-in corpus of `blutrain train`; default random tokens")
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--clip", type=float, default=1.0, help="global-norm clip (0: none)")
     ap.add_argument("--seed", type=int, default=0)
