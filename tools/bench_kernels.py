@@ -553,7 +553,7 @@ class Bench:
         rows.append(row)
 
 
-FAMILIES = ("attention", "gelu", "casts", "layernorm", "cross_entropy", "reduce_sum", "adamw")
+FAMILIES = ("attention", "gelu", "layernorm", "cross_entropy", "reduce_sum", "adamw", "casts")
 
 
 def fmt(v: float | None, spec: str) -> str:
