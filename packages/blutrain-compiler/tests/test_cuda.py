@@ -68,6 +68,7 @@ def test_compiled_gpt_on_cuda_matches_eager_and_runs_as_one_graph(optimizer: str
     report = {"optimizer": optimizer, "max_rel": rel, "eager_losses": eager, "compiled_losses": compiled,
               "eager_ms": 1e3 * float(np.median(t_eager[3:])), "compiled_ms": 1e3 * float(np.median(t_comp[3:])),
               "captures": graph.executor.captures, "graph": not graph.executor.eager,
+              "capture_error": graph.executor.capture_error,
               "graph_pool_bytes": graph.executor.pool_bytes,
               "stats": vars(fn.stats)}
     print(json.dumps(report))

@@ -15,6 +15,7 @@ launches the graph once.
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -238,6 +239,7 @@ class CUDAGraphExecutor:
         self.graph: Any = None
         self.captures = 0
         self.eager = False  # set when capture fails: the list then runs launch by launch
+        self.capture_error: str | None = None  # why, with the innermost frames
         self._capture()
 
     def _capture(self) -> None:
@@ -259,6 +261,7 @@ class CUDAGraphExecutor:
             log.warning("blutrain.compiler: CUDA graph capture failed (%s); running the compiled launch list "
                         "without a graph", failure)
             self.eager = True
+            self.capture_error = "".join(traceback.format_exception(failure)[-4:])
             self.graph = None
             return
         self.graph = graph
