@@ -919,7 +919,8 @@ _op("linear_backward", "linear(input, weight, bias) → backward", "dx = dy W, d
 _op("linear_cross_entropy",
     "linear_cross_entropy(input, weight, target, *, ignore_index=-100, reduction='mean', label_smoothing=0.0, "
     "chunk_size=None) -> Tensor",
-    "cross_entropy(linear(input, weight), target) a chunk of rows at a time, never holding all logits", FLOATS, lambda dt: linear_cross_entropy_samples(dt), _loss_and_grads)
+    "cross_entropy(linear(input, weight), target) a chunk of rows at a time, never holding all logits", FLOATS,
+    lambda dt: linear_cross_entropy_samples(dt), _loss_and_grads)
 
 _op("index", "input[key] (integer or bool tensors in key) -> Tensor",
     "gathers the elements an advanced key selects into a new tensor", ALL_DTYPES, getitem_samples, _getitem)
