@@ -90,15 +90,17 @@ model_overrides = { n_layer = 2, n_head = 2, n_embd = 32 }
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`blutrain train` alone with 8 rows per step, and under `blutrain run -n 2` with 4 rows per rank: ddp, zero=2."""
+    """`blutrain train` alone with 8 rows per step, and under `blutrain run -n 2` with 4 rows per rank: ddp, zero=2
+    (which also saves step 2 asynchronously, every rank its shard)."""
     d = tmp_path_factory.mktemp("train")
     (d / "c.toml").write_text(TRAIN_TOML)
     train = ["blutrain", "train", "--config", d / "c.toml"]
     proc = subprocess.run([sys.executable, "-m", "blutrain.cli", *map(str, train[1:]), "--batch-size", "8", "--out",
                            str(d / "one")], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    extra = {"zero=2": ["--async-checkpoint", "--checkpoint-every", "2"]}
     for mode in ("ddp", "zero=2"):
-        run(2, *train, "--parallel", mode, "--batch-size", "4", "--out", d / mode)
+        run(2, *train, "--parallel", mode, *extra.get(mode, []), "--batch-size", "4", "--out", d / mode)
     return d
 
 
@@ -126,3 +128,11 @@ def test_a_zero_checkpoint_is_one_file_per_rank_and_loads_whole_as_ddp_saved_it(
         merged = whole["optimizer"]["state"][int(i)]
         assert merged["step"] == entry["step"] == 3
         np.testing.assert_allclose(merged["exp_avg"].numpy(), entry["exp_avg"].numpy(), rtol=0, atol=1e-6)
+
+
+def test_an_asynchronous_zero_checkpoint_has_every_ranks_shard(trained: Path) -> None:
+    assert sorted(p.name for p in (trained / "zero=2").glob("step*.safetensors")) == [
+        "step_000002.rank1-of-2.safetensors", "step_000002.safetensors"]
+    state = load_any_checkpoint(trained / "zero=2" / "step_000002.safetensors")
+    assert state["trainer"]["step"] == 2
+    assert all(entry["step"] == 2 for entry in state["optimizer"]["state"].values())

@@ -4,8 +4,10 @@ the single-process run.
 Under ``blutrain run -n N`` each rank runs, in order, the unit checks (``units``: the vocab-parallel
 cross-entropy and the three context-parallel attentions, forward and backward, against NumPy float64)
 and a few AdamW steps of a tiny GPT-2 under each configuration named by ``--configs``:
-``tp`` (tp = N), ``cp-ring`` / ``cp-allgather`` / ``cp-ulysses`` (cp = N), ``dp-tp`` and ``dp-cp-<attn>``
-(dp = 2 × the rest). Ranks start from different random weights, so matching results also prove the
+``tp`` (tp = N), ``tp-async`` (tp = N, async TP in ``ASYNC_CHUNKS`` row blocks), ``cp-ring`` /
+``cp-allgather`` / ``cp-ulysses`` (cp = N), ``dp-tp``, ``dp-tp-async`` and ``dp-cp-<attn>`` (dp = 2 × the
+rest). The unit checks also run async TP's fused Linears against float64, with one block, with uneven
+blocks and with more blocks than rows. Ranks start from different random weights, so matching results also prove the
 initial broadcasts. Every rank writes ``OUT.<rank>.json`` (unit results, per-step global losses);
 rank 0 writes ``OUT.<config>.npz`` with the final parameters, gathered to their single-process shapes.
 
@@ -27,6 +29,7 @@ from blutrain.optim import create
 
 CONFIG = {"n_layer": 2, "n_head": 4, "n_embd": 32, "block_size": 16}
 STEPS, BATCH = 3, 4
+ASYNC_CHUNKS = 3  # uneven blocks of the 64 (tp) or 32 (dp × tp) rows of a step
 
 
 def tiny_gpt(seed: int) -> GPT2:
@@ -58,7 +61,7 @@ def train(config: str | None, group: Any = None) -> tuple[list[float], dict[str,
         dims = {"dp": 2, kind: world // 2} if with_dp else {kind: world}
         mesh = dist.DeviceMesh(group, dims)
         if kind == "tp":
-            tp_model = TP(mesh).wrap_model(model)
+            tp_model = TP(mesh, async_chunks=ASYNC_CHUNKS if attn == "async" else 0).wrap_model(model)
             wrapped, full = tp_model, tp_model.full_parameters
         else:
             wrapped = CP(mesh, attn=attn).wrap_model(model)
@@ -150,11 +153,50 @@ def check_context_parallel_attention(group: Any, kind: str, tol: float) -> dict[
     return {"ok": len(errs) == 4 and all(e["ok"] for e in errs), "err": max(e["err"] for e in errs)}
 
 
+def check_async_linear(group: Any, kind: str, chunks: int, tol: float) -> dict[str, Any]:
+    """Async TP's fused ``kind`` ("row" / "column") Linear in ``chunks`` row blocks, forward and the
+    gradients of sum(out · w), against float64 on the full tensors (2 × 5 = 10 rows)."""
+    from blutrain_parallel_tp import column_parallel_linear, row_parallel_linear
+
+    W, r = group.size, group.rank
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 5, 3 * W if kind == "row" else 4))
+    weight = rng.standard_normal((6, 3 * W) if kind == "row" else (3 * W, 4))
+    bias = rng.standard_normal(3 * W)
+    own = slice(r * 3, (r + 1) * 3)
+    if kind == "row":
+        out = x @ weight.T
+        w = rng.standard_normal(out.shape)
+        want = {"out": out, "x": (w @ weight)[..., own], "weight": (w.reshape(-1, 6).T @ x.reshape(-1, 3 * W))[:, own]}
+        xs = bt.tensor(x[..., own], dtype="float64", requires_grad=True)
+        ws = bt.tensor(weight[:, own], dtype="float64", requires_grad=True)
+        got = row_parallel_linear(xs, ws, group, chunks)
+        (got * bt.tensor(w, dtype="float64")).sum().backward()
+        grads = {"x": xs.grad, "weight": ws.grad}
+    else:
+        out = x @ weight.T + bias
+        w = rng.standard_normal(out.shape)
+        want = {"out": out[..., own], "x": w @ weight,
+                "weight": (w.reshape(-1, 3 * W).T @ x.reshape(-1, 4))[own], "bias": w.reshape(-1, 3 * W).sum(0)[own]}
+        xs = bt.tensor(x, dtype="float64", requires_grad=True)
+        ws = bt.tensor(weight[own], dtype="float64", requires_grad=True)
+        bs = bt.tensor(bias[own], dtype="float64", requires_grad=True)
+        got = column_parallel_linear(xs, ws, bs, group, chunks)
+        (got * bt.tensor(w[..., own], dtype="float64")).sum().backward()
+        grads = {"x": xs.grad, "weight": ws.grad, "bias": bs.grad}
+    errs = [_close(got.detach().numpy(), want["out"], tol)]
+    errs += [_close(g.numpy(), want[k], tol) for k, g in grads.items() if g is not None]
+    return {"ok": len(errs) == len(want) and all(e["ok"] for e in errs), "err": max(e["err"] for e in errs)}
+
+
 def units(group: Any) -> dict[str, Any]:
     out = {"vocab_parallel_cross_entropy_float64": check_vocab_parallel_cross_entropy(group, "float64", 1e-12),
            "vocab_parallel_cross_entropy_float32": check_vocab_parallel_cross_entropy(group, "float32", 1e-6)}
     for kind in ("ring", "allgather", "ulysses"):
         out[f"attention_{kind}_float64"] = check_context_parallel_attention(group, kind, 1e-12)
+    for kind in ("row", "column"):
+        for chunks in (1, 3, 16):  # one block; blocks of 4, 3 and 3 rows; more blocks than the 10 rows
+            out[f"async_{kind}_linear_{chunks}_chunks_float64"] = check_async_linear(group, kind, chunks, 1e-12)
     return out
 
 

@@ -9,6 +9,7 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain import nn
+from blutrain import optim as bt_optim
 from blutrain.dist import DistArgumentError, parallel_modes
 from blutrain.models import GPT2, GPT2Config
 from blutrain_comm_mpi import create_group
@@ -95,3 +96,56 @@ def test_vocab_parallel_cross_entropy_names_a_bad_target(group) -> None:  # type
 def test_wrapping_something_else_than_gpt2_is_an_error(group) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(DistArgumentError, match="model must be a GPT2, got Linear"):
         TP(group).wrap_model(nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize(("shape", "shard", "size"), [((12, 2), Shard(0, parts=3), 2), ((3, 8), Shard(1), 4),
+                                                     ((2, 6, 4), Shard(1, parts=3), 2), ((8,), Shard(0), 4)])
+def test_a_shards_range_names_the_elements_of_its_block_in_its_order(shape: tuple[int, ...], shard: Shard,
+                                                                     size: int) -> None:
+    from blutrain.dist.sharded import range_blocks
+    from blutrain_parallel_tp import full_shape, shard_range
+
+    full = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    for rank in range(size):
+        block = slice_shard(bt.tensor(full), shard, rank, size)
+        assert full_shape(tuple(block.shape), shard, size) == shape
+        spans = range_blocks(shard_range(shape, shard, rank, size))
+        picked = np.concatenate([full.reshape(-1)[a:b] for a, b in spans])
+        np.testing.assert_array_equal(picked, block.numpy().reshape(-1))
+
+
+def test_async_chunks_must_be_a_positive_int(group) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DistArgumentError, match=r"TP: async_chunks must be an int >= 1 .* got -2"):
+        TP(group, async_chunks=-2)
+
+
+def trained_one_step(group, seed: int) -> tuple[TensorParallelGPT2, bt_optim.Optimizer]:  # type: ignore[no-untyped-def]
+    tokens = np.random.default_rng(seed).integers(0, 256, (2, 9))
+    bt.manual_seed(seed)
+    tp = TP(group).wrap_model(GPT2(GPT2Config.preset("tiny", n_layer=2, n_head=4, n_embd=32, block_size=8)))
+    optimizer = bt_optim.create("adamw", list(tp.module.parameters()), lr=1e-2)
+    _, loss = tp(bt.tensor(tokens[:, :-1]), bt.tensor(tokens[:, 1:]))
+    assert loss is not None
+    loss.backward()
+    optimizer.step()
+    return tp, optimizer
+
+
+def test_a_checkpoint_shard_merges_into_the_full_state_and_loads_back(group) -> None:  # type: ignore[no-untyped-def]
+    from blutrain.dist import merge_shards
+
+    tp, optimizer = trained_one_step(group, seed=2)
+    model_state, optimizer_state = merge_shards([tp.checkpoint_shard(optimizer)])
+    full = tp.full_state_dict()
+    assert sorted(model_state) == sorted(full)
+    for name, t in full.items():
+        np.testing.assert_array_equal(model_state[name].numpy(), t.numpy(), err_msg=name)
+    other, other_optimizer = trained_one_step(group, seed=3)  # other weights and moments, overwritten
+    other.load_full_state_dict(model_state)
+    other.load_full_optimizer_state_dict(other_optimizer, optimizer_state)
+    for (name, p), q in zip(other.module.named_parameters(), tp.module.parameters(), strict=True):
+        np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy(), err_msg=name)
+    want = optimizer.state_dict()["state"]
+    for i, entry in other_optimizer.state_dict()["state"].items():
+        assert entry["step"] == want[i]["step"] == 1
+        np.testing.assert_array_equal(entry["exp_avg"].numpy(), want[i]["exp_avg"].numpy())

@@ -1,5 +1,5 @@
 """``--parallel``: one mode over every rank (``ddp``, ``zero=2``) or the sizes of a device mesh
-(``dp=2,tp=2``, ``dp=2,cp=2,attn=ulysses``), parsed and checked before any rank starts work."""
+(``dp=2,tp=2``, ``dp=2,cp=2,attn=ulysses``, ``tp=2,async=4``), parsed and checked before any rank starts work."""
 
 from __future__ import annotations
 
@@ -77,8 +77,25 @@ def test_cp_needs_two_chunks_of_every_sequence_per_rank() -> None:
     plan("cp=4", seq_len=24)
 
 
-def test_tp_checkpoints_cannot_be_staged_asynchronously() -> None:
-    assert "async_checkpoint cannot stage" in refusal("dp=2,tp=2", async_checkpoint=True)
+@pytest.mark.parametrize(("text", "modes"), [
+    ("tp=2,async=4", (("tp", (), {"async_chunks": 4}),)),
+    ("dp=2,tp=2,async=1", (("tp", (), {"async_chunks": 1}), ("ddp", (), {}))),
+])
+def test_async_passes_its_row_blocks_to_tp(text: str, modes: object) -> None:
+    assert plan(text).modes == modes
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("tp=2,async=0", "async must be a number of row blocks >= 1 (e.g. async=4), got '0'"),
+    ("tp=2,async=two", "async must be a number of row blocks >= 1 (e.g. async=4), got 'two'"),
+    ("dp=2,cp=2,async=2", "async=2 overlaps tensor parallelism's all-reduces with its GEMMs and needs tp=N"),
+])
+def test_a_malformed_async_is_refused_naming_it(text: str, message: str) -> None:
+    assert message in refusal(text)
+
+
+def test_tp_checkpoints_may_be_written_asynchronously() -> None:
+    plan("dp=2,tp=2", async_checkpoint=True)
 
 
 def test_a_mesh_of_other_than_the_ranks_of_the_run_is_refused_before_any_group_is_made(tmp_path: object) -> None:

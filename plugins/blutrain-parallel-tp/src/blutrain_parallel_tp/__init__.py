@@ -1,6 +1,6 @@
 """The "tp" parallelism mode: Megatron tensor parallelism (column/row-parallel Linear, vocab-parallel
-embedding and cross-entropy, attention heads split), registered through
-``blutrain_register_parallel_modes``."""
+embedding and cross-entropy, attention heads split, async TP overlapping the all-reduces with the GEMMs),
+registered through ``blutrain_register_parallel_modes``."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from blutrain_parallel_tp.layers import (
     RowParallelLinear,
     Shard,
     VocabParallelEmbedding,
+    full_shape,
     gather_shard,
+    shard_range,
     slice_shard,
 )
+from blutrain_parallel_tp.overlap import column_parallel_linear, row_parallel_linear
 from blutrain_parallel_tp.tp import TP, TensorParallelGPT2
 
 if TYPE_CHECKING:
@@ -29,5 +32,6 @@ def blutrain_register_parallel_modes(registry: ParallelModeRegistry) -> None:
 
 
 __all__ = ["TP", "ColumnParallelLinear", "RowParallelLinear", "Shard", "TensorParallelGPT2", "VocabParallelEmbedding",
-           "blutrain_register_parallel_modes", "copy_to_tp_region", "gather_shard", "reduce_from_tp_region",
-           "slice_shard", "vocab_parallel_cross_entropy"]
+           "blutrain_register_parallel_modes", "column_parallel_linear", "copy_to_tp_region", "full_shape",
+           "gather_shard", "reduce_from_tp_region", "row_parallel_linear", "shard_range", "slice_shard",
+           "vocab_parallel_cross_entropy"]

@@ -10,6 +10,10 @@ so the full tensor can be sliced from a single-process checkpoint (``from_linear
   forward ``reduce_from_tp_region(linear(x_r, W_r)) + b`` (the bias is added once, after the sum).
 - ``VocabParallelEmbedding``: rows of the table (the vocabulary) split; ids outside this rank's
   range look up nothing (zeros) and the partial lookups are summed over the group.
+
+With ``async_chunks=k`` (k >= 1) the two Linears run as the fused ops of
+:mod:`blutrain_parallel_tp.overlap` instead: the same results, their all-reduce cut into k row blocks
+that overlap the GEMMs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from blutrain.dist import DistArgumentError, ProcessGroup
 from blutrain.nn import Embedding, Linear, Module, Parameter, init
 from blutrain.tensor import Tensor, cat, embedding, empty, linear, logical_or
 from blutrain_parallel_tp.comm import copy_to_tp_region, reduce_from_tp_region
+from blutrain_parallel_tp.overlap import check_chunks, column_parallel_linear, row_parallel_linear
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,30 @@ def slice_shard(full: Tensor, shard: Shard, rank: int, size: int) -> Tensor:
     return out.detach().contiguous().clone()
 
 
+def full_shape(local: tuple[int, ...], shard: Shard, size: int) -> tuple[int, ...]:
+    """The full tensor's shape from one rank's block of it."""
+    return (*local[:shard.dim], local[shard.dim] * size, *local[shard.dim + 1:])
+
+
+def shard_range(full: tuple[int, ...], shard: Shard, rank: int, size: int) -> tuple[int, ...]:
+    """The elements of the flattened full tensor that this rank's block holds, as a
+    :class:`blutrain.dist.StateShard` range: ``(start, stop)`` of the first contiguous run, then
+    ``(step, count)`` for the runs repeated over the dims before ``shard.dim`` and over the parts; in
+    the order of the block flattened, so ``slice_shard(...).reshape(-1)`` is the range's piece."""
+    outer = math.prod(full[:shard.dim])
+    n = full[shard.dim]
+    inner = math.prod(full[shard.dim + 1:])
+    part_len = n // shard.parts
+    block = part_len // size
+    start = rank * block * inner
+    out: tuple[int, ...] = (start, start + block * inner)
+    if outer > 1:
+        out += (n * inner, outer)
+    if shard.parts > 1:
+        out += (part_len * inner, shard.parts)
+    return out
+
+
 def gather_shard(local: Tensor, shard: Shard, group: ProcessGroup) -> Tensor:
     """The full tensor from every rank's block (collective over ``group``)."""
     if group.size == 1:
@@ -74,12 +103,14 @@ class ColumnParallelLinear(Module):
     bias: Parameter | None
 
     def __init__(self, in_features: int, out_features: int, group: ProcessGroup, bias: bool = True,
-                 parts: int = 1) -> None:
+                 parts: int = 1, async_chunks: int = 0) -> None:
         super().__init__()
         self.group = group
         self.in_features = in_features
         self.out_features = out_features
         self.shard = Shard(0, parts)
+        # 0: copy_to_tp_region then linear; k >= 1: the fused op, the input gradient reduced in k blocks
+        self.async_chunks = check_chunks("ColumnParallelLinear", async_chunks) if async_chunks else 0
         local = _divisible("ColumnParallelLinear", f"out_features / parts ({out_features} / {parts})",
                            out_features // parts, group.size) * parts
         bound = 1.0 / math.sqrt(in_features)  # Linear's initialisation; from_linear replaces it
@@ -90,15 +121,18 @@ class ColumnParallelLinear(Module):
             self.register_parameter("bias", None)
 
     @classmethod
-    def from_linear(cls, full: Linear, group: ProcessGroup, parts: int = 1) -> ColumnParallelLinear:
+    def from_linear(cls, full: Linear, group: ProcessGroup, parts: int = 1,
+                    async_chunks: int = 0) -> ColumnParallelLinear:
         """This rank's rows of ``full`` (``parts`` > 1: of each of its ``parts`` row blocks)."""
-        m = cls(full.in_features, full.out_features, group, full.bias is not None, parts)
+        m = cls(full.in_features, full.out_features, group, full.bias is not None, parts, async_chunks)
         m.weight = Parameter(slice_shard(full.weight, m.shard, group.rank, group.size))
         if full.bias is not None:
             m.bias = Parameter(slice_shard(full.bias, m.shard, group.rank, group.size))
         return m
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.async_chunks and self.group.size > 1:
+            return column_parallel_linear(x, self.weight, self.bias, self.group, self.async_chunks)
         return linear(copy_to_tp_region(x, self.group), self.weight, self.bias)
 
     def shards(self) -> dict[str, Shard]:
@@ -106,7 +140,8 @@ class ColumnParallelLinear(Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features} (this rank: "
-                f"{self.weight.shape[0]}), bias={self.bias is not None}, tp={self.group.size}")
+                f"{self.weight.shape[0]}), bias={self.bias is not None}, tp={self.group.size}"
+                + (f", async_chunks={self.async_chunks}" if self.async_chunks else ""))
 
 
 class RowParallelLinear(Module):
@@ -115,12 +150,15 @@ class RowParallelLinear(Module):
     weight: Parameter
     bias: Parameter | None
 
-    def __init__(self, in_features: int, out_features: int, group: ProcessGroup, bias: bool = True) -> None:
+    def __init__(self, in_features: int, out_features: int, group: ProcessGroup, bias: bool = True,
+                 async_chunks: int = 0) -> None:
         super().__init__()
         self.group = group
         self.in_features = in_features
         self.out_features = out_features
         self.shard = Shard(1)
+        # 0: linear then reduce_from_tp_region; k >= 1: the fused op, the output reduced in k blocks
+        self.async_chunks = check_chunks("RowParallelLinear", async_chunks) if async_chunks else 0
         local = _divisible("RowParallelLinear", "in_features", in_features, group.size)
         bound = 1.0 / math.sqrt(in_features)
         self.weight = Parameter(init.uniform_(empty(out_features, local), -bound, bound))
@@ -130,16 +168,19 @@ class RowParallelLinear(Module):
             self.register_parameter("bias", None)
 
     @classmethod
-    def from_linear(cls, full: Linear, group: ProcessGroup) -> RowParallelLinear:
+    def from_linear(cls, full: Linear, group: ProcessGroup, async_chunks: int = 0) -> RowParallelLinear:
         """This rank's columns of ``full``; the bias whole (it is added once, after the sum)."""
-        m = cls(full.in_features, full.out_features, group, full.bias is not None)
+        m = cls(full.in_features, full.out_features, group, full.bias is not None, async_chunks)
         m.weight = Parameter(slice_shard(full.weight, m.shard, group.rank, group.size))
         if full.bias is not None:
             m.bias = Parameter(full.bias.detach().clone())
         return m
 
     def forward(self, x: Tensor) -> Tensor:
-        y = reduce_from_tp_region(linear(x, self.weight), self.group)
+        if self.async_chunks and self.group.size > 1:
+            y = row_parallel_linear(x, self.weight, self.group, self.async_chunks)
+        else:
+            y = reduce_from_tp_region(linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
 
     def shards(self) -> dict[str, Shard]:
@@ -147,7 +188,8 @@ class RowParallelLinear(Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} (this rank: {self.weight.shape[1]}), "
-                f"out_features={self.out_features}, bias={self.bias is not None}, tp={self.group.size}")
+                f"out_features={self.out_features}, bias={self.bias is not None}, tp={self.group.size}"
+                + (f", async_chunks={self.async_chunks}" if self.async_chunks else ""))
 
 
 class VocabParallelEmbedding(Module):
@@ -188,5 +230,5 @@ class VocabParallelEmbedding(Module):
                 f"{self.vocab_start + self.per_rank}, tp={self.group.size}")
 
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "Shard", "VocabParallelEmbedding", "gather_shard",
-           "slice_shard"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "Shard", "VocabParallelEmbedding", "full_shape",
+           "gather_shard", "shard_range", "slice_shard"]

@@ -13,7 +13,12 @@ they need no reduction.
 The model is cut from full weights: rank 0 of the group broadcasts its parameters first (so every
 rank starts from the same model) and each rank slices its part, hence a single-process checkpoint
 loads by loading it into ``GPT2`` before wrapping; :meth:`TensorParallelGPT2.full_parameters`
-gathers them back.
+gathers them back. A wrapped model loads whole state too (:meth:`~TensorParallelGPT2.load_full_state_dict`,
+each rank slicing its blocks), and :meth:`~TensorParallelGPT2.checkpoint_shard` describes each rank's
+blocks as ranges of the full tensors, so every rank writes its own part of a checkpoint.
+
+``async_chunks=k`` (k >= 1) runs the parallel Linears and the LM head as the fused ops of
+:mod:`blutrain_parallel_tp.overlap`: each all-reduce cut into k row blocks overlapping the GEMMs.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import math
 from typing import Any
 
 from blutrain.autograd import no_grad
-from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, get_process_group
+from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, StateShard, get_process_group
 from blutrain.models import GPT2
 from blutrain.nn import CausalSelfAttention, Embedding, Linear, Module
 from blutrain.tensor import Tensor, clamp, norm, stack, zeros
@@ -34,8 +39,12 @@ from blutrain_parallel_tp.layers import (
     RowParallelLinear,
     Shard,
     VocabParallelEmbedding,
+    full_shape,
     gather_shard,
+    shard_range,
+    slice_shard,
 )
+from blutrain_parallel_tp.overlap import check_chunks, column_parallel_linear
 
 
 def _expect(where: str, what: str, value: object, kind: type) -> Any:
@@ -49,13 +58,16 @@ class TensorParallelGPT2(Module):
 
     ``forward(idx, targets=None)`` returns ``(logits, loss)`` as GPT2's, where ``logits`` is this
     rank's vocabulary shard (B, T, vocab_size / tp) and ``loss`` the full mean cross-entropy, the
-    same on every rank. Parameter names are the model's, under ``module.``.
+    same on every rank. Parameter names are the model's, under ``module.``. ``async_chunks`` > 0: the
+    parallel Linears and the LM head overlap their all-reduce with their GEMMs in that many row blocks.
     """
 
-    def __init__(self, model: GPT2, group: ProcessGroup, broadcast_parameters: bool = True) -> None:
+    def __init__(self, model: GPT2, group: ProcessGroup, broadcast_parameters: bool = True,
+                 async_chunks: int = 0) -> None:
         super().__init__()
         where = "TensorParallelGPT2"
         _expect(where, "model", model, GPT2)
+        self.async_chunks = check_chunks(where, async_chunks) if async_chunks else 0
         size = group.size
         c = model.config
         if c.n_head % size:
@@ -79,19 +91,19 @@ class TensorParallelGPT2(Module):
         return m
 
     def _rewrite(self, model: GPT2) -> None:
-        g = self.group
+        g, k = self.group, self.async_chunks
         for i, block in enumerate(model.transformer.h):
             attn = _expect(f"TensorParallelGPT2: transformer.h.{i}", "attn", block.attn, CausalSelfAttention)
             attn.c_attn = self._parallel(ColumnParallelLinear.from_linear(
-                _expect("TensorParallelGPT2", "attn.c_attn", attn.c_attn, Linear), g, parts=3))
+                _expect("TensorParallelGPT2", "attn.c_attn", attn.c_attn, Linear), g, parts=3, async_chunks=k))
             attn.c_proj = self._parallel(RowParallelLinear.from_linear(
-                _expect("TensorParallelGPT2", "attn.c_proj", attn.c_proj, Linear), g))
+                _expect("TensorParallelGPT2", "attn.c_proj", attn.c_proj, Linear), g, async_chunks=k))
             attn.n_head = attn.n_head // g.size  # the heads this rank computes; self_attention splits by it
             mlp = block.mlp
             mlp.c_fc = self._parallel(ColumnParallelLinear.from_linear(
-                _expect("TensorParallelGPT2", "mlp.c_fc", mlp.c_fc, Linear), g))
+                _expect("TensorParallelGPT2", "mlp.c_fc", mlp.c_fc, Linear), g, async_chunks=k))
             mlp.c_proj = self._parallel(RowParallelLinear.from_linear(
-                _expect("TensorParallelGPT2", "mlp.c_proj", mlp.c_proj, Linear), g))
+                _expect("TensorParallelGPT2", "mlp.c_proj", mlp.c_proj, Linear), g, async_chunks=k))
         wte = self._parallel(VocabParallelEmbedding.from_embedding(
             _expect("TensorParallelGPT2", "transformer.wte", model.transformer.wte, Embedding), g))
         model.transformer.wte = wte
@@ -109,7 +121,9 @@ class TensorParallelGPT2(Module):
         model: GPT2 = self.module
         model._check_idx(idx)
         x = model.transformer(idx)
-        logits: Tensor = model.lm_head(copy_to_tp_region(x, self.group))
+        head = model.lm_head
+        logits: Tensor = (column_parallel_linear(x, head.weight, head.bias, self.group, self.async_chunks)
+                          if self.async_chunks and self.group.size > 1 else head(copy_to_tp_region(x, self.group)))
         if targets is None:
             return logits, None
         if not isinstance(targets, Tensor) or targets.shape != idx.shape:
@@ -149,6 +163,66 @@ class TensorParallelGPT2(Module):
                        for k, v in entry.items()}
         return {**state, "state": full}
 
+    def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Load the single-process GPT2's ``state_dict()`` (a plain checkpoint's, or merged shards):
+        each rank keeps its block of every sharded tensor. No collective."""
+        tensors = dict(self.module.named_parameters(remove_duplicate=False))
+        local = {}
+        for name, t in state.items():
+            shard = self._shards.get(id(tensors[name])) if name in tensors else None
+            local[name] = slice_shard(t, shard, self.group.rank, self.group.size) if shard is not None else t
+        self.module.load_state_dict(local)
+
+    def load_full_optimizer_state_dict(self, optimizer: Any, state: dict[str, Any]) -> None:
+        """``optimizer.load_state_dict`` of the single-process optimizer's state (what
+        :meth:`full_optimizer_state_dict` gives, or merged shards): every state tensor shaped like a
+        sharded parameter's full tensor is cut to this rank's block. No collective."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        mine: dict[Any, dict[str, Any]] = {}
+        for i, entry in state["state"].items():
+            p = params[int(i)]
+            shard = self._shards.get(id(p))
+            whole = full_shape(tuple(p.shape), shard, self.group.size) if shard is not None else None
+            mine[i] = {k: slice_shard(v, shard, self.group.rank, self.group.size)
+                       if shard is not None and isinstance(v, Tensor) and tuple(v.shape) == whole else v
+                       for k, v in entry.items()}
+        optimizer.load_state_dict({**state, "state": mine})
+
+    def checkpoint_shard(self, optimizer: Any) -> StateShard:
+        """This rank's part of a sharded checkpoint, with no collective: its block of every sharded
+        tensor as a range of the full tensor (:func:`~blutrain_parallel_tp.shard_range`), the
+        replicated tensors whole on rank 0 of the group only (each element is saved once), the
+        optimizer's state of the same elements, and its parameter groups by name. Shards of every tp
+        rank merge into the single-process state (:func:`blutrain.dist.merge_shards`)."""
+        rank, size = self.group.rank, self.group.size
+        by_name = dict(self.module.named_parameters())
+        names = {id(p): n for n, p in by_name.items()}
+        shard = StateShard(shapes={})
+        for name, t in self.module.state_dict().items():
+            cut = self._shards.get(id(by_name[name])) if name in by_name else None
+            shape = tuple(t.shape)
+            if cut is not None:
+                shard.shapes[name] = full_shape(shape, cut, size)
+                shard.ranges[name] = shard_range(shard.shapes[name], cut, rank, size)
+            else:
+                shard.shapes[name] = shape
+                if rank != 0 or not t.numel():
+                    continue
+                shard.ranges[name] = (0, t.numel())
+            shard.params[name] = t.detach().reshape(-1)
+        state = optimizer.state_dict()
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        for i, entry in state["state"].items():
+            p = params[int(i)]
+            name = names[id(p)]
+            if name in shard.ranges:
+                shard.optimizer[name] = {k: v.detach().reshape(-1) if isinstance(v, Tensor) and v.shape == p.shape
+                                         else v for k, v in entry.items()}
+        shard.param_groups = [{**{k: v for k, v in g.items() if k != "params"},
+                               "params": [names[id(params[int(i)])] for i in g["params"]]}
+                              for g in state["param_groups"]]
+        return shard
+
     def grad_norm(self) -> Tensor:
         """The L2 norm of the whole model's gradient, the same on every rank (collective over the
         group): the squares of each rank's shards are summed over the group, and a replicated
@@ -183,24 +257,28 @@ class TensorParallelGPT2(Module):
         return total
 
     def extra_repr(self) -> str:
-        return f"tp={self.group.size}, rank {self.group.rank}"
+        return (f"tp={self.group.size}, rank {self.group.rank}"
+                + (f", async_chunks={self.async_chunks}" if self.async_chunks else ""))
 
 
 class TP:
     """The "tp" parallelism mode: ``TP(mesh).wrap_model(gpt2)`` over the mesh's "tp" dimension (or a
-    process group itself); the optimizer is unchanged (it updates each rank's shards)."""
+    process group itself); the optimizer is unchanged (it updates each rank's shards). ``async_chunks``
+    k >= 1: async TP, each layer's all-reduce in k row blocks overlapping its GEMMs (0: synchronous)."""
 
     dim = "tp"
 
-    def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, broadcast_parameters: bool = True) -> None:
+    def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, broadcast_parameters: bool = True,
+                 async_chunks: int = 0) -> None:
         if isinstance(mesh, DeviceMesh):
             self.group = mesh.get_group(self.dim)
         else:
             self.group = get_process_group() if mesh is None else mesh
         self.broadcast_parameters = broadcast_parameters
+        self.async_chunks = check_chunks("TP", async_chunks) if async_chunks else 0
 
     def wrap_model(self, model: Any) -> TensorParallelGPT2:
-        return TensorParallelGPT2(model, self.group, self.broadcast_parameters)
+        return TensorParallelGPT2(model, self.group, self.broadcast_parameters, self.async_chunks)
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         return optimizer

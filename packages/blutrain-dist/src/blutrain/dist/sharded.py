@@ -1,10 +1,15 @@
 """Sharded state: what one rank holds of a model and its optimizer, and the merge back to full state.
 
 A :class:`StateShard` holds, for each tensor of a model's state (dotted names as in ``state_dict``),
-one contiguous range ``[start, stop)`` of its flattened elements, and the same range of each of the
-optimizer's per-parameter state tensors. Ranges say nothing about how the ranks were laid out, so
-shards saved by one layout (ZeRO on 2 ranks) merge into full state that any other layout (4 ranks, a
-single process) slices again: :func:`merge_shards`.
+one range of its flattened elements, and the same range of each of the optimizer's per-parameter state
+tensors. A range is ``(start, stop)``: the elements ``[start, stop)`` (ZeRO's flat buckets), optionally
+followed by ``(step, count)`` pairs, outermost first, each repeating the block ``count`` times ``step``
+elements apart: tensor parallelism's column block of a (768, 3072) weight on rank 1 of 4 is
+``(768, 1536, 3072, 768)``, 768 rows of 768 elements, one row of the full weight apart. The piece holds
+the blocks' elements in that order (the outermost repeat slowest), which is the rank's own tensor
+flattened. Ranges say nothing about how the ranks were laid out, so shards saved by one layout (ZeRO
+on 2 ranks, tp = 2) merge into full state that any other layout (4 ranks, a single process) slices
+again: :func:`merge_shards`.
 
 In a shard's optimizer state a tensor that is 1-D with the range's length is a piece of a tensor of
 the parameter's shape (Adam's moments); every other value (a step count) is the same on every rank
@@ -26,19 +31,35 @@ from blutrain.dist.errors import DistArgumentError
 
 FORMAT = "blutrain-sharded-1"
 
+Range = tuple[int, ...]  # (start, stop) then (step, count) pairs, outermost first; see the module doc
+
+
+def range_length(r: Range) -> int:
+    """How many elements the range ``r`` holds (the length of its 1-D piece)."""
+    return (r[1] - r[0]) * math.prod(r[3::2])
+
+
+def range_blocks(r: Range) -> list[tuple[int, int]]:
+    """The contiguous blocks ``[start, stop)`` of ``r``, in the order its piece holds them."""
+    starts = [r[0]]
+    for step, count in zip(r[2::2], r[3::2], strict=True):
+        starts = [s + j * step for s in starts for j in range(count)]
+    return [(s, s + r[1] - r[0]) for s in starts]
+
 
 @dataclass
 class StateShard:
     """One rank's part of a model's and its optimizer's state.
 
     ``shapes``: every tensor of the whole model state (all ranks), name → full shape. ``ranges`` and
-    ``params``: the flattened range this shard holds of a tensor, and those elements (1-D). ``optimizer``:
+    ``params``: the range this shard holds of a flattened tensor (:data:`Range`), and those elements
+    (1-D, :func:`range_length` of them). ``optimizer``:
     name → that parameter's optimizer state restricted to the same range. ``param_groups``: the
     optimizer's groups, hyperparameters and ``"params"`` as names, in the optimizer's order.
     """
 
     shapes: dict[str, tuple[int, ...]]
-    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ranges: dict[str, Range] = field(default_factory=dict)
     params: dict[str, Tensor] = field(default_factory=dict)
     optimizer: dict[str, dict[str, Any]] = field(default_factory=dict)
     param_groups: list[dict[str, Any]] = field(default_factory=list)
@@ -57,7 +78,7 @@ class StateShard:
             raise DistArgumentError(f"{where}: expected a sharded-state layout of format {FORMAT!r}, got {got!r}")
         try:
             shapes = {str(n): tuple(int(d) for d in s) for n, s in layout["shapes"].items()}
-            ranges = {str(n): (int(r[0]), int(r[1])) for n, r in layout["ranges"].items()}
+            ranges = {str(n): tuple(int(v) for v in r) for n, r in layout["ranges"].items()}
             groups = list(layout["param_groups"])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise DistArgumentError(f"{where}: malformed sharded-state layout ({type(exc).__name__}: {exc})") from None
@@ -66,18 +87,23 @@ class StateShard:
         return shard
 
     def check(self, where: str = "shard") -> None:
-        for name, (start, stop) in self.ranges.items():
+        for name, r in self.ranges.items():
             if name not in self.shapes:
                 raise DistArgumentError(f"{where}: range of {name!r}, which has no shape")
             n = math.prod(self.shapes[name])
-            if not 0 <= start < stop <= n:
-                raise DistArgumentError(f"{where}: range [{start}, {stop}) of {name!r} is not inside its "
-                                        f"{n} elements")
+            if len(r) < 2 or len(r) % 2 or any(v < 1 for v in r[2:]):
+                raise DistArgumentError(f"{where}: range {list(r)} of {name!r} must be [start, stop] followed by "
+                                        "[step, count] pairs of positive ints")
+            start, stop = r[0], r[1]
+            last = start + sum(step * (count - 1) for step, count in zip(r[2::2], r[3::2], strict=True))
+            if not 0 <= start < stop <= n or last + stop - start > n:
+                raise DistArgumentError(f"{where}: range {list(r)} of {name!r} is not inside its {n} elements")
             piece = self.params.get(name)
-            if piece is None or tuple(piece.shape) != (stop - start,):
+            length = range_length(r)
+            if piece is None or tuple(piece.shape) != (length,):
                 got = list(piece.shape) if piece is not None else "nothing"
-                raise DistArgumentError(f"{where}: {name!r} must hold a 1-D piece of {stop - start} elements for "
-                                        f"its range [{start}, {stop}), got {got}")
+                raise DistArgumentError(f"{where}: {name!r} must hold a 1-D piece of {length} elements for "
+                                        f"its range {list(r)}, got {got}")
         if set(self.params) != set(self.ranges):
             raise DistArgumentError(f"{where}: pieces without ranges: {sorted(set(self.params) ^ set(self.ranges))}")
 
@@ -86,11 +112,16 @@ def _numpy(t: Tensor) -> np.ndarray[Any, Any]:
     return np.asarray(t.detach().to(device="cpu").numpy())
 
 
-def _join(name: str, key: str, shape: tuple[int, ...], pieces: list[tuple[int, int, Tensor]]) -> Tensor:
+def _join(name: str, key: str, shape: tuple[int, ...], pieces: list[tuple[Range, Tensor]]) -> Tensor:
     n = math.prod(shape)
-    pieces = sorted(pieces, key=lambda x: x[0])
+    blocks: list[tuple[int, int, np.ndarray[Any, Any]]] = []
+    for r, piece in pieces:
+        spans = range_blocks(r)
+        rows = _numpy(piece).reshape(len(spans), r[1] - r[0])
+        blocks.extend((start, stop, row) for (start, stop), row in zip(spans, rows, strict=True))
+    blocks.sort(key=lambda x: x[0])
     at = 0
-    for start, stop, _ in pieces:
+    for start, stop, _ in blocks:
         if start != at:
             what = "overlap" if start < at else "a gap"
             raise DistArgumentError(f"merge_shards: the shards of {name!r}{key} have {what} at element {at} "
@@ -99,7 +130,7 @@ def _join(name: str, key: str, shape: tuple[int, ...], pieces: list[tuple[int, i
     if at != n:
         raise DistArgumentError(f"merge_shards: the shards hold elements [0, {at}) of {name!r}{key}, which has {n}; "
                                 "a shard file is missing")
-    flat = np.concatenate([_numpy(p) for _, _, p in pieces]) if pieces else np.zeros(0, dtype=np.float32)
+    flat = np.concatenate([b for _, _, b in blocks]) if blocks else np.zeros(0, dtype=np.float32)
     return from_numpy(np.ascontiguousarray(flat.reshape(shape)))
 
 
@@ -119,7 +150,7 @@ def merge_shards(shards: Sequence[StateShard]) -> tuple[dict[str, Tensor], dict[
                                     "models)")
     model = {}
     for name, shape in shapes.items():
-        held = [(s.ranges[name][0], s.ranges[name][1], s.params[name]) for s in shards if name in s.ranges]
+        held = [(s.ranges[name], s.params[name]) for s in shards if name in s.ranges]
         model[name] = _join(name, "", shape, held)
     groups = shards[0].param_groups
     order = [name for g in groups for name in g["params"]]
@@ -132,9 +163,8 @@ def merge_shards(shards: Sequence[StateShard]) -> tuple[dict[str, Tensor], dict[
             continue
         entry: dict[str, Any] = {}
         for key, value in holders[0].optimizer[name].items():
-            start, stop = holders[0].ranges[name]
-            if isinstance(value, Tensor) and tuple(value.shape) == (stop - start,):
-                pieces = [(s.ranges[name][0], s.ranges[name][1], s.optimizer[name][key]) for s in holders]
+            if isinstance(value, Tensor) and tuple(value.shape) == (range_length(holders[0].ranges[name]),):
+                pieces = [(s.ranges[name], s.optimizer[name][key]) for s in holders]
                 entry[key] = _join(name, f" (optimizer state {key!r})", shapes[name], pieces)
             else:
                 entry[key] = value
@@ -144,4 +174,4 @@ def merge_shards(shards: Sequence[StateShard]) -> tuple[dict[str, Tensor], dict[
     return model, {"state": state, "param_groups": numbered}
 
 
-__all__ = ["FORMAT", "StateShard", "merge_shards"]
+__all__ = ["FORMAT", "Range", "StateShard", "merge_shards", "range_blocks", "range_length"]

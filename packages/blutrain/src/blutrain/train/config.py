@@ -28,14 +28,14 @@ class ParallelPlan:
 
     Two forms. ``MODE[=VALUE]`` (``ddp``, ``ddp=25``, ``zero=2``, any registered mode): the mode over
     every rank, VALUE its first option; ``mesh`` is empty. Mesh sizes (``dp=2,tp=2``, ``dp=2,cp=2,attn=ring``,
-    ``tp=4``, ``cp=2``, ``dp=4``): a :class:`blutrain.dist.DeviceMesh` of those dimensions, whose sizes
-    multiply to the number of ranks; tp or cp rewrites the model first, then ddp averages gradients over
-    the dp dimension. ``modes``: (name, positional options, keyword options), innermost first.
+    ``tp=4``, ``tp=2,async=4``, ``cp=2``, ``dp=4``): a :class:`blutrain.dist.DeviceMesh` of those dimensions,
+    whose sizes multiply to the number of ranks; tp or cp rewrites the model first, then ddp averages
+    gradients over the dp dimension. ``modes``: (name, positional options, keyword options), innermost first.
     """
 
     text: str
     mesh: dict[str, int]
-    modes: tuple[tuple[str, tuple[int | float | str, ...], dict[str, str]], ...]
+    modes: tuple[tuple[str, tuple[int | float | str, ...], dict[str, int | str]], ...]
 
     def size(self, dim: str) -> int:
         """The mesh's size along ``dim`` (1 where the mesh has no such dimension)."""
@@ -121,9 +121,6 @@ class TrainConfig:
         if cp and self.seq_len % (2 * cp):
             raise ConfigError(f"seq_len must be a multiple of 2 × cp = {2 * cp} under parallel {self.parallel!r} "
                               f"(two chunks of every sequence per context-parallel rank), got {self.seq_len}")
-        if plan is not None and "tp" in plan.mesh and self.async_checkpoint:
-            raise ConfigError(f"async_checkpoint cannot stage the checkpoints of parallel {self.parallel!r}: every "
-                              "rank takes part in gathering the tensor-parallel shards; drop async_checkpoint")
         if self.parallel and self.compile:
             raise ConfigError(f"parallel {self.parallel!r} cannot be combined with compile: the compiled step is one "
                               "graph of this process's kernels and holds no collectives; run distributed eagerly")
@@ -158,6 +155,7 @@ class TrainConfig:
             return ParallelPlan(text, {}, ((name, () if given is None else (_option(given),), {}),))
         sizes: dict[str, int] = {}
         attn: str | None = None
+        chunks: int | None = None
         for key, raw in parts:
             if key in MESH_MODES:
                 if raw is None or not raw.isdigit() or int(raw) < 1:
@@ -166,19 +164,28 @@ class TrainConfig:
                 sizes[key] = int(raw)
             elif key == "attn" and raw is not None:
                 attn = raw
+            elif key == "async" and raw is not None:
+                if not raw.isdigit() or int(raw) < 1:
+                    raise ConfigError(f"parallel {text!r}: async must be a number of row blocks >= 1 (e.g. "
+                                      f"async=4), got {raw!r}")
+                chunks = int(raw)
             else:
                 part = key if raw is None else f"{key}={raw}"
                 raise ConfigError(f"parallel {text!r}: unknown part {part!r}; a "
-                                  "mesh takes dp=N, tp=N, cp=N and, with cp, attn=ring|allgather|ulysses (other "
-                                  "modes, such as zero, run alone over every rank)")
+                                  "mesh takes dp=N, tp=N, cp=N, with cp attn=ring|allgather|ulysses and with tp "
+                                  "async=K (other modes, such as zero, run alone over every rank)")
         if "tp" in sizes and "cp" in sizes:
             raise ConfigError(f"parallel {text!r}: tp and cp do not compose yet; give dp × tp or dp × cp")
         if attn is not None and "cp" not in sizes:
             raise ConfigError(f"parallel {text!r}: attn={attn} chooses context parallelism's attention and needs "
                               "cp=N")
+        if chunks is not None and "tp" not in sizes:
+            raise ConfigError(f"parallel {text!r}: async={chunks} overlaps tensor parallelism's all-reduces with its "
+                              "GEMMs and needs tp=N")
         mesh = {dim: sizes[dim] for dim in MESH_MODES if dim in sizes}
-        modes = tuple((MESH_MODES[dim], (), {"attn": attn} if dim == "cp" and attn is not None else {})
-                      for dim in reversed(mesh))
+        options: dict[str, dict[str, int | str]] = {"cp": {"attn": attn} if attn is not None else {},
+                                                    "tp": {"async_chunks": chunks} if chunks is not None else {}}
+        modes = tuple((MESH_MODES[dim], (), options.get(dim, {})) for dim in reversed(mesh))
         return ParallelPlan(text, mesh, modes)
 
     @property

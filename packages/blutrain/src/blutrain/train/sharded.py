@@ -5,9 +5,10 @@ Rank 0's file is the checkpoint's name (``step_000010.safetensors``); rank ``r``
 ``step_000010.rank{r}-of-{n}.safetensors`` beside it. Each file's optimizer state is
 ``{"sharded": index, "state": <this rank's optimizer pieces>}`` and its model tensors are this rank's
 pieces; the index holds the shard's layout (ranges of the flattened tensors, their shapes, the
-parameter groups by name) and the names of every rank's file. :func:`load_any_checkpoint` reads a
-plain or a sharded checkpoint and returns whole state, which any layout loads: another world size,
-DDP, or a single process.
+parameter groups by name) and the names of every rank's file. Under tensor parallelism the files are
+those of one tp group (``r`` and ``n`` its tp rank and size): the data-parallel replicas write none.
+:func:`load_any_checkpoint` reads a plain or a sharded checkpoint and returns whole state, which any
+layout loads: another world size, DDP, tp, or a single process.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from blutrain.dist import DistArgumentError, StateShard, merge_shards
-from blutrain.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from blutrain.train.checkpoint import (
+    CheckpointError,
+    StagedCheckpoint,
+    load_checkpoint,
+    save_checkpoint,
+    stage_checkpoint,
+)
 
 _SHARD_FILE = re.compile(r"(.+)\.rank(\d+)-of-(\d+)\.safetensors")
 
@@ -28,15 +35,31 @@ def shard_file(path: str | Path, rank: int, world_size: int) -> Path:
     return p if rank == 0 else p.with_name(f"{p.stem}.rank{rank}-of-{world_size}{p.suffix}")
 
 
+def _index(path: str | Path, shard: StateShard, rank: int, world_size: int) -> dict[str, Any]:
+    return {**shard.layout(), "rank": rank, "world_size": world_size,
+            "files": [shard_file(path, r, world_size).name for r in range(world_size)]}
+
+
 def save_sharded_checkpoint(path: str | Path, shard: StateShard, *, rank: int, world_size: int,
                             trainer_state: dict[str, Any], loader_state: dict[str, Any], rng_state: dict[str, Any],
                             config: dict[str, Any]) -> Path:
     """Write this rank's file of the sharded checkpoint ``path``; every rank of the group calls it."""
-    index = {**shard.layout(), "rank": rank, "world_size": world_size,
-             "files": [shard_file(path, r, world_size).name for r in range(world_size)]}
     return save_checkpoint(shard_file(path, rank, world_size), model_state=dict(shard.params),
-                           optimizer_state={"sharded": index, "state": shard.optimizer}, trainer_state=trainer_state,
-                           loader_state=loader_state, rng_state=rng_state, config=config)
+                           optimizer_state={"sharded": _index(path, shard, rank, world_size), "state": shard.optimizer},
+                           trainer_state=trainer_state, loader_state=loader_state, rng_state=rng_state, config=config)
+
+
+def stage_sharded_checkpoint(path: str | Path, shard: StateShard, *, rank: int, world_size: int,
+                             trainer_state: dict[str, Any], loader_state: dict[str, Any], rng_state: dict[str, Any],
+                             config: dict[str, Any]) -> tuple[StagedCheckpoint, Path]:
+    """This rank's file of the sharded checkpoint ``path`` staged in host memory, and the file's name:
+    what :class:`blutrain.train.CheckpointWriter` writes on its thread (an asynchronous save)."""
+    staged = stage_checkpoint(model_state=dict(shard.params),
+                              optimizer_state={"sharded": _index(path, shard, rank, world_size),
+                                               "state": shard.optimizer},
+                              trainer_state=trainer_state, loader_state=loader_state, rng_state=rng_state,
+                              config=config)
+    return staged, shard_file(path, rank, world_size)
 
 
 def is_sharded(state: dict[str, Any]) -> bool:
@@ -99,4 +122,5 @@ def remove_orphan_shards(directory: str | Path) -> list[Path]:
     return gone
 
 
-__all__ = ["is_sharded", "load_any_checkpoint", "remove_orphan_shards", "save_sharded_checkpoint", "shard_file"]
+__all__ = ["is_sharded", "load_any_checkpoint", "remove_orphan_shards", "save_sharded_checkpoint", "shard_file",
+           "stage_sharded_checkpoint"]

@@ -2,8 +2,8 @@
 
 One step = ``grad_accum_steps`` micro-batches of forward + backward, one clip, one optimizer step.
 With ``--parallel`` each rank of ``blutrain run`` trains its slice of every batch through the mode
-(ddp, zero, ...); losses are averaged over ranks and only rank 0 logs and writes (a sharded optimizer
-has every rank write its shard of each checkpoint).
+(ddp, zero, ...); losses are averaged over ranks and only rank 0 logs and writes (under zero every rank,
+and under tp every rank of one tp group, writes its shard of each checkpoint).
 Everything that decides the numbers (model weights, optimizer state, loader position, RNG states,
 step) is in the checkpoint, so a resumed CPU run reproduces an uninterrupted one bit for bit.
 """
@@ -43,6 +43,7 @@ from blutrain.train.sharded import (
     load_any_checkpoint,
     remove_orphan_shards,
     save_sharded_checkpoint,
+    stage_sharded_checkpoint,
 )
 
 
@@ -164,22 +165,15 @@ class Trainer:
         self.optimizer: Any = create(cfg.optimizer, groups, lr=cfg.lr, **extra)
         for mode in modes:
             self.optimizer = self._configured(mode.wrap_optimizer, self.optimizer)
-        # a sharded optimizer (zero) writes sharded checkpoints
-        self.sharded = hasattr(self.optimizer, "state_shard")
         # what knows the global gradient norm where the gradients are sharded (zero's optimizer, tp's
         # model): the first wrapper with clip_grad_norm_; None → every rank holds whole gradients
         self.norm_source: Any = next((o for o in (self.optimizer, *self._wrappers())
                                       if hasattr(o, "clip_grad_norm_")), None)
-        # what gathers the whole model and optimizer state from shards that are not saved as shards (tp)
+        # tp's model: gathers the whole model and optimizer state (sampling), loads whole state into its
+        # shards (resume) and describes each rank's blocks for a sharded checkpoint
         self.gatherer: Any = next((m for m in self._wrappers() if hasattr(m, "full_state_dict")), None)
-        if self.gatherer is not None and cfg.resume:
-            raise ConfigError(f"resume cannot load into parallel {cfg.parallel!r} yet: its tensor-parallel shards are "
-                              "cut from the whole model when it is wrapped; resume in another layout (ddp, zero, "
-                              "dp × cp or one process)")
-        if self.sharded and cfg.async_checkpoint:
-            raise ConfigError(f"async_checkpoint cannot write the sharded checkpoints of parallel {cfg.parallel!r}: "
-                              "every rank writes its shard and the save completes when all have; drop "
-                              "async_checkpoint")
+        # sharded checkpoints: every rank holding a part writes it (zero's optimizer, tp's model)
+        self.sharded = hasattr(self.optimizer, "state_shard") or self.gatherer is not None
         self.step = 0
         self.skipped_steps: list[int] = []
         self.history: list[dict[str, Any]] = []
@@ -194,7 +188,7 @@ class Trainer:
             from blutrain.compiler import compile as compile_step
 
             self.compiled_step = compile_step(self._step_body)
-        self.writer = CheckpointWriter() if cfg.async_checkpoint and self.rank == 0 else None
+        self.writer = CheckpointWriter() if cfg.async_checkpoint and self._writes_a_file() else None
         if resume is not None:
             self._resume(cfg.resume or "", resume)
 
@@ -312,28 +306,45 @@ class Trainer:
             return self.gatherer.full_state_dict(), self.gatherer.full_optimizer_state_dict(self.optimizer)
         return self.net.state_dict(), self.optimizer.state_dict()
 
+    def _run_state(self, loader_state: dict[str, Any] | None = None,
+                   rng_state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Everything a checkpoint holds besides the model and optimizer state."""
+        return {"trainer_state": {"step": self.step, "val_history": self.val_history,
+                                  "skipped_steps": self.skipped_steps},
+                "loader_state": loader_state if loader_state is not None else self.loader.state_dict(),
+                "rng_state": rng_state if rng_state is not None else self._rng_state(),
+                "config": {"train": self.cfg.to_dict(), "model": self.model_config.to_dict()}}
+
     def _stage(self, loader_state: dict[str, Any] | None = None, rng_state: dict[str, Any] | None = None,
                whole: tuple[dict[str, Any], dict[str, Any]] | None = None) -> StagedCheckpoint:
         model_state, optimizer_state = whole if whole is not None else self._whole_state()
-        return stage_checkpoint(
-            model_state=model_state, optimizer_state=optimizer_state,
-            trainer_state={"step": self.step, "val_history": self.val_history,
-                           "skipped_steps": self.skipped_steps},
-            loader_state=loader_state if loader_state is not None else self.loader.state_dict(),
-            rng_state=rng_state if rng_state is not None else self._rng_state(),
-            config={"train": self.cfg.to_dict(), "model": self.model_config.to_dict()})
+        return stage_checkpoint(model_state=model_state, optimizer_state=optimizer_state,
+                                **self._run_state(loader_state, rng_state))
+
+    def _writes_a_file(self) -> bool:
+        """Whether this rank writes a file of each checkpoint: rank 0 the whole state; with sharded
+        checkpoints every zero rank, and under tp the tp group of data-parallel rank 0 (the other dp
+        ranks hold the same blocks)."""
+        if not self.sharded:
+            return self.rank == 0
+        return self.gatherer is None or self.dp_rank == 0
+
+    def _shard(self) -> tuple[Any, int, int]:
+        """This rank's part of a sharded checkpoint, and its file's rank and number of files."""
+        if self.gatherer is not None:
+            group = self.gatherer.group
+            return self.gatherer.checkpoint_shard(self.optimizer), group.rank, group.size
+        return self.optimizer.state_shard(), self.rank, self.world
 
     def _write(self, path: Path, loader_state: dict[str, Any] | None = None,
                rng_state: dict[str, Any] | None = None) -> Path:
-        """Write a checkpoint now: every rank its shard (a sharded optimizer), else rank 0 the whole
+        """Write a checkpoint now: every rank holding a part its shard (zero, tp), else rank 0 the whole
         state; returns once every rank's part is written."""
         if self.sharded:
-            save_sharded_checkpoint(
-                path, self.optimizer.state_shard(), rank=self.rank, world_size=self.world,
-                trainer_state={"step": self.step, "val_history": self.val_history, "skipped_steps": self.skipped_steps},
-                loader_state=loader_state if loader_state is not None else self.loader.state_dict(),
-                rng_state=rng_state if rng_state is not None else self._rng_state(),
-                config={"train": self.cfg.to_dict(), "model": self.model_config.to_dict()})
+            if self._writes_a_file():
+                shard, rank, files = self._shard()
+                save_sharded_checkpoint(path, shard, rank=rank, world_size=files,
+                                        **self._run_state(loader_state, rng_state))
         else:
             whole = self._whole_state()
             if self.rank == 0:
@@ -344,17 +355,39 @@ class Trainer:
 
     def save(self, path: Path) -> Path:
         """Write a checkpoint of the current state now (waiting for an asynchronous save in flight)."""
-        if self.writer is not None:
+        if self.sharded and self.cfg.async_checkpoint:
+            self._settle()
+        elif self.writer is not None:
             self.writer.wait()
         return self._write(path)
+
+    def _settle(self) -> None:
+        """Complete the asynchronous sharded save in flight: each rank waits for its own file, then all
+        meet, and only then, with every rank's file of the newest checkpoint durable, rank 0 deletes
+        the old ones beyond ``--keep``. Every rank calls it."""
+        if self.writer is not None:
+            self.writer.wait()
+        if self.group is not None:
+            self.group.barrier()
+        if self.rank == 0:
+            self._rotate(self.out)
 
     def _save_step_checkpoint(self) -> Path:
         """The periodic checkpoint: staged now, written here or on the writer thread, then the old ones
         beyond ``--keep`` are deleted (only after the new one is durable)."""
         path = self.out / f"step_{self.step:06d}.safetensors"
-        if self.cfg.async_checkpoint:
+        if self.cfg.async_checkpoint and self.sharded:
+            # each rank stages its part and writes it on its thread; the previous save is settled first
+            # (every rank's file written), one checkpoint interval after it started
+            self._settle()
+            if self.writer is not None:
+                shard, rank, files = self._shard()
+                staged, file = stage_sharded_checkpoint(path, shard, rank=rank, world_size=files,
+                                                        **self._run_state())
+                self.writer.submit(staged, file)
+        elif self.cfg.async_checkpoint:
             # rank 0 alone stages and writes (replicas: its state is the run's); the other ranks go on
-            # without a barrier, which rank 0 would not join (async is refused where every rank takes part)
+            # without a barrier, which rank 0 would not join
             if self.writer is not None:
                 self.writer.check()
                 staged = self._stage()  # the only part of an asynchronous save the loop waits for
@@ -370,8 +403,12 @@ class Trainer:
         remove_orphan_shards(self.out)
 
     def _resume(self, path: str, state: dict[str, Any]) -> None:
-        self._state_model().load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.gatherer is not None:  # tp: each rank cuts its blocks from the whole state
+            self.gatherer.load_full_state_dict(state["model"])
+            self.gatherer.load_full_optimizer_state_dict(self.optimizer, state["optimizer"])
+        else:
+            self._state_model().load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(self._loader_state_for_this_layout(state["loader"]))
         self.step = int(state["trainer"]["step"])
         self.val_history = [tuple(v) for v in state["trainer"].get("val_history", [])]
