@@ -18,6 +18,10 @@
 # BENCH_GPT2=1 (or --gpt2-bench) adds tools/bench/gpt2.py, GPT-2 training beside PyTorch (docs/benchmarks.md),
 # last; BENCH_GPT2=only (or --gpt2-bench-only) runs it alone after the workspace setup, within the call's
 # 600 s (BENCH_GPT2_BUDGET); BENCH_GPT2_ARGS="--parity 200 --profile" is passed on. It writes $OUT/bench_gpt2/.
+# BENCH_DIST=1 adds tools/bench/dist.py, the multi-GPU benchmark (DDP scaling beside PyTorch DDP, ZeRO-3 capacity,
+# context parallelism at T=32768; 2 GPUs, --gpus N), last; BENCH_DIST=only runs it alone after the workspace setup
+# (BENCH_DIST_BUDGET, default 590 s of the call); BENCH_DIST_ARGS="--quick" is passed on. It writes $OUT/bench_dist/.
+# On a multi-GPU machine TESTS="plugins/blutrain-comm-nccl" runs the NCCL plugin's cuda tests on 1 and 2 ranks.
 # Prints a short summary last. Logs and results go to $OUT (the device tool's output folder) or
 # tools/results/: gpu_check.log, alloc_tests.xml, cuda_tests.xml, conformance.xml, bench_kernels.json,
 # bench_summary.txt, alloc_build.log. Every stage has its own time limit (120 + 180 + 120 + 180 s at
@@ -28,6 +32,7 @@ ROOT=$PWD
 
 QUICK=0 RUN_BENCH=1 CONFORMANCE=1 SANITIZE=0
 BENCH_GPT2=${BENCH_GPT2:-0}
+BENCH_DIST=${BENCH_DIST:-0}
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
@@ -145,6 +150,27 @@ if [[ $BENCH_GPT2 == only ]]; then
     exit
 fi
 
+# The multi-GPU benchmark (tools/bench/dist.py): every configuration is a launch of its own with a time limit,
+# and its --time-limit, from what is left of the call, keeps the whole run inside it (JSON rewritten as it goes).
+RC_DIST_BENCH=skipped
+dist_bench() {
+    local left=$(( ${BENCH_DIST_BUDGET:-590} - (SECONDS - T0) ))
+    if (( left < 120 )); then
+        echo "   distributed benchmark skipped: ${left} s left of the call"
+        return
+    fi
+    stamp "distributed benchmark (tools/bench/dist.py; ${left} s left)"
+    timeout -k 10 "$left" "$PY" tools/bench/dist.py --out "$OUT/bench_dist" --time-limit $((left - 20)) \
+        ${BENCH_DIST_ARGS:-}
+    RC_DIST_BENCH=$?
+}
+if [[ $BENCH_DIST == only ]]; then
+    dist_bench
+    echo "exit code: dist bench $RC_DIST_BENCH; $((SECONDS - T0)) s"
+    [[ $RC_DIST_BENCH == 0 ]]
+    exit
+fi
+
 RC_ALLOC_TESTS=skipped
 if [[ -n $ALLOC ]]; then
     # In a process of their own: a fault in the native core must not take the kernel tests' results with it
@@ -214,6 +240,7 @@ if [[ ${BENCH_ALLOC:-0} == 1 && -n $ALLOC ]]; then
 fi
 
 [[ $BENCH_GPT2 == 1 ]] && gpt2_bench
+[[ $BENCH_DIST == 1 ]] && dist_bench
 
 stamp "summary"
 "$PY" - "$OUT" <<'PYEOF'
@@ -237,7 +264,7 @@ for name in ("alloc_tests", "cuda_tests", "conformance"):
     if len(failed) > 40:
         print(f"   ... and {len(failed) - 40} more (see the log)")
 PYEOF
-echo "exit codes: alloc tests $RC_ALLOC_TESTS, cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC, gpt2 bench $RC_GPT2_BENCH; $((SECONDS - T0)) s"
+echo "exit codes: alloc tests $RC_ALLOC_TESTS, cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC, gpt2 bench $RC_GPT2_BENCH, dist bench $RC_DIST_BENCH; $((SECONDS - T0)) s"
 if [[ -f "$OUT/bench_summary.txt" ]]; then
     echo
     cat "$OUT/bench_summary.txt"
