@@ -1,9 +1,15 @@
-"""GEMM on the "cuda" device through cuBLAS (CuPy's matmul calls cublasGemmEx).
+"""GEMM on the "cuda" device through cuBLAS.
+
+Matrix × matrix products (what linear layers and their gradients are) call cublasGemmEx through this
+module's own binding of the libcublas CuPy loaded: CuPy refuses every cuBLAS call while a stream is
+being captured into a CUDA graph (CuPy 14.2: "calling cuBLAS API during stream capture is currently
+unsupported"), and the compiled training step is one captured graph. cuBLAS itself captures GEMMs
+given a workspace of its own, which is set once per handle. Vector and batched products, and
+float64, go through CuPy's matmul.
 
 float32 is strict by default (CUBLAS_COMPUTE_32F): TF32 rounds operands to 10 mantissa bits and
 is used only when asked, through :func:`set_tf32` or CuPy's own ``CUPY_TF32=1``. bfloat16 and
-float16 operands accumulate in float32 (CUBLAS_COMPUTE_32F on tensor cores); a CuPy that cannot
-multiply bfloat16 gets float32 products rounded once instead.
+float16 operands accumulate in float32 (CUBLAS_COMPUTE_32F on tensor cores).
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ from blutrain.kernels import cuda as fused
 
 Array = Any
 _tf32 = False
-_bf16_native: bool | None = None  # learnt on the first bfloat16 product
 
 
 def tf32_requested_by_env() -> bool:
@@ -39,41 +44,148 @@ def tf32_enabled() -> bool:
     return _tf32
 
 
-def _matmul_bf16(a: Array, b: Array) -> Array:
-    global _bf16_native
+# ---------------------------------------------------------------------------------------------- cublasGemmEx
+
+_CUDA_DTYPE = {"float32": 0, "float16": 2, "bfloat16": 14}  # cudaDataType: CUDA_R_32F, _16F, _16BF
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77  # cublasComputeType_t
+_OP_N, _OP_T = 0, 1
+_ALGO_DEFAULT = -1
+# alpha and beta: cuBLAS reads them on the host during the call (the handle's default pointer mode)
+_ONE = np.ones((), np.float32)
+_ZERO = np.zeros((), np.float32)
+
+
+class CublasError(RuntimeError):
+    """A cuBLAS call returned an error status."""
+
+
+_LIB: dict[str, Any] = {}
+_WORKSPACES: dict[int, Any] = {}  # per cuBLAS handle: the workspace it was given (kept alive here)
+WORKSPACE_BYTES = 32 * 2**20  # what PyTorch gives cuBLAS on Hopper
+
+
+def _cublas() -> Any:
+    """The libcublas CuPy loaded, bound with ctypes (found among this process's mapped libraries)."""
+    lib = _LIB.get("cublas")
+    if lib is None:
+        import ctypes
+
+        import cupy as cp
+
+        cp.cuda.device.get_cublas_handle()  # CuPy loads and initialises cuBLAS
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
+        if not paths:
+            raise CublasError("libcublas is not among this process's libraries (CuPy loaded no cuBLAS)")
+        lib = ctypes.CDLL(sorted(paths)[0])
+        ptr, i32 = ctypes.c_void_p, ctypes.c_int
+        lib.cublasSetStream_v2.argtypes = [ptr, ptr]
+        lib.cublasSetWorkspace_v2.argtypes = [ptr, ptr, ctypes.c_size_t]
+        lib.cublasGemmEx.argtypes = [ptr, i32, i32, i32, i32, i32, ptr, ptr, i32, i32, ptr, i32, i32, ptr, ptr, i32,
+                                     i32, i32, i32]
+        for fn in (lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx):
+            fn.restype = i32
+        _LIB["cublas"] = lib
+    return lib
+
+
+def _check(status: int, call: str) -> None:
+    if status:
+        raise CublasError(f"{call} returned cuBLAS status {status}")
+
+
+def _handle(lib: Any) -> int:
+    """CuPy's cuBLAS handle of the current device, bound to the current stream, with a workspace."""
     import cupy as cp
 
-    if a.ndim > 2 and b.ndim == 2:
-        out = _matmul_bf16(_rows(a), b)  # a weight applied to batched rows: one matrix product
-        return out.reshape((*a.shape[:-1], b.shape[1]))
-    if a.ndim != 2 or b.ndim != 2:
-        # CuPy sends every bfloat16 product but matrix × matrix (vectors, batches) down an integer
-        # tensordot path that does not know the dtype (seen with CuPy 14.2): compute those in float32,
-        # rounded once
-        return cp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
-    if _bf16_native is None:
-        try:
-            out = cp.matmul(a, b)
-        except Exception:  # once per process: which exception a CuPy without bf16 GEMM raises varies
-            _bf16_native = False
-        else:
-            _bf16_native = True
-            return out
-    if _bf16_native:
-        return cp.matmul(a, b)
+    handle = int(cp.cuda.device.get_cublas_handle())
+    if handle not in _WORKSPACES:
+        space = cp.empty((WORKSPACE_BYTES,), np.uint8)
+        _check(lib.cublasSetWorkspace_v2(handle, space.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
+        _WORKSPACES[handle] = space
+    _check(lib.cublasSetStream_v2(handle, cp.cuda.get_current_stream().ptr), "cublasSetStream")
+    return handle
+
+
+def _row_major(a: Array, trans: bool) -> tuple[Array, bool]:
+    """``a`` as a C-contiguous matrix and whether to transpose it: a transposed view (F-contiguous) is
+    its C-contiguous base, transposed; anything else strided is copied."""
+    if a.flags.c_contiguous:
+        return a, trans
+    if a.flags.f_contiguous:
+        return a.T, not trans
+    import cupy as cp
+
+    return cp.ascontiguousarray(a), trans
+
+
+def gemm_into(a: Array, b: Array, out: Array, *, trans_a: bool = False, trans_b: bool = False,
+              accumulate: bool = False) -> None:
+    """``out = op(a) @ op(b)`` (``+=`` with ``accumulate``) in one cublasGemmEx that accumulates in float32
+    whatever the dtypes: bfloat16 operands can write a float32 result, and a sum of products over chunks
+    stays in float32 without a temporary. ``a`` and ``b`` may be transposed views; ``out`` is C-contiguous.
+
+    cuBLAS is column-major: a row-major (r, c) matrix is its (c, r) transpose there, so the row-major
+    ``out`` (m, n) is computed as the column-major ``outᵀ = op(b)ᵀ op(a)ᵀ``.
+    """
+    a, trans_a = _row_major(a, trans_a)
+    b, trans_b = _row_major(b, trans_b)
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if kb != k or out.shape != (m, n):
+        raise ValueError(f"gemm_into: op(a) {m}x{k} times op(b) {kb}x{n} does not fit out {tuple(out.shape)}")
+    for name, arr in (("a", a), ("b", b), ("out", out)):
+        if arr.ndim != 2 or not arr.flags.c_contiguous or arr.dtype.name not in _CUDA_DTYPE:
+            raise ValueError(f"gemm_into: {name} must be a contiguous float32/float16/bfloat16 matrix, got "
+                             f"{arr.dtype.name} {tuple(arr.shape)} with strides {arr.strides}")
+    if a.dtype != b.dtype:
+        raise ValueError(f"gemm_into: a and b must have one dtype, got {a.dtype.name} and {b.dtype.name}")
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        if not accumulate:
+            out.fill(0)
+        return
+    lib = _cublas()
+    strict = not (_tf32 and a.dtype.name == "float32")
+    _check(lib.cublasGemmEx(
+        _handle(lib), _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k, _ONE.ctypes.data,
+        b.data.ptr, _CUDA_DTYPE[b.dtype.name], b.shape[1], a.data.ptr, _CUDA_DTYPE[a.dtype.name], a.shape[1],
+        (_ONE if accumulate else _ZERO).ctypes.data, out.data.ptr, _CUDA_DTYPE[out.dtype.name], n,
+        _COMPUTE_32F if strict else _COMPUTE_32F_FAST_TF32, _ALGO_DEFAULT), "cublasGemmEx")
+
+
+# ---------------------------------------------------------------------------------------------- ops
+
+
+def _half_in_float32(a: Array, b: Array) -> Array:
+    """CuPy sends bfloat16 vector and batched products down an integer tensordot path that does not know
+    the dtype, and float16 vector products (dot) accumulate in float16 (~7 ulps off over 13 terms; both
+    seen on an H100 with CuPy 14.2): those are computed in float32 and rounded once."""
+    import cupy as cp
+
     return cp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
 
 
 def matmul(a: Array, b: Array) -> Array:
     import cupy as cp
 
-    if a.dtype.name == "bfloat16":
-        return _matmul_bf16(a, b)
-    if a.dtype.name == "float16" and (a.ndim < 2 or b.ndim < 2):
-        # CuPy's float16 vector products (dot) accumulate in float16: ~7 ulps off over 13 terms, seen on an
-        # H100 with CuPy 14.2. In float32, rounded once, as the matrix products are.
-        return cp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+    if a.ndim > 2 and b.ndim == 2 and a.dtype.name in _CUDA_DTYPE:
+        # a weight applied to batched rows: one matrix product over the folded rows
+        return matmul(_rows(a), b).reshape((*a.shape[:-1], b.shape[1]))
+    if a.ndim == 2 and b.ndim == 2 and _gemm_fits(a, b):
+        out = cp.empty((a.shape[0], b.shape[1]), a.dtype)
+        gemm_into(a, b, out)
+        return out
+    if a.dtype.name in ("bfloat16", "float16"):
+        return _half_in_float32(a, b)
     return cp.matmul(a, b)
+
+
+def _gemm_fits(a: Array, b: Array) -> bool:
+    """A product :func:`gemm_into` takes: same float32/bfloat16/float16 dtype, int32 sizes."""
+    return (a.dtype == b.dtype and a.dtype.name in _CUDA_DTYPE
+            and max(*a.shape, *b.shape) < 2**31 and a.size < 2**62)
 
 
 def _rows(a: Array) -> Array:
@@ -89,65 +201,44 @@ def linear(x: Array, w: Array, b: Array | None) -> Array:
     return out.reshape((*x.shape[:-1], w.shape[0]))
 
 
-def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool,
-                    need_b: bool) -> tuple[Array | None, Array | None, Array | None]:
-    """(dx, dW, db) of ``y = x Wᵀ + b``: dx = dy W, dW = dyᵀ x (two GEMMs), db = Σ dy (fused column sum)."""
+def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool, need_b: bool,
+                    wide_x: bool = False, wide_w: bool = False) -> tuple[Array | None, Array | None, Array | None]:
+    """(dx, dW, db) of ``y = x Wᵀ + b``: dx = dy W, dW = dyᵀ x (two GEMMs), db = Σ dy (fused column sum).
+
+    ``wide_x`` / ``wide_w``: dx / dW and db in float32 for half operands (autocast's float32 inputs),
+    written by the GEMMs from their float32 accumulators.
+    """
+    import cupy as cp
+
     g = _rows(grad)
-    gx = matmul(g, w).reshape(x.shape) if need_x else None
-    gw = matmul(g.T, _rows(x)) if need_w else None
-    gb = None
+    xr = _rows(x)
+    gx = gw = gb = None
+    if need_x:
+        if wide_x and _gemm_fits(g, w):
+            gx = cp.empty((g.shape[0], w.shape[1]), np.float32)
+            gemm_into(g, w, gx)
+        else:
+            gx = matmul(g, w)
+        gx = gx.reshape(x.shape)
+    if need_w:
+        if wide_w and _gemm_fits(g, xr):
+            gw = cp.empty(w.shape, np.float32)
+            gemm_into(g, xr, gw, trans_a=True)
+        else:
+            gw = matmul(g.T, xr)
     if need_b:
         gb = fused.sum_cols(g)
         if gb is None and g.dtype.name == "float16":
             gb = g.sum(axis=0, dtype=np.float32).astype(g.dtype)  # accumulate in float32, round once
         elif gb is None:
             gb = g.sum(axis=0, dtype=g.dtype)
+    half = x.dtype.name in ("bfloat16", "float16")
+    if half and wide_x and gx is not None and gx.dtype != np.float32:
+        gx = gx.astype(np.float32)
+    if half and wide_w:
+        gw = gw if gw is None or gw.dtype == np.float32 else gw.astype(np.float32)
+        gb = gb if gb is None or gb.dtype == np.float32 else gb.astype(np.float32)
     return gx, gw, gb
-
-
-# ---------------------------------------------------------------------------------------------- cublasGemmEx
-
-_CUDA_DTYPE = {"float32": 0, "float16": 2, "bfloat16": 14}  # cudaDataType: CUDA_R_32F, _16F, _16BF
-_COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77  # cublasComputeType_t
-_OP_N, _OP_T = 0, 1
-_ALGO_DEFAULT = -1
-# alpha and beta: cuBLAS reads them on the host during the call (the handle's default pointer mode)
-_ONE = np.ones((), np.float32)
-_ZERO = np.zeros((), np.float32)
-
-
-def gemm_into(a: Array, b: Array, out: Array, *, trans_a: bool = False, trans_b: bool = False,
-              accumulate: bool = False) -> None:
-    """``out = op(a) @ op(b)`` (``+= `` with ``accumulate``) for C-contiguous row-major matrices, in one
-    cublasGemmEx that accumulates in float32 whatever the dtypes: bfloat16 operands can write a float32
-    result, and a sum of products over chunks stays in float32 without a temporary.
-
-    cuBLAS is column-major: a row-major (r, c) matrix is its (c, r) transpose there, so the row-major
-    ``out`` (m, n) is computed as the column-major ``outᵀ = op(b)ᵀ op(a)ᵀ``.
-    """
-    import cupy as cp
-    from cupy_backends.cuda.libs import cublas
-
-    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
-    kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
-    if kb != k or out.shape != (m, n):
-        raise ValueError(f"gemm_into: op(a) {m}x{k} times op(b) {kb}x{n} does not fit out {tuple(out.shape)}")
-    for name, arr in (("a", a), ("b", b), ("out", out)):
-        if arr.ndim != 2 or not arr.flags.c_contiguous or arr.dtype.name not in _CUDA_DTYPE:
-            raise ValueError(f"gemm_into: {name} must be a C-contiguous float32/float16/bfloat16 matrix, got "
-                             f"{arr.dtype.name} {tuple(arr.shape)} with strides {arr.strides}")
-    if m == 0 or n == 0:
-        return
-    if k == 0:
-        if not accumulate:
-            out.fill(0)
-        return
-    strict = not (_tf32 and a.dtype.name == "float32" and b.dtype.name == "float32")
-    cublas.gemmEx(cp.cuda.device.get_cublas_handle(), _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N,
-                  n, m, k, _ONE.ctypes.data, b.data.ptr, _CUDA_DTYPE[b.dtype.name], b.shape[1],
-                  a.data.ptr, _CUDA_DTYPE[a.dtype.name], a.shape[1], (_ONE if accumulate else _ZERO).ctypes.data,
-                  out.data.ptr, _CUDA_DTYPE[out.dtype.name], n,
-                  _COMPUTE_32F if strict else _COMPUTE_32F_FAST_TF32, _ALGO_DEFAULT)
 
 
 def linear_cross_entropy(x: Array, w: Array, target: Array, ignore_index: int, label_smoothing: float, mean: bool,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from blutrain.autograd.rules import derivative, no_double_backward, save_inputs, sum_to
+from blutrain.autograd.rules import derivative, no_double_backward, save_inputs, save_nothing, sum_to
 from blutrain.tensor import dispatch
+from blutrain.tensor.dtype import float32
 from blutrain.tensor.ops.linalg import matmul
 from blutrain.tensor.tensor import Tensor
 
@@ -40,3 +41,24 @@ def _linear(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     gx, gw, gb = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
         g._data, x._data, w._data, node.needs[0], node.needs[1], node.needs[2])
     return tuple(None if d is None else Tensor._make(d, x.dtype, x.device) for d in (gx, gw, gb))
+
+
+@derivative("linear_autocast", save=save_nothing)
+def _linear_autocast(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    """linear under autocast: the backward GEMMs read the narrow operands the forward kept and write the
+    gradients of float32 operands in float32 (``wide``), without rounding them to the half dtype."""
+    no_double_backward("linear", create_graph)
+    g: Tensor = grads[0]
+    x, w = node.attrs["x"], node.attrs["weight"]
+    dtypes = node.attrs["dtypes"]
+    wide_x, wide_w = (d is float32 and d is not x.dtype for d in dtypes[:2])
+    gx, gw, gb = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
+        g._data, x._data, w._data, node.needs[0], node.needs[1], node.needs[2], wide_x, wide_w)
+    out: list[Tensor | None] = []
+    for data, dt, wide in zip((gx, gw, gb), dtypes, (wide_x, wide_w, wide_w), strict=True):
+        if data is None:
+            out.append(None)
+            continue
+        grad = Tensor._make(data, float32 if wide else x.dtype, x.device)
+        out.append(grad if grad.dtype is dt else grad.to(dtype=dt))
+    return tuple(out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from blutrain.tensor.backend import array_module
 
 Array = Any
@@ -28,11 +30,23 @@ def linear(x: Array, w: Array, b: Array | None) -> Array:
     return out.reshape((*x.shape[:-1], w.shape[0]))
 
 
-def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool,
-                    need_b: bool) -> tuple[Array | None, Array | None, Array | None]:
-    """(dx, dW, db) of ``y = x Wᵀ + b``: dx = dy W, dW = dyᵀ x, db = Σ dy."""
+def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool, need_b: bool,
+                    wide_x: bool = False, wide_w: bool = False) -> tuple[Array | None, Array | None, Array | None]:
+    """(dx, dW, db) of ``y = x Wᵀ + b``: dx = dy W, dW = dyᵀ x, db = Σ dy.
+
+    Half-precision operands are multiplied in float32; the results are rounded to their dtype, except
+    dx with ``wide_x`` and dW, db with ``wide_w``, which stay float32 (autocast's float32 operands).
+    """
+    half = x.dtype.name in ("float16", "bfloat16")
+    dtype = x.dtype
+    if half:
+        grad, x, w = grad.astype(np.float32), x.astype(np.float32), w.astype(np.float32)
     g = _rows(grad)
     gx = (g @ w).reshape(x.shape) if need_x else None
     gw = g.T @ _rows(x) if need_w else None
     gb = g.sum(axis=0, dtype=g.dtype) if need_b else None
+    if half:
+        gx = gx if gx is None or wide_x else gx.astype(dtype)
+        gw = gw if gw is None or wide_w else gw.astype(dtype)
+        gb = gb if gb is None or wide_w else gb.astype(dtype)
     return gx, gw, gb

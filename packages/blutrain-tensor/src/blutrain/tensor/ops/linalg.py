@@ -60,9 +60,19 @@ def bmm(a: Tensor, b: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` with weight of shape (out_features, in_features)."""
-    if _autocast.dtype is not None:
-        x, weight, bias = lower(x), lower(weight), lower(bias)
+    """``x @ weight.T + bias`` with weight of shape (out_features, in_features).
+
+    Under autocast the operands are rounded to the region's dtype inside the op and the product is
+    in that dtype, as with separate casts; but the gradients of float32 operands come out of the
+    backward GEMMs' float32 accumulators in float32, where a cast's backward would receive them
+    rounded to the half dtype (one rounding and one cast kernel less per gradient).
+    """
+    narrowed = _autocast.dtype is not None and any(
+        t is not None and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (x, weight, bias))
+    originals = (x, weight, bias)
+    if narrowed:
+        x, weight = _narrow(x), _narrow(weight)
+        bias = None if bias is None else _narrow(bias)
     _check_pair("linear", x, weight, ("input", "weight"))
     if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         raise ShapeError(f"linear: input of shape {list(x.shape)} does not fit weight of shape "
@@ -75,7 +85,21 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     out_data = _kernel("linear", x.device.type, x.dtype)(x._data, weight._data,
                                                           None if bias is None else bias._data)
     out = Tensor._make(out_data, x.dtype, x.device)
-    needs_grad = x._rg or weight._rg or (bias is not None and bias._rg)
-    if needs_grad and _grad_mode.enabled and dispatch.recorder is not None:
+    if not _grad_mode.enabled or dispatch.recorder is None:
+        return out
+    if narrowed:
+        if any(t is not None and t._rg for t in originals):
+            dispatch.recorder("linear_autocast", originals, out, {
+                "x": x, "weight": weight, "dtypes": tuple(None if t is None else t.dtype for t in originals)})
+    elif x._rg or weight._rg or (bias is not None and bias._rg):
         dispatch.recorder("linear", (x, weight, bias), out, {})
     return out
+
+
+def _narrow(t: Tensor) -> Tensor:
+    """``t`` in the autocast dtype, converted by the cast kernel but not recorded as a cast: the op that
+    calls this records itself against ``t`` and keeps the narrow copy for its backward."""
+    dt = _autocast.dtype
+    if dt is None or not isinstance(t, Tensor) or not t.dtype.is_floating or t.dtype is dt:
+        return t
+    return Tensor._make(_kernel("cast", t.device.type, t.dtype)(t._data, dt.np), dt, t.device)
