@@ -102,10 +102,11 @@ for pp in sorted([*Path("packages").glob("*/pyproject.toml"), *Path("plugins").g
 print(":".join(srcs))
 PYEOF
 )
-# blutrain-alloc's cuda tests need its native core: build it in place of its source tree (best effort;
-# skipped with --quick, and then its tests are left out).
+# blutrain-alloc's native core: build it in place of its source tree (best effort; skipped with --quick, and
+# then its tests are left out and BluTrain runs on CuPy's pool). Built with TESTS too when a benchmark
+# runs, so that the benchmarks measure the allocator BluTrain uses by default.
 ALLOC=""
-if [[ $QUICK == 0 && -z "${TESTS:-}" ]]; then
+if [[ $QUICK == 0 && ( -z "${TESTS:-}" || $BENCH_GPT2 != 0 || ${BENCH_ALLOC:-0} == 1 || ${BENCH_DIST:-0} != 0 ) ]]; then
     if timeout -k 5 120 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/blutrain-alloc \
             packages/blutrain-alloc >"$OUT/alloc_build.log" 2>&1; then
         ALLOC=/tmp/blutrain-alloc
@@ -172,7 +173,7 @@ if [[ $BENCH_DIST == only ]]; then
 fi
 
 RC_ALLOC_TESTS=skipped
-if [[ -n $ALLOC ]]; then
+if [[ -n $ALLOC && -z "${TESTS:-}" ]]; then
     # In a process of their own: a fault in the native core must not take the kernel tests' results with it
     # (faulthandler names the test that crashed).
     stamp "blutrain-alloc cuda tests (native core, own process)"
