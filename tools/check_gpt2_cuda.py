@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -72,15 +73,21 @@ def main() -> int:
                 worst, worst_name = err, name
         return abs(loss - loss_ref) / abs(loss_ref), worst, worst_name
 
+    def overall(grads: dict[str, np.ndarray]) -> float:
+        """‖Δ‖/‖g‖ over all gradients as one vector (context beside the per-parameter worst)."""
+        diff = math.sqrt(sum(float(np.sum((g - ref_grads[n]) ** 2)) for n, g in grads.items()))
+        return diff / math.sqrt(sum(float(np.sum(r ** 2)) for r in ref_grads.values()))
+
     result: dict[str, object] = {"preset": args.preset, "batch": args.batch_size, "seq_len": args.seq_len,
                                  "loss_cpu_fp64": loss_ref, "seconds_cpu": t_cpu}
     torch_bf16 = torch_autocast_step(cfg, ref, x, y)
     if torch_bf16 is not None:
         loss_err, worst, worst_name = compare(*torch_bf16)
         result["torch_bf16"] = {"loss": torch_bf16[0], "loss_rel_err": loss_err, "worst_grad_rel_err": worst,
-                                "worst_grad": worst_name}
+                                "worst_grad": worst_name, "all_grads_rel_err": overall(torch_bf16[1])}
         print(f"GPT-2 {args.preset} {args.batch_size}x{args.seq_len}: PyTorch bf16 autocast, same weights: loss rel "
-              f"{loss_err:.1e}; worst gradient rel. error {worst:.1e} ({worst_name}) (context, not checked)")
+              f"{loss_err:.1e}; worst gradient rel. error {worst:.1e} ({worst_name}), all gradients "
+              f"{overall(torch_bf16[1]):.1e} (context, not checked)")
     ok = True
     for mode, loss, grads, seconds, limit in (("fp32", loss_fp32, grads_fp32, t_fp32, 1e-4),
                                               ("bf16", loss_bf16, grads_bf16, t_bf16, 1e-2)):
@@ -88,10 +95,11 @@ def main() -> int:
         passed = loss_err < limit and worst < limit
         ok &= passed
         result[mode] = {"loss": loss, "loss_rel_err": loss_err, "worst_grad_rel_err": worst,
-                        "worst_grad": worst_name, "seconds": seconds, "limit": limit, "pass": passed}
+                        "worst_grad": worst_name, "all_grads_rel_err": overall(grads), "seconds": seconds,
+                        "limit": limit, "pass": passed}
         print(f"GPT-2 {args.preset} {args.batch_size}x{args.seq_len}: loss cuda {mode} {loss:.6f} vs cpu fp64 "
-              f"{loss_ref:.6f} (rel {loss_err:.1e}); worst gradient rel. error {worst:.1e} ({worst_name}) "
-              f"-> {'PASS' if passed else 'FAIL'} (limit {limit:.0e})")
+              f"{loss_ref:.6f} (rel {loss_err:.1e}); worst gradient rel. error {worst:.1e} ({worst_name}), all "
+              f"gradients {overall(grads):.1e} -> {'PASS' if passed else 'FAIL'} (limit {limit:.0e} on the worst)")
     result["pass"] = ok
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
