@@ -1024,6 +1024,45 @@ class Bench:
             free_device_caches(self.device)
         self.result["profile"] = report
 
+    def host_profile(self, batches: list[Any]) -> None:
+        """cProfile of BluTrain's host side over a few steps (after warm-up): where the Python time of a
+        step goes, for the precisions where the host, not the GPU, sets the pace."""
+        import cProfile
+        import io
+        import pstats
+
+        a = self.args
+        precision = a.profile_precision or a.precision[0]
+        self.stamp(f"host profile: {precision}, BluTrain, {a.host_profile} steps under cProfile")
+        set_precision(precision, self.device, self.have_torch)
+        runner = build_runner("blutrain", self.cfg, self.device, precision, self.hp)
+        staged = [runner.stage(x, y) for x, y in batches]
+        for i in range(3):
+            runner.step(staged[i % len(staged)])
+        _sync(self.device)
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for i in range(a.host_profile):
+            runner.step(staged[i % len(staged)])
+        prof.disable()
+        _sync(self.device)
+        per_step = 1e3 * (time.perf_counter() - t0) / a.host_profile
+        path = self.out / f"host_profile_blutrain_{precision}.prof"
+        prof.dump_stats(str(path))
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(30)
+        (self.out / f"host_profile_blutrain_{precision}.txt").write_text(text.getvalue())
+        print(f"   {per_step:.1f} ms per step under cProfile (its own overhead included); top functions by own time:")
+        body = text.getvalue().split("Ordered by: internal time")[-1].splitlines()
+        print("\n".join(line[:150] for line in body[:36]))
+        self.result["host_profile"] = {"precision": precision, "steps": a.host_profile, "ms_per_step": per_step,
+                                       "stats": path.name}
+        del runner, staged
+        free_device_caches(self.device)
+
     def profile_one(self, impl: str, precision: str, batches: list[Any],
                     nvtx: tuple[Callable[[str], None], Callable[[], None]]) -> dict[str, Any]:
         runner = build_runner(impl, self.cfg, self.device, precision, self.hp)
@@ -1227,6 +1266,16 @@ class Bench:
                     traceback.print_exc()
                 free_device_caches(self.device)
                 self.save()
+        if a.host_profile:
+            if self.out_of_time():
+                self.note(f"host profile: skipped, past --time-limit {a.time_limit} s")
+            else:
+                try:
+                    self.host_profile(staged)
+                except Exception as exc:
+                    self.note(f"host profile failed: {_error(exc)}")
+                    traceback.print_exc()
+                self.save()
         for impl, text in self.optimizers.items():
             self.note(f"optimizer {impl}: {text}")
         self.note(f"FLOPs per token {self.fpt / 1e6:,.1f} M = 6·N + 12·L·H·Q·T with N = "
@@ -1274,6 +1323,14 @@ def kernel_table(trace: Path) -> dict[str, Any]:
 
 
 # -- small helpers -----------------------------------------------------------------------------------------
+def _sync(device: str) -> None:
+    """Wait for the GPU (host-side timings that must include the queued work)."""
+    if device == "cuda":
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+
+
 def _describe(data: str | None, vocab: int) -> str:
     if data == BUILTIN_DATA:
         return "the built-in corpus (this Python's standard-library sources, byte tokens)"
@@ -1370,6 +1427,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-throughput", action="store_true",
                     help="leave out the timed configurations (a run for --parity or --profile alone)")
     ap.add_argument("--profile-precision", choices=PRECISIONS, help="default: the first of --precision")
+    ap.add_argument("--host-profile", type=int, default=0, metavar="N",
+                    help="cProfile N BluTrain steps (host time by function) at --profile-precision")
     ap.add_argument("--quick", action="store_true", help="a 2-minute subset")
     ap.add_argument("--time-limit", type=float,
                     help="seconds after which remaining stages are skipped (default 480 on cuda, 120 with "
