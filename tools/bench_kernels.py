@@ -518,6 +518,8 @@ class Bench:
 
     def adamw_case(self, rows: list[Row], name: str, shapes: list[tuple[int, ...]], clip: float | None) -> None:
         from blutrain.kernels import cuda as K
+        from blutrain.optim import StepScalars
+        from blutrain.tensor import device
 
         torch = self.torch
         params = [torch.randn(*s, device="cuda") * 0.02 for s in shapes]
@@ -530,10 +532,13 @@ class Bench:
             p.grad = g.clone()
         opt = torch.optim.AdamW(tparams, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
         step = {"n": 0}
+        scalars, cuda0 = StepScalars(), device("cuda")
 
-        def ours() -> Any:
+        def ours() -> Any:  # what AdamW.step does: refill the step's scalars, then one (two with clip) launch
             step["n"] += 1
-            return K.adamw_multi_tensor(cp_, cg, cm, cv, 1e-4, 0.9, 0.95, 1e-8, 0.1, step["n"], clip)
+            n = step["n"]
+            lr_bc = scalars("adamw", cuda0, (1e-4, 1.0 - 0.9**n, math.sqrt(1.0 - 0.95**n)))
+            return K.adamw_multi_tensor(cp_, cg, cm, cv, lr_bc, 0.9, 0.95, 1e-8, 0.1, clip)
 
         def theirs() -> Any:
             if clip is not None:

@@ -13,7 +13,7 @@ import blutrain.compiler as bc
 import blutrain.tensor as bt
 from blutrain.models.gpt2 import GPT2, GPT2Config
 from blutrain.nn import Linear
-from blutrain.optim import clip_grad_norm_, create, weight_decay_groups
+from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
 
 
 def _gpt_losses(compiled: bool, steps: int) -> tuple[list[float], Any]:
@@ -133,3 +133,78 @@ def test_dump_ir_writes_one_file_per_pass(tmp_path: Any, monkeypatch: pytest.Mon
     names = sorted(p.name for p in tmp_path.iterdir())
     assert len(names) == 1 + len(bc.DEFAULT_PIPELINE)
     assert names[0].endswith("_traced.mlir") and names[-1].endswith("_memory-plan.mlir")
+
+
+def _scheduled_steps(optimizer: str, compiled: bool, steps: int) -> tuple[list[np.ndarray[Any, Any]], Any]:
+    """A small model trained with a learning rate that changes every step (warm-up, then cosine)."""
+    bt.manual_seed(0)
+    model = Linear(6, 4)
+    extra: dict[str, Any] = {"betas": (0.9, 0.95), "weight_decay": 0.1} if optimizer == "adamw" else {"momentum": 0.9}
+    opt = create(optimizer, model.parameters(), lr=1e-2, **extra)
+
+    def step(x: bt.Tensor, y: bt.Tensor, lr: float) -> bt.Tensor:
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = (model(x).tanh() - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    fn = bc.compile(step) if compiled else step
+    rng = np.random.default_rng(1)
+    for i in range(steps):
+        x = bt.tensor(rng.standard_normal((8, 6)).astype(np.float32))
+        y = bt.tensor(rng.standard_normal((8, 4)).astype(np.float32))
+        fn(x, y, warmup_cosine(i, 5e-2, 3, steps, 1e-3))
+    return [np.asarray(p.detach()).copy() for p in model.parameters()], fn
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_a_scheduled_lr_and_the_step_count_change_no_kernel_argument(optimizer: str) -> None:
+    eager, _ = _scheduled_steps(optimizer, False, 12)
+    compiled, fn = _scheduled_steps(optimizer, True, 12)
+    for a, b in zip(eager, compiled, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert fn.traces == 1
+    # lr and the bias corrections are read from a device array (graph state), so no call handed the
+    # executor new scalars: on CUDA the graph captured at the trace serves every step
+    assert fn.last.executor.updates == 0
+    n_scalars = 3 if optimizer == "adamw" else 1  # (lr, bias corrections) or (lr,): a float64 graph argument
+    assert f"tensor<{n_scalars}xf64>" in fn.ir()
+
+
+def test_a_changed_python_scalar_argument_is_handed_to_the_executor() -> None:
+    w = Linear(3, 3).weight
+
+    def f(x: bt.Tensor, scale: float) -> bt.Tensor:
+        return (x * scale + w.sum()).exp()
+
+    fn = bc.compile(f, warmup=0)
+    x = bt.randn(2, 3)
+    fn(x, 0.5)
+    fn(x, 0.5)
+    assert fn.last.executor.updates == 0
+    got = fn(x, 0.25)
+    assert fn.last.executor.updates == 1
+    np.testing.assert_allclose(np.asarray(got), np.asarray(f(x, 0.25)), rtol=1e-6)
+
+
+def test_two_optimizer_steps_in_one_compiled_call_are_refused() -> None:
+    bt.manual_seed(0)
+    model = Linear(4, 3)
+    opt = create("adamw", model.parameters(), lr=1e-2)
+
+    def two_steps(x: bt.Tensor) -> bt.Tensor:
+        for _ in range(2):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()  # the second step refills the bias corrections the first step's kernel read
+            opt.zero_grad()
+        return loss
+
+    fn = bc.compile(two_steps)
+    fn(bt.randn(5, 4))
+    with pytest.raises(bc.TracingError, match=r"(?s)test_compile\.py:\d+: +opt\.step\(\).*one optimizer step "
+                                              r"per compiled call"):
+        fn(bt.randn(5, 4))

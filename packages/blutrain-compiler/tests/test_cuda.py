@@ -26,7 +26,7 @@ def _cuda() -> None:
 
 def _gpt(compiled: bool, steps: int, optimizer: str) -> tuple[list[float], list[float], Any]:
     from blutrain.models.gpt2 import GPT2, GPT2Config
-    from blutrain.optim import clip_grad_norm_, create, weight_decay_groups
+    from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
 
     bt.manual_seed(0)
     cfg = GPT2Config.preset("tiny", vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=128)
@@ -34,7 +34,9 @@ def _gpt(compiled: bool, steps: int, optimizer: str) -> tuple[list[float], list[
     extra: dict[str, Any] = {"betas": (0.9, 0.95)} if optimizer == "adamw" else {}
     opt = create(optimizer, weight_decay_groups(model.parameters(), 0.1), lr=1e-3, **extra)
 
-    def step(x: bt.Tensor, y: bt.Tensor) -> bt.Tensor:
+    def step(x: bt.Tensor, y: bt.Tensor, lr: float) -> bt.Tensor:
+        for g in opt.param_groups:
+            g["lr"] = lr
         _, loss = model(x, y)
         loss.backward()
         clip_grad_norm_(model.parameters(), 1.0)
@@ -45,12 +47,12 @@ def _gpt(compiled: bool, steps: int, optimizer: str) -> tuple[list[float], list[
     fn = bc.compile(step) if compiled else step
     rng = np.random.default_rng(0)
     losses, times = [], []
-    for _ in range(steps):
+    for i in range(steps):
         x = bt.tensor(rng.integers(0, 256, (8, 64)), device="cuda")
         y = bt.tensor(rng.integers(0, 256, (8, 64)), device="cuda")
         bt.device("cuda").backend.synchronize(0)
         t0 = time.perf_counter()
-        loss = fn(x, y)
+        loss = fn(x, y, warmup_cosine(i, 1e-3, 5, steps, 1e-4))  # lr changes every step
         value = float(loss.item())
         times.append(time.perf_counter() - t0)
         losses.append(value)
@@ -67,7 +69,8 @@ def test_compiled_gpt_on_cuda_matches_eager_and_runs_as_one_graph(optimizer: str
     assert isinstance(graph.executor, CUDAGraphExecutor)
     report = {"optimizer": optimizer, "max_rel": rel, "eager_losses": eager, "compiled_losses": compiled,
               "eager_ms": 1e3 * float(np.median(t_eager[3:])), "compiled_ms": 1e3 * float(np.median(t_comp[3:])),
-              "captures": graph.executor.captures, "graph": not graph.executor.eager,
+              "captures": graph.executor.captures, "updates": graph.executor.updates,
+              "graph": not graph.executor.eager,
               "capture_error": graph.executor.capture_error,
               "graph_pool_bytes": graph.executor.pool_bytes,
               "stats": vars(fn.stats)}
@@ -76,8 +79,51 @@ def test_compiled_gpt_on_cuda_matches_eager_and_runs_as_one_graph(optimizer: str
     if out:
         Path(out, f"compiler_cuda_{optimizer}.json").write_text(json.dumps(report, indent=1))
     assert rel < 1e-4
-    if optimizer == "sgd" and not graph.executor.eager:
-        assert graph.executor.captures == 1  # constant scalars: captured once, replayed since
+    # lr, the step count and the bias corrections reach the kernels in device memory: no kernel argument
+    # changed, so the graph captured at the trace replays every later step
+    assert graph.executor.updates == 0
+    if not graph.executor.eager:
+        assert graph.executor.captures == 1
+
+
+def test_an_adamw_step_without_gemms_captures_once_and_replays_under_a_schedule() -> None:
+    """Elementwise ops, reductions and the fused AdamW kernel only (no GEMM), so the step must capture;
+    the lr and step change every call and the parameters follow eager mode's."""
+    _cuda()
+    from blutrain.nn import Parameter
+    from blutrain.optim import create, warmup_cosine
+
+    def run(compiled: bool) -> tuple[list[np.ndarray[Any, Any]], Any]:
+        bt.manual_seed(0)
+        w = Parameter(bt.randn(4096, device="cuda"))
+        b = Parameter(bt.randn(7, device="cuda"))
+        opt = create("adamw", [{"params": [w], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0}],
+                     lr=1e-2, betas=(0.9, 0.95))
+
+        def step(x: bt.Tensor, lr: float) -> bt.Tensor:
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss = (x * w).tanh().pow(2).mean() + (b * b).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        fn = bc.compile(step) if compiled else step
+        rng = np.random.default_rng(0)
+        for i in range(12):
+            x = bt.tensor(rng.standard_normal(4096).astype(np.float32), device="cuda")
+            fn(x, warmup_cosine(i, 5e-2, 3, 12, 1e-3))
+        return [w.detach().cpu().numpy(), b.detach().cpu().numpy()], fn
+
+    eager, _ = run(False)
+    compiled, fn = run(True)
+    executor = fn.last.executor
+    assert isinstance(executor, CUDAGraphExecutor)
+    assert not executor.eager, executor.capture_error
+    assert executor.captures == 1 and executor.updates == 0
+    for a, c in zip(eager, compiled, strict=True):
+        np.testing.assert_allclose(c, a, rtol=1e-5, atol=1e-6)  # fused kernels may contract a*b+c into FMAs
 
 
 def test_fused_region_runs_as_a_generated_cuda_kernel() -> None:

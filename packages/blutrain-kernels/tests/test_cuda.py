@@ -443,6 +443,11 @@ def _adamw_reference(p: list[np.ndarray[Any, Any]], g: list[np.ndarray[Any, Any]
     return outs[0], outs[1], outs[2], norm
 
 
+def _step_scalars(lr: float, b1: float, b2: float, step: int) -> Any:
+    """The kernel's float64 [3] device array (lr, 1 - b1**t, sqrt(1 - b2**t)), as the AdamW plugin fills it."""
+    return dev(np.array([lr, 1.0 - b1**step, np.sqrt(1.0 - b2**step)], np.float64))
+
+
 @pytest.mark.parametrize("max_norm", [None, 1.0, 1e6])
 @pytest.mark.parametrize("grad_dtype", DTYPES, ids=lambda d: d.name)
 def test_adamw_multi_tensor_matches_float64(max_norm: float | None, grad_dtype: Any) -> None:
@@ -456,8 +461,8 @@ def test_adamw_multi_tensor_matches_float64(max_norm: float | None, grad_dtype: 
     v = [np.abs(r.standard_normal(s)).astype(np.float32).astype(np.float64) * 1e-3 for s in shapes]
     wds = [0.1, 0.1, 0.0, 0.01]
     dp, dm, dv = ([dev(a, np.float32) for a in xs] for xs in (p, m, v))
-    norm = cuda.adamw_multi_tensor(dp, [dev(a, grad_dtype) for a in g], dm, dv, 1e-3, 0.9, 0.95, 1e-8, wds, 7,
-                                   max_norm)
+    norm = cuda.adamw_multi_tensor(dp, [dev(a, grad_dtype) for a in g], dm, dv, _step_scalars(1e-3, 0.9, 0.95, 7),
+                                   0.9, 0.95, 1e-8, wds, max_norm)
     rp, rm, rv, rnorm = _adamw_reference(p, g, m, v, 1e-3, 0.9, 0.95, 1e-8, wds, 7, max_norm)
     for got, ref in zip(dp + dm + dv, rp + rm + rv, strict=True):
         check(got, ref, np.float32)
@@ -484,7 +489,7 @@ def test_adamw_multi_tensor_second_step_on_the_same_buffers_matches_float64() ->
     for step in (1, 2):
         for buf, src in zip(dg, gs[step - 1], strict=True):
             buf[...] = dev(src, np.float32)
-        cuda.adamw_multi_tensor(dp, dg, dm, dv, 1e-3, 0.9, 0.95, 1e-8, 0.1, step)
+        cuda.adamw_multi_tensor(dp, dg, dm, dv, _step_scalars(1e-3, 0.9, 0.95, step), 0.9, 0.95, 1e-8, 0.1)
         p, m, v, _ = _adamw_reference(p, gs[step - 1], m, v, 1e-3, 0.9, 0.95, 1e-8, [0.1] * 3, step, None)
     for got, ref in zip(dp + dm + dv, p + m + v, strict=True):
         check(got, ref, np.float32)
@@ -496,7 +501,55 @@ def test_adamw_multi_tensor_rejects_a_non_float32_param() -> None:
 
     x = dev(np.ones(4, np.float64))
     with pytest.raises(TensorTypeError, match="param 0 must be a contiguous float32"):
-        cuda.adamw_multi_tensor([x], [x], [x], [x], 1e-3, 0.9, 0.999, 1e-8, 0.0, 1)
+        cuda.adamw_multi_tensor([x], [x], [x], [x], _step_scalars(1e-3, 0.9, 0.999, 1), 0.9, 0.999, 1e-8, 0.0)
+
+
+def test_adamw_multi_tensor_rejects_step_scalars_that_are_not_a_float64_device_array() -> None:
+    from blutrain.kernels import cuda
+    from blutrain.tensor.errors import TensorTypeError
+
+    x = dev(np.ones(4, np.float32))
+    for bad in (np.array([1e-3, 0.1, 0.03]), dev(np.array([1e-3, 0.1, 0.03], np.float32))):
+        with pytest.raises(TensorTypeError, match="step_scalars must be a contiguous float64 CuPy array"):
+            cuda.adamw_multi_tensor([x], [x], [x], [x], bad, 0.9, 0.999, 1e-8, 0.0)
+
+
+def test_a_captured_adamw_graph_replays_with_the_step_scalars_written_since() -> None:
+    """One capture (its launch tables uploaded outside the capture), three replays with new lr and step."""
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    r = rng(16)
+    shapes = [(3000,), (2048,), (5,)]
+    p = [r.standard_normal(s).astype(np.float32).astype(np.float64) for s in shapes]
+    m = [np.zeros(s) for s in shapes]
+    v = [np.zeros(s) for s in shapes]
+    dp, dm, dv = ([dev(a, np.float32) for a in xs] for xs in (p, m, v))
+    dg = [dev(np.zeros(s), np.float32) for s in shapes]
+    scalars = _step_scalars(1.0, 0.9, 0.95, 1)  # values the replays must not see
+    for name in ("adamw_sqnorm", "adamw_update"):
+        cuda.function("adamw", name)  # compiled and loaded before the capture
+    pool = cp.cuda.MemoryPool()  # the graph's scratch (the clip's partial sums) stays out of others' reach
+    stream = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        try:
+            norm = cuda.adamw_multi_tensor(dp, dg, dm, dv, scalars, 0.9, 0.95, 1e-8, 0.1, 1.0)
+        finally:
+            graph = stream.end_capture()
+    for step, lr in ((1, 1e-3), (2, 3e-3), (3, 2e-3)):
+        gs = [r.standard_normal(s).astype(np.float32).astype(np.float64) * 0.1 for s in shapes]
+        for buf, src in zip(dg, gs, strict=True):
+            buf[...] = dev(src, np.float32)
+        scalars[...] = _step_scalars(lr, 0.9, 0.95, step)
+        cp.cuda.get_current_stream().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        p, m, v, rnorm = _adamw_reference(p, gs, m, v, lr, 0.9, 0.95, 1e-8, [0.1] * 3, step, 1.0)
+        for got, ref in zip(dp + dm + dv, p + m + v, strict=True):
+            check(got, ref, np.float32)
+        check(norm, np.asarray(rnorm), np.float32)
 
 
 # ------------------------------------------------------------------------------------------- attention

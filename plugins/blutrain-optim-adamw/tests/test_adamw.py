@@ -10,7 +10,7 @@ import pytest
 from blutrain import nn
 from blutrain.optim import OptimizerError, create, optimizers
 from blutrain.tensor import DType, float32, float64, from_numpy, kernels
-from blutrain_optim_adamw import AdamW
+from blutrain_optim_adamw import AdamW, adamw_step_scalars
 
 
 def reference_adamw(p: np.ndarray, grads: list[np.ndarray], lrs: list[float], betas: tuple[float, float],
@@ -121,6 +121,20 @@ def test_the_step_bumps_parameter_versions_and_records_nothing() -> None:
     before = p.version
     opt.step()
     assert p.version > before and p.grad_fn is None and p.requires_grad
+
+
+def test_lr_and_bias_corrections_reach_the_kernel_in_one_device_array_per_bucket() -> None:
+    p = nn.Parameter(from_numpy(np.ones(3, dtype=np.float32)))
+    opt = AdamW([p], lr=0.1, betas=(0.9, 0.95))
+    arrays = []
+    for t, lr in ((1, 0.1), (2, 0.05)):
+        opt.param_groups[0]["lr"] = lr
+        p.grad = from_numpy(np.ones(3, dtype=np.float32))
+        opt.step()
+        # asking for the values the step wrote returns its array untouched
+        arrays.append(opt.step_scalars((0, 0), p.device, adamw_step_scalars(lr, 0.9, 0.95, t)))
+        np.testing.assert_array_equal(arrays[-1], [lr, 1 - 0.9**t, np.sqrt(1 - 0.95**t)])
+    assert arrays[0] is arrays[1]  # the same array every step: a compiled step replays one graph
 
 
 def test_the_update_is_one_registered_multi_tensor_kernel() -> None:

@@ -14,12 +14,13 @@ from blutrain.optim import (
     Optimizer,
     OptimizerError,
     OptimizerProtocol,
+    StepScalars,
     create,
     multi_tensor_apply,
     optimizers,
     weight_decay_groups,
 )
-from blutrain.tensor import NotRegisteredError, Tensor, float32, float64, manual_seed, ones, randn, tensor
+from blutrain.tensor import NotRegisteredError, Tensor, device, float32, float64, manual_seed, ones, randn, tensor
 from blutrain.tensor import plugins as bt_plugins
 from blutrain.tensor.plugins import hookimpl
 
@@ -229,10 +230,19 @@ def test_weight_decay_groups_decay_matrices_and_embeddings_but_not_vectors() -> 
 def test_multi_tensor_apply_bumps_versions_and_checks_dtypes() -> None:
     p32, g32 = nn.Parameter(ones(3)), ones(3)
     before = p32.version
-    multi_tensor_apply("sgd_multi_tensor", [[p32], [g32], []], 0.5, 0.0, 0.0, 0.0, False, False, written=(0,))
+    lr = np.array([0.5])
+    multi_tensor_apply("sgd_multi_tensor", [[p32], [g32], []], lr, 0.0, 0.0, 0.0, False, False, written=(0,))
     assert p32.version == before + 1
     np.testing.assert_array_equal(np.asarray(p32.detach()), 0.5)
     with pytest.raises(OptimizerError, match="every tensor must be on cpu with dtype float32, got one on cpu "
                                              "with dtype float64"):
-        multi_tensor_apply("sgd_multi_tensor", [[p32], [ones(3, dtype=float64)], []], 0.5, 0.0, 0.0, 0.0,
+        multi_tensor_apply("sgd_multi_tensor", [[p32], [ones(3, dtype=float64)], []], lr, 0.0, 0.0, 0.0,
                            False, False, written=(0,))
+
+
+def test_step_scalars_keep_one_float64_array_per_site_refilled_in_place() -> None:
+    scalars, cpu = StepScalars(), device("cpu")
+    first = scalars((0, 0), cpu, (1e-3, 0.1))
+    again = scalars((0, 0), cpu, (2e-3, 0.19))
+    assert again is first and first.dtype == np.float64 and first.tolist() == [2e-3, 0.19]
+    assert scalars((1, 0), cpu, (2e-3, 0.19)) is not first

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from blutrain.tensor import float32, float64
 from blutrain.tensor.plugins import hookimpl
 from blutrain_optim_adamw.adamw import KERNEL, AdamW
-from blutrain_optim_adamw.kernel import adamw_multi_tensor
+from blutrain_optim_adamw.kernel import adamw_multi_tensor, adamw_step_scalars
 
 if TYPE_CHECKING:
     from blutrain.optim import OptimizerRegistry
@@ -26,4 +26,5 @@ def blutrain_register_kernels(registry: KernelRegistry) -> None:
     registry.register(KERNEL, "cpu", (float32, float64), adamw_multi_tensor)
 
 
-__all__ = ["AdamW", "adamw_multi_tensor", "blutrain_register_kernels", "blutrain_register_optimizers"]
+__all__ = ["AdamW", "adamw_multi_tensor", "adamw_step_scalars", "blutrain_register_kernels",
+           "blutrain_register_optimizers"]

@@ -10,11 +10,13 @@ from blutrain.optim import (
     OptimizerError,
     ParamGroup,
     Params,
+    StepScalars,
     multi_tensor_apply,
     weight_decay_groups,
 )
 from blutrain.optim.multi_tensor import group_by_device_dtype
 from blutrain.tensor import Tensor, zeros_like
+from blutrain_optim_adamw.kernel import adamw_step_scalars
 
 KERNEL = "adamw_multi_tensor"
 
@@ -26,7 +28,9 @@ class AdamW(Optimizer):
     Given plain parameters (not groups), it builds nanoGPT's groups: ``weight_decay`` on tensors of
     two or more dims (linear weights and embeddings), none on biases and LayerNorm parameters.
     Given groups, it uses them as they are. Each step is one ``adamw_multi_tensor`` kernel call per
-    (device, dtype, step count) bucket of a group, under ``no_grad``.
+    (device, dtype, step count) bucket of a group, under ``no_grad``; the call's learning rate and bias
+    corrections live in device memory (:class:`~blutrain.optim.StepScalars`), so a compiled step
+    replays one captured graph while they change.
     """
 
     state_like_param = ("exp_avg", "exp_avg_sq")
@@ -39,6 +43,7 @@ class AdamW(Optimizer):
         if items and all(isinstance(p, Tensor) for p in items):
             items = weight_decay_groups(items, weight_decay)
         super().__init__(items, defaults)
+        self.step_scalars = StepScalars()
 
     def check_hyperparameters(self, group: ParamGroup) -> None:
         super().check_hyperparameters(group)
@@ -53,7 +58,7 @@ class AdamW(Optimizer):
 
     def step(self) -> None:
         with no_grad():
-            for group in self.param_groups:
+            for gi, group in enumerate(self.param_groups):
                 params = [p for p in group["params"] if p.grad is not None]
                 for p in params:
                     st = self.state.get(p)
@@ -67,14 +72,15 @@ class AdamW(Optimizer):
                 for key, idx in group_by_device_dtype(params).items():
                     for i in idx:
                         buckets.setdefault((*key, self.state[params[i]]["step"]), []).append(params[i])
-                for (_, _, step), ps in buckets.items():
+                for k, ((device, _, step), ps) in enumerate(buckets.items()):
                     states = [self.state[p] for p in ps]
                     lists: list[Any] = [ps, [p.grad for p in ps], [s["exp_avg"] for s in states],
                                         [s["exp_avg_sq"] for s in states]]
+                    values = adamw_step_scalars(float(group["lr"]), float(beta1), float(beta2), int(step))
+                    scalars = self.step_scalars((gi, k), device, values)
                     multi_tensor_apply(
-                        KERNEL, lists,
-                        float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                        float(group["weight_decay"]), int(step), written=(0, 2, 3))
+                        KERNEL, lists, scalars, float(beta1), float(beta2), float(group["eps"]),
+                        float(group["weight_decay"]), written=(0, 2, 3))
 
 
 __all__ = ["AdamW"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from blutrain.autograd import no_grad
-from blutrain.optim import Optimizer, OptimizerError, ParamGroup, Params, multi_tensor_apply
+from blutrain.optim import Optimizer, OptimizerError, ParamGroup, Params, StepScalars, multi_tensor_apply
 from blutrain.optim.multi_tensor import group_by_device_dtype
 from blutrain.tensor import Tensor, zeros_like
 
@@ -15,7 +15,9 @@ KERNEL = "sgd_multi_tensor"
 class SGD(Optimizer):
     """Stochastic gradient descent: lr (default 1e-3), momentum, dampening, weight_decay (added to
     the gradient, L2 style), nesterov (needs momentum > 0 and dampening 0). Each step is one
-    ``sgd_multi_tensor`` kernel call per (device, dtype) bucket of a group, under ``no_grad``."""
+    ``sgd_multi_tensor`` kernel call per (device, dtype) bucket of a group, under ``no_grad``; the
+    learning rate reaches it in device memory (:class:`~blutrain.optim.StepScalars`), so a compiled
+    step replays one captured graph under a schedule."""
 
     state_like_param = ("momentum_buffer",)
 
@@ -24,6 +26,7 @@ class SGD(Optimizer):
         defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
                     "nesterov": nesterov}
         super().__init__(params, defaults)
+        self.step_scalars = StepScalars()
 
     def check_hyperparameters(self, group: ParamGroup) -> None:
         super().check_hyperparameters(group)
@@ -39,13 +42,15 @@ class SGD(Optimizer):
 
     def step(self) -> None:
         with no_grad():
-            for group in self.param_groups:
+            for gi, group in enumerate(self.param_groups):
                 params = [p for p in group["params"] if p.grad is not None]
                 momentum = float(group["momentum"])
                 for idx in group_by_device_dtype(params).values():
                     bucket = [params[i] for i in idx]
+                    # every call of the group on this device reads the group's lr from one array
+                    lr = self.step_scalars((gi, bucket[0].device), bucket[0].device, (float(group["lr"]),))
                     if momentum == 0.0:
-                        self._apply(group, bucket, [], first=False)
+                        self._apply(group, lr, bucket, [], first=False)
                         continue
                     # Buffers are created on a tensor's first step (b ← d), so new and old tensors
                     # go to separate calls.
@@ -55,11 +60,11 @@ class SGD(Optimizer):
                         self.state[p] = {"momentum_buffer": zeros_like(p)}
                     for part, first in ((old, False), (new, True)):
                         if part:
-                            self._apply(group, part, [self.state[p]["momentum_buffer"] for p in part], first)
+                            self._apply(group, lr, part, [self.state[p]["momentum_buffer"] for p in part], first)
 
-    def _apply(self, group: ParamGroup, params: list[Tensor], buffers: list[Tensor], first: bool) -> None:
+    def _apply(self, group: ParamGroup, lr: Any, params: list[Tensor], buffers: list[Tensor], first: bool) -> None:
         lists: list[Any] = [params, [p.grad for p in params], buffers]
-        multi_tensor_apply(KERNEL, lists, float(group["lr"]), float(group["momentum"]),
+        multi_tensor_apply(KERNEL, lists, lr, float(group["momentum"]),
                            float(group["dampening"]), float(group["weight_decay"]), bool(group["nesterov"]),
                            first,
                            written=(0, 2) if buffers else (0,))

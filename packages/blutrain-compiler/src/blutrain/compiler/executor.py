@@ -10,6 +10,12 @@ On the CPU, :class:`CPUExecutor` runs the list. On CUDA, :class:`CUDAGraphExecut
 of the list into a CUDA graph on its own stream and memory pool (every buffer the graph uses stays in
 that pool, so nothing else can take it); each call copies the inputs into their static buffers and
 launches the graph once.
+
+A kernel's Python scalar arguments are baked into the captured graph, so a call whose scalars changed
+(``updated()``, counted in ``updates``) captures it again. Numbers meant to change every step (an
+optimizer's lr and bias corrections) therefore live in device arrays that are graph state
+(``blutrain.optim.StepScalars``): the host refills them before the launch, and one capture serves
+every step.
 """
 
 from __future__ import annotations
@@ -210,6 +216,7 @@ class CPUExecutor:
         self.inputs = [a.copy() for a in inputs]  # static input buffers
         program.slots[:len(inputs)] = self.inputs
         program.slots[len(inputs):program.n_args] = state
+        self.updates = 0  # calls whose scalar kernel arguments changed
 
     def run(self, inputs: list[Any]) -> list[Any]:
         for buf, new in zip(self.inputs, inputs, strict=True):
@@ -219,7 +226,8 @@ class CPUExecutor:
         return [slots[s].copy() for s in self.program.outputs]
 
     def updated(self) -> None:
-        """Scalars changed: nothing to redo on the CPU."""
+        """Scalars changed: the launches already hold the new ones, nothing to redo on the CPU."""
+        self.updates += 1
 
 
 class CUDAGraphExecutor:
@@ -238,6 +246,7 @@ class CUDAGraphExecutor:
         program.slots[len(inputs):program.n_args] = state
         self.graph: Any = None
         self.captures = 0
+        self.updates = 0  # calls whose scalar kernel arguments changed (each one captures again)
         self.eager = False  # set when capture fails: the list then runs launch by launch
         self.capture_error: str | None = None  # why, with the innermost frames
         self._capture()
@@ -269,13 +278,15 @@ class CUDAGraphExecutor:
 
     def updated(self) -> None:
         """Scalar arguments changed: they are baked into the graph's kernel parameters, so recapture."""
+        self.updates += 1
         self.graph = None
 
     def run(self, inputs: list[Any]) -> list[Any]:
         cupy = self.cupy
         if self.graph is None:
             self._capture()
-        cupy.cuda.get_current_stream().synchronize()  # inputs and state were written on the caller's stream
+        # inputs, state and the step scalars the host refilled were written on the caller's stream
+        cupy.cuda.get_current_stream().synchronize()
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
             for buf, new in zip(self.inputs, inputs, strict=True):
                 buf[...] = new
@@ -283,6 +294,9 @@ class CUDAGraphExecutor:
                 self.program.run()
             else:
                 self.graph.launch(self.stream)
+        with self.stream:
+            # The results come from the process's allocator, not the graph's pool: a free block of that pool
+            # may be scratch of the graph, which the next replay would write over a result held since.
             slots = self.program.slots
             outs = [slots[s].copy() for s in self.program.outputs]
         self.stream.synchronize()

@@ -16,8 +16,15 @@ The same machinery re-runs the function in *probe* mode on later calls: kernels 
 intercepted call is matched against the recorded event of the same position (same op, same
 operands) and answers with the recorded proxies. Python's own side effects (the optimizer's step
 count, a learning-rate schedule) happen as in eager mode, and scalar kernel arguments that changed
-(``lr``, the step) are reported so that the executor can update them. A call that takes another
-path raises :class:`GraphBreakError`.
+are reported so that the executor can update them (on CUDA that is a new capture). A call that takes
+another path raises :class:`GraphBreakError`.
+
+Host code may also write a state array outside kernels: the optimizers refill their per-step
+scalars (``blutrain.optim.StepScalars``: lr, bias corrections) on every call, in probe mode too, and
+the compiled program reads them from the array when it runs, so nothing changes in the graph. That
+holds only while each such write comes before the first kernel of the call that reads the array:
+a trace that sees a small state array change between two kernels that read it, with no kernel
+writing it, raises :class:`TracingError` (a replay would give both kernels the last values).
 """
 
 from __future__ import annotations
@@ -143,10 +150,11 @@ def _device_of(a: Any) -> str:
 
 
 def user_frame() -> str:
-    """``file:line: code`` of the innermost frame outside blutrain's tensor/autograd/compiler/kernels,
-    NumPy and CuPy: the line of the traced function that did what the error is about."""
-    skip = ("blutrain/tensor/", "blutrain/autograd/", "blutrain/compiler/", "blutrain/kernels/",
-            "blutrain_backend_cupy", "/numpy/", "/cupy/", "/cupyx/")
+    """``file:line: code`` of the innermost frame outside blutrain's tensor/autograd/compiler/kernels/optim,
+    the optimizer and cupy plugins, NumPy and CuPy: the line of the traced function that did what the
+    error is about."""
+    skip = ("blutrain/tensor/", "blutrain/autograd/", "blutrain/compiler/", "blutrain/kernels/", "blutrain/optim/",
+            "blutrain_optim_", "blutrain_backend_cupy", "/numpy/", "/cupy/", "/cupyx/")
     for frame in reversed(traceback.extract_stack()):
         name = frame.filename.replace("\\", "/")
         if not any(s in name for s in skip):
@@ -366,6 +374,11 @@ def _arrays_equal(a: Any, b: Any) -> bool:
     return bool(xp.array_equal(a, b))
 
 
+# State arrays up to this size that kernels read are watched for writes by the host between two of
+# them (per-step scalars); watching costs a copy held for the whole trace, so parameters are not.
+_WATCHED_BYTES = 1024
+
+
 class Tracer:
     """Records (``mode="trace"``) or replays and checks (``mode="probe"``) one function's calls."""
 
@@ -376,6 +389,8 @@ class Tracer:
         self.events: list[Event] = []
         self.state: dict[int, tuple[Any, int]] = {}  # id(allocation) → (allocation, vid)
         self.state_order: list[int] = []  # vids of state buffers, in order of first use
+        self.state_vids: set[int] = set()
+        self.watched: dict[tuple[Any, ...], Any] = {}  # a small state array → its value after its last kernel
         self.inputs: list[int] = []
         self.device: str | None = None
         self.recorded = recorded
@@ -425,6 +440,7 @@ class Tracer:
             vid = self._new_value(owner)
             self.state[id(memory)] = (memory, vid)
             self.state_order.append(vid)
+            self.state_vids.add(vid)
         else:
             vid = found[1]
         owner = self.concrete[vid]
@@ -503,9 +519,17 @@ class Tracer:
             return _rebuild(ev.ret, ev.proxies)
         real_args = _substitute(template, concrete)
         before = [c.copy() for c in concrete]
+        self._check_host_writes(op, operands, before)
         out = fn(*real_args)
         writes = tuple(i for i, (b, c) in enumerate(zip(before, concrete, strict=True)) if not _arrays_equal(b, c))
         del before
+        written = {self.values[operands[i]].root for i in writes}
+        if written and self.watched:  # other views of what this kernel wrote hold new values legitimately
+            self.watched = {k: v for k, v in self.watched.items() if k[0] not in written}
+        for vid, c in zip(operands, concrete, strict=True):
+            where = self._watch_key(vid, c)
+            if where is not None:
+                self.watched[where] = c.copy()
         owners = {id(_memory(c)) for c in concrete}
         results: list[int] = []
         proxies: list[TraceArray] = []
@@ -530,6 +554,25 @@ class Tracer:
         self._record(Event(len(self.events), "kernel", op, device, dtype.name, tuple(template), operands, results,
                            ret, writes, proxies))
         return _rebuild(ret, proxies)
+
+    def _watch_key(self, vid: int, array: Any) -> tuple[Any, ...] | None:
+        """Where a small state array (or view: CuPy's allocation may be larger than the array) lies."""
+        v = self.values[vid]
+        if array.nbytes > _WATCHED_BYTES or v.root not in self.state_vids:
+            return None
+        return v.root, v.offset, v.shape, v.strides
+
+    def _check_host_writes(self, op: str, operands: list[int], before: list[Any]) -> None:
+        for vid, value in zip(operands, before, strict=True):
+            key = self._watch_key(vid, value)
+            seen = None if key is None else self.watched.get(key)
+            if seen is not None and not _arrays_equal(seen, value):
+                raise TracingError(
+                    f"{user_frame()}\n  kernel {op!r} reads a state array (%{vid}, shape {tuple(value.shape)}) that "
+                    "was written outside kernels (by the host) after an earlier kernel of this call had read it; a "
+                    "compiled call replays the kernels only, so both would read the last values. Write such an "
+                    "array (e.g. an optimizer's per-step scalars) once per call, before the first kernel that "
+                    "reads it: one optimizer step per compiled call")
 
     def view(self, src: TraceArray, make: Callable[[Any], Any]) -> TraceArray:
         """A view op on a traced array (reshape, transpose, slicing, broadcast_to, as_strided)."""

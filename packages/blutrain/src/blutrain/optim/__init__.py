@@ -8,11 +8,11 @@ they register a class through ``blutrain_register_optimizers`` and are built by 
 from blutrain.optim.clip import clip_grad_norm_
 from blutrain.optim.errors import OptimizerError
 from blutrain.optim.groups import weight_decay_groups
-from blutrain.optim.multi_tensor import group_by_device_dtype, multi_tensor_apply
+from blutrain.optim.multi_tensor import StepScalars, group_by_device_dtype, multi_tensor_apply
 from blutrain.optim.optimizer import Optimizer, OptimizerProtocol, ParamGroup, Params
 from blutrain.optim.registry import OptimizerRegistry, create, optimizers
 from blutrain.optim.schedule import constant, warmup_cosine
 
 __all__ = ["Optimizer", "OptimizerError", "OptimizerProtocol", "OptimizerRegistry", "ParamGroup", "Params",
-           "clip_grad_norm_", "constant", "create", "group_by_device_dtype", "multi_tensor_apply",
+           "StepScalars", "clip_grad_norm_", "constant", "create", "group_by_device_dtype", "multi_tensor_apply",
            "optimizers", "warmup_cosine", "weight_decay_groups"]

@@ -5,12 +5,19 @@ lists (parameters, gradients, state) instead of calling one op per tensor per li
 backend do the whole step in one launch (a CUDA multi-tensor-apply kernel), while the CPU kernel
 loops over NumPy arrays with in-place ufuncs. The kernel is found like any op: by (name, device
 type, dtype) in the kernel table, so a plugin can replace it for one device.
+
+The numbers that change from step to step (the learning rate of a schedule, AdamW's bias
+corrections) reach the kernel as a small float64 array in device memory (:class:`StepScalars`), not
+as Python floats: a kernel launch bakes its Python arguments in, so a CUDA graph captured once
+(``blutrain.compiler``) could not replay later steps, while an array is read when the kernel runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 from blutrain.optim.errors import OptimizerError
 from blutrain.tensor import Tensor, dispatch
@@ -26,9 +33,43 @@ def group_by_device_dtype(tensors: Iterable[Tensor]) -> dict[tuple[Device, DType
     return buckets
 
 
+class StepScalars:
+    """An optimizer's per-step kernel scalars in device memory: one float64 array per call site.
+
+    ``scalars(site, device, values)`` returns the same array for ``site`` (any hashable naming what
+    the kernels of one step read, e.g. (group index, bucket index)) on every step, with ``values``
+    written into it from the host when they changed (a small host-to-device copy on the current stream,
+    ordered before the kernels that read it). The array is a plain backend array, not a tensor: no op
+    records the write, so under ``blutrain.compiler`` the array is graph state that the optimizer's
+    Python, re-run before each replay, refills.
+
+    A site must not be refilled with other values after a kernel of the same compiled call read it (a
+    replay runs the kernels only, so all of them would read the last values): one optimizer step per
+    compiled call. The compiler's trace refuses a function that does otherwise.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[Hashable, tuple[Any, tuple[float, ...]]] = {}
+
+    def __call__(self, site: Hashable, device: Device, values: Sequence[float]) -> Any:
+        host = tuple(float(v) for v in values)
+        backend = device.backend
+        array, held = self._buffers.get(site, (None, ()))
+        moved = array is None or type(array) is not backend.array_type or backend.device_index(array) != device.index
+        if moved or len(held) != len(host):
+            array = backend.from_host(np.array(host, np.float64), device.index)
+        elif held != host:
+            array[...] = backend.from_host(np.array(host, np.float64), device.index)
+        else:
+            return array
+        self._buffers[site] = (array, host)
+        return array
+
+
 def multi_tensor_apply(op: str, tensor_lists: Sequence[Sequence[Tensor]], *scalars: Any,
                        written: Sequence[int]) -> Any:
-    """Call kernel ``op`` once with the backend arrays of every list, then the scalars.
+    """Call kernel ``op`` once with the backend arrays of every list, then the scalars (Python numbers,
+    or backend arrays such as a :class:`StepScalars` array, passed as they are).
 
     Every tensor must share the first one's device and dtype (use :func:`group_by_device_dtype`).
     The kernel writes the lists at positions ``written`` in place; their version counters are
@@ -51,4 +92,4 @@ def multi_tensor_apply(op: str, tensor_lists: Sequence[Sequence[Tensor]], *scala
     return out
 
 
-__all__ = ["group_by_device_dtype", "multi_tensor_apply"]
+__all__ = ["StepScalars", "group_by_device_dtype", "multi_tensor_apply"]

@@ -19,7 +19,6 @@ Importing this module does not import CuPy; nothing here runs without a GPU.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -699,8 +698,28 @@ _ADAMW_ALIGNED = 2
 # step after the first builds and copies nothing. A hit requires every array contiguous; shapes are
 # checked on the call that built the plan (an update is elementwise, so equal sizes suffice after).
 _adamw_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
+# Plans that a captured CUDA graph reads at every replay: never evicted, and their tables are device
+# memory of their own (not of the capturing graph's pool, which may go away before a later hit).
+_adamw_graph_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
+
+
+def _upload(host: np.ndarray[Any, Any], capturing: bool) -> Array:
+    """``host`` copied to the device. While the current stream captures a CUDA graph, the copy runs on a
+    side stream and is waited for here, into memory allocated outside any pool: a captured copy would
+    re-read CuPy's pinned staging buffer at every replay, long after it was recycled."""
+    cp = _cp()
+    if not capturing:
+        return cp.asarray(host)
+    out = cp.ndarray(host.shape, host.dtype, memptr=cp.cuda.MemoryPointer(cp.cuda.Memory(max(host.nbytes, 1)), 0))
+    side = cp.cuda.Stream(non_blocking=True)
+    out.set(np.ascontiguousarray(host), stream=side)
+    side.synchronize()
+    return out
+
+
 def _adamw_plan(params: Sequence[Array], grads: Sequence[Array], exp_avgs: Sequence[Array],
-                exp_avg_sqs: Sequence[Array], wds: list[float]) -> tuple[Any, Any, int, list[Array]]:
+                exp_avg_sqs: Sequence[Array], wds: list[float],
+                capturing: bool) -> tuple[Any, Any, int, list[Array]]:
     """Validate the four lists and build the device tables; returns them and the grads actually used
     (contiguous copies of non-contiguous grads, which the caller must keep alive until the launch)."""
     cp = _cp()
@@ -719,6 +738,10 @@ def _adamw_plan(params: Sequence[Array], grads: Sequence[Array], exp_avgs: Seque
         gsuf = _suffix(g.dtype)
         if gsuf is None:
             raise TensorTypeError(f"adamw_multi_tensor: grad {i} must be float32 or bfloat16, got {g.dtype}")
+        if capturing and not g.flags.c_contiguous:
+            # the table would point at a copy that the graph's pool hands to later nodes
+            raise TensorTypeError(f"adamw_multi_tensor: grad {i} is not contiguous; while a CUDA graph is "
+                                  "captured every grad must be contiguous")
         g = cp.ascontiguousarray(g)
         keep.append(g)
         flags = (_ADAMW_GRAD_BF16 if gsuf == "bf16" else 0) | (_ADAMW_ALIGNED if _aligned(p, g, m, v) else 0)
@@ -731,18 +754,19 @@ def _adamw_plan(params: Sequence[Array], grads: Sequence[Array], exp_avgs: Seque
     tiles[:, 1] = np.arange(K, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
     if K == 0:
         return None, None, 0, keep
-    return cp.asarray(table), cp.asarray(tiles), K, keep
+    return _upload(table, capturing), _upload(tiles, capturing), K, keep
 
 
 def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs: Sequence[Array],
-                       exp_avg_sqs: Sequence[Array], lr: float, beta1: float, beta2: float, eps: float,
-                       weight_decay: float | Sequence[float], step: int,
-                       max_grad_norm: float | None = None) -> Array | None:
+                       exp_avg_sqs: Sequence[Array], step_scalars: Array, beta1: float, beta2: float, eps: float,
+                       weight_decay: float | Sequence[float], max_grad_norm: float | None = None) -> Array | None:
     """One AdamW step over every tensor in one launch (two with clipping), updating params, exp_avgs
     and exp_avg_sqs in place.
 
     params, exp_avgs, exp_avg_sqs: contiguous float32 arrays; grads: float32 or bfloat16, same shapes
-    (not modified). ``weight_decay`` is one value or one per tensor; ``step`` counts from 1. With
+    (not modified). ``step_scalars``: float64 [3] on the device, (lr, 1 - beta1**t, sqrt(1 - beta2**t))
+    for step t (from 1); the kernel reads it when it runs, so a captured CUDA graph replays with the
+    values written into it since. ``weight_decay`` is one value or one per tensor. With
     ``max_grad_norm`` the gradients are scaled by min(1, max_norm / (norm + 1e-6)), norm being the
     2-norm over all gradients, and the norm (float32, 0-d, before clipping) is returned; else None.
     """
@@ -750,25 +774,35 @@ def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs
     if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == n):
         raise ShapeError(f"adamw_multi_tensor: got {n} params, {len(grads)} grads, {len(exp_avgs)} exp_avgs and "
                          f"{len(exp_avg_sqs)} exp_avg_sqs; the four lists must have one entry per parameter")
-    if step < 1:
-        raise ShapeError(f"adamw_multi_tensor: step counts from 1, got {step}")
+    cp = _cp()
+    if type(step_scalars) is not cp.ndarray or step_scalars.dtype != np.float64 or step_scalars.shape != (3,) \
+            or not step_scalars.flags.c_contiguous:
+        got = f"{step_scalars.dtype} {tuple(step_scalars.shape)}" if hasattr(step_scalars, "dtype") else \
+            type(step_scalars).__name__
+        raise TensorTypeError(f"adamw_multi_tensor: step_scalars must be a contiguous float64 CuPy array of shape (3,) "
+                              f"(lr, 1 - beta1**t, sqrt(1 - beta2**t)), got {got}")
     wds = [float(weight_decay)] * n if isinstance(weight_decay, (int, float)) else [float(w) for w in weight_decay]
     if len(wds) != n:
         raise ShapeError(f"adamw_multi_tensor: {len(wds)} weight decays for {n} params")
-    cp = _cp()
     arrays = (*params, *grads, *exp_avgs, *exp_avg_sqs)
     contiguous = all(a.flags.c_contiguous for a in arrays)
     key = (cp.cuda.Device().id, tuple(wds), tuple([a.data.ptr for a in arrays]), tuple([a.size for a in arrays]),
            tuple([a.dtype for a in arrays]))
-    plan = _adamw_plans.get(key) if contiguous else None
+    plan = (_adamw_graph_plans.get(key) or _adamw_plans.get(key)) if contiguous else None
     keep: list[Array] = []
-    if plan is None:
-        dtable, dtiles, K, keep = _adamw_plan(params, grads, exp_avgs, exp_avg_sqs, wds)
-        plan = (dtable, dtiles, K)
-        if contiguous:  # a plan over temporary grad copies would be stale next call
-            if len(_adamw_plans) >= 16:
-                _adamw_plans.clear()
-            _adamw_plans[key] = plan
+    if plan is None or key not in _adamw_graph_plans:
+        capturing = bool(cp.cuda.get_current_stream().is_capturing())
+        if plan is None:
+            dtable, dtiles, K, keep = _adamw_plan(params, grads, exp_avgs, exp_avg_sqs, wds, capturing)
+            plan = (dtable, dtiles, K)
+            if capturing:  # the graph reads these tables at every replay
+                _adamw_graph_plans[key] = plan
+            elif contiguous:  # a plan over temporary grad copies would be stale next call
+                if len(_adamw_plans) >= 16:
+                    _adamw_plans.clear()
+                _adamw_plans[key] = plan
+        elif capturing:  # an eager plan a graph now reads: out of reach of the eviction
+            _adamw_graph_plans[key] = plan
     dtable, dtiles, K = plan
     if K == 0:
         return cp.zeros((), np.float32) if max_grad_norm is not None else None
@@ -780,13 +814,10 @@ def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs
         partial = cp.empty((npartial,), np.float32)
         norm = cp.empty((), np.float32)
         _launch("adamw", "adamw_sqnorm", (npartial,), (_ADAMW_THREADS,), (dtable, dtiles, np.int32(K), partial))
-    bc1 = 1.0 - beta1**step
-    bc2_sqrt = math.sqrt(1.0 - beta2**step)
     grid = (min(K, _resident_blocks("adamw", "adamw_update", _ADAMW_THREADS)),)
     _launch("adamw", "adamw_update", grid, (_ADAMW_THREADS,),
             (dtable, dtiles, np.int32(K), _ptr(partial), np.int32(npartial), np.float32(max_grad_norm or 0.0),
-             np.float32(lr), np.float32(beta1), np.float32(beta2), np.float32(eps), np.float32(bc1),
-             np.float32(bc2_sqrt), _ptr(norm)))
+             step_scalars, np.float32(beta1), np.float32(beta2), np.float32(eps), _ptr(norm)))
     del keep
     return norm
 

@@ -15,6 +15,9 @@
 //                clip = min(1, max_norm / (norm + 1e-6)); then per element
 //                  g = clip * grad;  p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //                  p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
+//                lr, bc1 = 1 - b1^t and sqrt(bc2) = sqrt(1 - b2^t) change every step, so they are read from
+//                device memory (scalars: float64 [3], written by the host before the launch) when the kernel
+//                runs, not passed as launch parameters: a CUDA graph captured once replays every step.
 //                Each thread issues all its loads of a tile (2 float4 from each of p, g, m, v: 128 bytes)
 //                before the first use. Tensors whose four pointers are 16-byte aligned (flag ALIGNED) use
 //                16-byte accesses (8-byte for bf16 grads); others, and the n % 4 tail, go element-wise.
@@ -111,9 +114,13 @@ __device__ __forceinline__ void adamw_step(float& p, float& m, float& v, float g
 
 extern "C" __global__ void __launch_bounds__(ADAMW_THREADS)
 adamw_update(const long long* __restrict__ table, const int* __restrict__ tiles, int ntiles,
-             const float* __restrict__ partial, int npartial, float max_norm, float lr, float beta1,
-             float beta2, float eps, float bc1, float bc2_sqrt, float* __restrict__ norm_out) {
+             const float* __restrict__ partial, int npartial, float max_norm, const double* __restrict__ scalars,
+             float beta1, float beta2, float eps, float* __restrict__ norm_out) {
     __shared__ float red[66];
+    // Rounded to float as the host rounded them for launch parameters (round to nearest even): same bits.
+    const float lr = (float)scalars[0];
+    const float bc1 = (float)scalars[1];
+    const float bc2_sqrt = (float)scalars[2];
     float clip = 1.f;
     if (partial != nullptr) {
         float s = 0.f;
