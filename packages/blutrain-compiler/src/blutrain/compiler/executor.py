@@ -248,7 +248,7 @@ class CUDAGraphExecutor:
         self.captures = 0
         self.updates = 0  # calls whose scalar kernel arguments changed (each one captures again)
         self.eager = False  # set when capture fails: the list then runs launch by launch
-        self.capture_error: str | None = None  # why, with the innermost frames
+        self.capture_error: str | None = None  # why, with the frames that led there
         self._capture()
 
     def _capture(self) -> None:
@@ -270,7 +270,7 @@ class CUDAGraphExecutor:
             log.warning("blutrain.compiler: CUDA graph capture failed (%s); running the compiled launch list "
                         "without a graph", failure)
             self.eager = True
-            self.capture_error = "".join(traceback.format_exception(failure)[-4:])
+            self.capture_error = "".join(traceback.format_exception(failure)[-16:])
             self.graph = None
             return
         self.graph = graph
