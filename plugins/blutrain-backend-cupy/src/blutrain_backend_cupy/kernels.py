@@ -156,6 +156,24 @@ def add_at(out: Array, key: Any, values: Any) -> None:
         out[...] = tmp.view(np.int64).astype(out.dtype)
 
 
+def cat(arrays: list[Array], dim: int) -> Array:
+    """``concatenate``; while the stream is being captured into a CUDA graph, one device copy per piece:
+    CuPy's concatenate of many arrays uploads their pointers from the host, which capture forbids."""
+    cp = _cp()
+    if not cp.cuda.runtime.streamIsCapturing(cp.cuda.get_current_stream().ptr):
+        return cp.concatenate(arrays, axis=dim)
+    axis = dim % arrays[0].ndim
+    shape = list(arrays[0].shape)
+    shape[axis] = sum(int(a.shape[axis]) for a in arrays)
+    out = cp.empty(tuple(shape), cp.result_type(*arrays))
+    start = 0
+    for a in arrays:
+        stop = start + int(a.shape[axis])
+        out[(slice(None),) * axis + (slice(start, stop),)] = a
+        start = stop
+    return out
+
+
 def index_put(a: Array, key: tuple[Any, ...], value: Any, accumulate: bool) -> None:
     if accumulate:
         add_at(a, key, value)
@@ -203,6 +221,7 @@ OVERRIDES: dict[str, Kernel] = {
     "eye": eye,
     "clamp": clamp,
     "index_put": index_put,
+    "cat": cat,
     "scatter_add": scatter_add,
     "index_add": index_add,
     "embedding_backward": embedding_backward,
