@@ -568,6 +568,19 @@ class BluTrainCompiledRunner(BluTrainRunner):
 
         self.compiled = compile_step(self._whole_step)
 
+    def close(self) -> None:
+        """Drop the compiled graphs and their private memory pools now: a stage's four configurations share
+        the GPU, and the next stage must not start beside this one's buffers (seen on the H100: the tf32
+        PyTorch row ran out of memory after the fp32 compiled one)."""
+        for graph in self.compiled.graphs.values():
+            executor = graph.executor
+            graph.program.slots[:] = [None] * len(graph.program.slots)
+            if hasattr(executor, "pool"):
+                executor.graph = None
+                executor.inputs = []
+                executor.pool.free_all_blocks()
+        self.compiled.reset()
+
     def _whole_step(self, x: Any, y: Any) -> Any:
         with self.autocast:
             loss = self.model(x, y, return_logits=False)[1]
@@ -858,6 +871,10 @@ class Bench:
                 runners.append((*ready, row))
         self.stamp(f"{precision}: {self.args.steps} timed steps each, alternating")
         self.alternate(runners)
+        for runner, _, _ in runners:
+            close = getattr(runner, "close", None)
+            if close is not None:
+                close()
 
     def prepare(self, row: Row, batches: list[Any]) -> tuple[Runner, list[Any]] | None:
         """A built runner with its staged batches after warm-up; its memory peaks measured on one more step."""
