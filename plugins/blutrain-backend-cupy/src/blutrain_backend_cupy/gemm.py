@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.kernels import cuda as fused
+from blutrain.tensor.dtype import bfloat16
 
 Array = Any
 _tf32 = False
@@ -47,12 +48,15 @@ def tf32_enabled() -> bool:
 # ---------------------------------------------------------------------------------------------- cublasGemmEx
 
 _CUDA_DTYPE = {"float32": 0, "float16": 2, "bfloat16": 14}  # cudaDataType: CUDA_R_32F, _16F, _16BF
+_TYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float16): 2, np.dtype(bfloat16.np): 14}  # by dtype
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77  # cublasComputeType_t
 _OP_N, _OP_T = 0, 1
 _ALGO_DEFAULT = -1
-# alpha and beta: cuBLAS reads them on the host during the call (the handle's default pointer mode)
+# alpha and beta: cuBLAS reads them on the host during the call (the handle's default pointer mode); the
+# arrays live as long as the module, so their addresses are taken once
 _ONE = np.ones((), np.float32)
 _ZERO = np.zeros((), np.float32)
+_ONE_PTR, _ZERO_PTR = _ONE.ctypes.data, _ZERO.ctypes.data
 
 
 class CublasError(RuntimeError):
@@ -134,10 +138,13 @@ def gemm_into(a: Array, b: Array, out: Array, *, trans_a: bool = False, trans_b:
     kb, n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
     if kb != k or out.shape != (m, n):
         raise ValueError(f"gemm_into: op(a) {m}x{k} times op(b) {kb}x{n} does not fit out {tuple(out.shape)}")
+    codes = []
     for name, arr in (("a", a), ("b", b), ("out", out)):
-        if arr.ndim != 2 or not arr.flags.c_contiguous or arr.dtype.name not in _CUDA_DTYPE:
+        code = _TYPE_CODES.get(arr.dtype)
+        if code is None or arr.ndim != 2 or not arr.flags.c_contiguous:
             raise ValueError(f"gemm_into: {name} must be a contiguous float32/float16/bfloat16 matrix, got "
                              f"{arr.dtype.name} {tuple(arr.shape)} with strides {arr.strides}")
+        codes.append(code)
     if a.dtype != b.dtype:
         raise ValueError(f"gemm_into: a and b must have one dtype, got {a.dtype.name} and {b.dtype.name}")
     if m == 0 or n == 0:
@@ -147,12 +154,12 @@ def gemm_into(a: Array, b: Array, out: Array, *, trans_a: bool = False, trans_b:
             out.fill(0)
         return
     lib = _cublas()
-    strict = not (_tf32 and a.dtype.name == "float32")
+    strict = not (_tf32 and codes[0] == 0)
     _check(lib.cublasGemmEx(
-        _handle(lib), _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k, _ONE.ctypes.data,
-        b.data.ptr, _CUDA_DTYPE[b.dtype.name], b.shape[1], a.data.ptr, _CUDA_DTYPE[a.dtype.name], a.shape[1],
-        (_ONE if accumulate else _ZERO).ctypes.data, out.data.ptr, _CUDA_DTYPE[out.dtype.name], n,
-        _COMPUTE_32F if strict else _COMPUTE_32F_FAST_TF32, _ALGO_DEFAULT), "cublasGemmEx")
+        _handle(lib), _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k, _ONE_PTR,
+        b.data.ptr, codes[1], b.shape[1], a.data.ptr, codes[0], a.shape[1], _ONE_PTR if accumulate else _ZERO_PTR,
+        out.data.ptr, codes[2], n, _COMPUTE_32F if strict else _COMPUTE_32F_FAST_TF32, _ALGO_DEFAULT),
+        "cublasGemmEx")
 
 
 # ---------------------------------------------------------------------------------------------- ops
