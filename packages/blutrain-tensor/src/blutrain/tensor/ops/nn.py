@@ -161,6 +161,17 @@ def embedding(input: Tensor, weight: Tensor) -> Tensor:
     return out
 
 
+def _check_class_target(op: str, input: Tensor, target: Tensor, label_smoothing: float) -> None:
+    """The checks every softmax cross-entropy makes of its targets and smoothing."""
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise TensorValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not isinstance(target, Tensor) or target.dtype.is_floating or target.dtype is bool_:
+        got = target.dtype.name if isinstance(target, Tensor) else type(target).__name__
+        raise TensorTypeError(f"{op}: target must be an integer Tensor of class indices, got {got}")
+    if target.device is not input.device:
+        raise DeviceMismatchError(f"{op}: target is on {target.device}, input on {input.device}")
+
+
 def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
     """Softmax cross-entropy of logits ``input`` (N, C) or (N, C, d...) against class indices.
@@ -173,13 +184,7 @@ def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, re
     _floating("cross_entropy", input)
     if reduction not in ("mean", "sum", "none"):
         raise TensorValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise TensorValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not isinstance(target, Tensor) or target.dtype.is_floating or target.dtype is bool_:
-        got = target.dtype.name if isinstance(target, Tensor) else type(target).__name__
-        raise TensorTypeError(f"cross_entropy: target must be an integer Tensor of class indices, got {got}")
-    if target.device is not input.device:
-        raise DeviceMismatchError(f"cross_entropy: target is on {target.device}, input on {input.device}")
+    _check_class_target("cross_entropy", input, target, label_smoothing)
     extra: tuple[int, ...] = ()
     if input.ndim == 1:
         logits, tgt = input.unsqueeze(0), target.reshape(1)
@@ -245,13 +250,7 @@ def linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor, *, ignor
     if reduction not in ("mean", "sum"):
         raise TensorValueError(f"linear_cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r} "
                                "(per-row losses need the logits: use linear + cross_entropy)")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise TensorValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not isinstance(target, Tensor) or target.dtype.is_floating or target.dtype is bool_:
-        got = target.dtype.name if isinstance(target, Tensor) else type(target).__name__
-        raise TensorTypeError(f"linear_cross_entropy: target must be an integer Tensor of class indices, got {got}")
-    if target.device is not input.device:
-        raise DeviceMismatchError(f"linear_cross_entropy: target is on {target.device}, input on {input.device}")
+    _check_class_target("linear_cross_entropy", input, target, label_smoothing)
     if target.shape != input.shape[:-1]:
         raise ShapeError(f"linear_cross_entropy: target shape {list(target.shape)} does not match input "
                          f"{list(input.shape)} (expected {list(input.shape[:-1])})")
