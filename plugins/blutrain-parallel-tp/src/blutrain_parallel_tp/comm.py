@@ -44,7 +44,7 @@ def reduce_from_tp_region(x: Tensor, group: ProcessGroup) -> Tensor:
     return out
 
 
-def _grad_or_zeros(node: Any, grads: list[Any]) -> Tensor:
+def grad_or_zeros(node: Any, grads: list[Any]) -> Tensor:
     """The output's gradient; zeros where it got none, since a collective must run on every rank."""
     g = grads[0]
     if g is None:
@@ -56,14 +56,14 @@ def _grad_or_zeros(node: Any, grads: list[Any]) -> Tensor:
 @derivative(COPY_TO_TP, save=save_nothing)
 def _copy_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
     # a fresh buffer: the incoming gradient may be shared with another consumer of the output
-    g = _grad_or_zeros(node, grads).detach().clone()
+    g = grad_or_zeros(node, grads).detach().clone()
     node.attrs["group"].all_reduce(g, op="sum")
     return (g,)
 
 
 @derivative(REDUCE_FROM_TP, save=save_nothing)
 def _reduce_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
-    return (_grad_or_zeros(node, grads),)
+    return (grad_or_zeros(node, grads),)
 
 
-__all__ = ["COPY_TO_TP", "REDUCE_FROM_TP", "copy_to_tp_region", "reduce_from_tp_region"]
+__all__ = ["COPY_TO_TP", "REDUCE_FROM_TP", "copy_to_tp_region", "grad_or_zeros", "reduce_from_tp_region"]

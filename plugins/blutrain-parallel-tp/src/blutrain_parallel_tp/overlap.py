@@ -28,8 +28,9 @@ from typing import Any
 from blutrain.autograd import derivative, no_grad, record
 from blutrain.autograd.rules import no_double_backward, save_inputs
 from blutrain.dist import DistArgumentError, ProcessGroup, Work
-from blutrain.tensor import Tensor, cat, dispatch, linear, matmul, zeros
+from blutrain.tensor import Tensor, cat, dispatch, linear, matmul
 from blutrain.tensor.autocast import lower
+from blutrain_parallel_tp.comm import grad_or_zeros
 
 COLUMN_PARALLEL_LINEAR = "tp_column_parallel_linear"
 ROW_PARALLEL_LINEAR = "tp_row_parallel_linear"
@@ -103,7 +104,7 @@ def column_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None, group
 def _row_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor | None, ...]:
     no_double_backward(ROW_PARALLEL_LINEAR, create_graph)
     x, weight = node.saved
-    g = _grad_or_zeros(node, grads)
+    g = grad_or_zeros(node, grads)
     gx, gw, _ = _linear_backward(g, x, weight, node.needs[0], node.needs[1], False)
     return gx, gw
 
@@ -114,7 +115,7 @@ def _column_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[T
     x, weight, bias = node.saved
     group: ProcessGroup = node.attrs["group"]
     # every rank reduces the input gradient, needed or not, so that the collectives stay matched
-    g = _grad_or_zeros(node, grads)
+    g = grad_or_zeros(node, grads)
     g_rows = g.reshape(-1, g.shape[-1])
     blocks: list[Tensor] = []
     works: list[Work | None] = []
@@ -138,15 +139,6 @@ def _linear_backward(g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_w:
         g.detach()._data, x.detach()._data, weight.detach()._data, need_x, need_w, need_b)
     return tuple(None if d is None else Tensor._make(d, x.dtype, x.device)  # type: ignore[return-value]
                  for d in (gx, gw, gb))
-
-
-def _grad_or_zeros(node: Any, grads: list[Any]) -> Tensor:
-    """The output's gradient; zeros where it got none, since a collective must run on every rank."""
-    g = grads[0]
-    if g is None:
-        shape, dtype, device = node.out_meta[0]
-        return zeros(*shape, dtype=dtype, device=device)
-    return g  # type: ignore[no-any-return]
 
 
 __all__ = ["COLUMN_PARALLEL_LINEAR", "ROW_PARALLEL_LINEAR", "check_chunks", "column_parallel_linear",
