@@ -65,6 +65,19 @@ def test_clip_scales_every_gradient_by_the_global_norm() -> None:
         np.testing.assert_allclose(np.asarray(p.grad), g / (total + 1e-6), rtol=1e-12)
 
 
+def test_clip_takes_the_norm_over_gradients_of_several_dtypes_in_the_widest() -> None:
+    rng = np.random.default_rng(1)
+    grads = [rng.normal(size=(3, 5)), rng.normal(size=7).astype(np.float32), rng.normal(size=(2, 3))]
+    params = _params_with_grads(grads)
+    total = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads))
+    norm = clip_grad_norm_(params, 0.5)
+    assert norm.dtype is float64
+    assert math.isclose(float(norm), total, rel_tol=1e-7)
+    for p, g in zip(params, grads, strict=True):
+        assert p.grad is not None
+        np.testing.assert_allclose(np.asarray(p.grad), g * (0.5 / (total + 1e-6)), rtol=1e-6)
+
+
 def test_clip_leaves_small_gradients_unchanged() -> None:
     grads = [np.full(4, 0.1)]
     params = _params_with_grads(grads)
