@@ -78,6 +78,22 @@ def test_first_calls_run_eagerly_then_trace_then_replay() -> None:
     assert "func.func @step" in fn.ir()
 
 
+def test_reset_closes_the_executors_and_the_next_calls_trace_anew() -> None:
+    step, _ = _linear_step()
+    fn = bc.compile(step, warmup=1)
+    x = bt.randn(5, 4)
+    for _ in range(3):
+        fn(x)
+    graph = fn.last
+    assert graph is not None
+    fn.reset()
+    assert graph.executor.closed
+    assert all(s is None for s in graph.program.slots)
+    for _ in range(3):
+        fn(x)
+    assert fn.traces == 2 and fn.last is not graph
+
+
 def test_new_shape_retraces_and_logs_it(caplog: pytest.LogCaptureFixture) -> None:
     step, _ = _linear_step()
     fn = bc.compile(step, warmup=0)

@@ -88,6 +88,36 @@ def test_compiled_gpt_on_cuda_matches_eager_and_runs_as_one_graph(optimizer: str
         assert graph.executor.captures == 1
 
 
+def test_compiled_gpt_replays_in_a_planned_arena_smaller_than_the_recording_pool() -> None:
+    """The captured step's allocation requests are recorded once and served from one arena placed by
+    liveness: the graph replays eager mode's losses, every request came from the arena, and the arena is
+    smaller than what CuPy's caching pool held for the same run (and no smaller than the most bytes live at
+    once). reset() gives it all back."""
+    _cuda()
+    eager, _, _ = _gpt(False, 12, "adamw")
+    compiled, _, fn = _gpt(True, 12, "adamw")
+    executor = fn.last.executor
+    assert isinstance(executor, CUDAGraphExecutor)
+    assert not executor.eager, executor.capture_error
+    stats = fn.stats
+    rel = max(abs(a - b) / abs(a) for a, b in zip(eager, compiled, strict=True))
+    report = {"max_rel": rel, "eager_losses": eager, "compiled_losses": compiled, "captures": executor.captures,
+              "first_fallback": executor.first_fallback, "stats": vars(stats)}
+    print(json.dumps(report))
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "compiler_cuda_arena.json").write_text(json.dumps(report, indent=1))
+    assert rel < 1e-4
+    assert executor.captures == 1 and executor.updates == 0
+    assert stats.alloc_requests > 0
+    assert stats.alloc_fallbacks == 0, executor.first_fallback
+    assert stats.alloc_live_peak_bytes <= stats.alloc_arena_bytes < stats.alloc_pool_bytes
+    assert stats.alloc_arena_bytes <= stats.alloc_request_bytes
+    fn.reset()
+    assert executor.closed and executor.arena is None and executor.graph is None
+    assert executor.pool_bytes == 0  # the recording run's blocks were all freed back
+
+
 def test_an_adamw_step_without_gemms_captures_once_and_replays_under_a_schedule() -> None:
     """Elementwise ops, reductions and the fused AdamW kernel only (no GEMM), so the step must capture;
     the lr and step change every call and the parameters follow eager mode's."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,16 @@ def _signature(leaves: list[Any]) -> tuple[Any, ...]:
 # -- one compiled graph ------------------------------------------------------------------------------
 @dataclass
 class CompileStats:
-    """What one compiled graph is: its size and memory plan."""
+    """What one compiled graph is: its size and its two memory plans.
+
+    ``arena_bytes``/``buffer_bytes`` are the memory-plan pass's, over the traced values (kernel results; no
+    kernel scratch): planned peak against their sum. The ``alloc_*`` numbers are the CUDA executor's, over
+    the allocation requests the kernels really make while the step is captured (results, scratch,
+    workspaces): ``alloc_arena_bytes`` is the arena the graph runs in, ``alloc_request_bytes`` every request
+    added up, ``alloc_live_peak_bytes`` the most bytes live at once (no placement needs less),
+    ``alloc_pool_bytes`` what CuPy's caching pool held for the same run, ``alloc_fallbacks`` the requests the
+    arena did not serve. They are 0 on the CPU and for a step that runs without a graph.
+    """
 
     traced_ops: int
     ops: int
@@ -89,6 +98,12 @@ class CompileStats:
     arena_bytes: int
     buffer_bytes: int
     device: str
+    alloc_arena_bytes: int = 0
+    alloc_request_bytes: int = 0
+    alloc_live_peak_bytes: int = 0
+    alloc_pool_bytes: int = 0
+    alloc_requests: int = 0
+    alloc_fallbacks: int = 0
 
 
 class CompiledGraph:
@@ -113,11 +128,25 @@ class CompiledGraph:
         executor_cls = CUDAGraphExecutor if device == "cuda" else CPUExecutor
         self.executor: CPUExecutor | CUDAGraphExecutor = executor_cls(self.program, inputs, state)
         ops = next(iter(module.body.block.ops)).regions[0].block.ops
-        self.stats = CompileStats(
+        self._stats = CompileStats(
             traced_ops=len(tracer.events), ops=sum(1 for _ in ops), fused_regions=sum(1 for o in ops
                                                                                      if o.name == "blutrain.fused"),
             arena_bytes=_attr(module, "blutrain.arena_bytes"), buffer_bytes=_attr(module, "blutrain.buffer_bytes"),
             device=device)
+
+    @property
+    def stats(self) -> CompileStats:
+        """The graph's numbers, with the executor's arena as its last capture left it."""
+        r = self.executor.report
+        if r is None:
+            return replace(self._stats)
+        return replace(self._stats, alloc_arena_bytes=r.arena_bytes, alloc_request_bytes=r.request_bytes,
+                       alloc_live_peak_bytes=r.live_peak_bytes, alloc_pool_bytes=r.pool_bytes,
+                       alloc_requests=r.requests, alloc_fallbacks=r.fallbacks)
+
+    def close(self) -> None:
+        """Give the executor's memory back now (its arena and pool on CUDA); the graph cannot run after."""
+        self.executor.close()
 
     def run(self, leaves: list[Any]) -> Any:
         tensors: list[Tensor] = [leaves[i] for i in self.tensor_positions]
@@ -261,9 +290,11 @@ class CompiledFunction:
         graph = CompiledGraph(self, tracer, module, traced_text, out_spec, markers, positions, dynamic)
         self.graphs[sig] = graph
         self.last = graph
-        log.debug("blutrain.compiler: %d traced ops → %d ops, %d fused regions; arena %d bytes (unplanned %d)",
-                  graph.stats.traced_ops, graph.stats.ops, graph.stats.fused_regions, graph.stats.arena_bytes,
-                  graph.stats.buffer_bytes)
+        stats = graph.stats
+        log.debug("blutrain.compiler: %d traced ops → %d ops, %d fused regions; traced values: arena %d bytes "
+                  "(unplanned %d); executor: arena %d bytes (requests %d, CuPy's pool %d)", stats.traced_ops,
+                  stats.ops, stats.fused_regions, stats.arena_bytes, stats.buffer_bytes, stats.alloc_arena_bytes,
+                  stats.alloc_request_bytes, stats.alloc_pool_bytes)
         return _unflatten(out_spec, real)
 
     # -- inspection --------------------------------------------------------------------------------
@@ -286,7 +317,10 @@ class CompiledFunction:
         return self._graph().stats
 
     def reset(self) -> None:
-        """Forget every compiled graph (e.g. after replacing the model's parameters)."""
+        """Forget every compiled graph (e.g. after replacing the model's parameters), giving back the memory
+        their executors hold at once."""
+        for graph in self.graphs.values():
+            graph.close()
         self.graphs.clear()
         self.calls.clear()
         self.last = None

@@ -7,9 +7,11 @@ each reading and writing slots. Inputs are copied into static buffers owned by t
 after its last reader, so memory follows the liveness the planner computed.
 
 On the CPU, :class:`CPUExecutor` runs the list. On CUDA, :class:`CUDAGraphExecutor` captures one run
-of the list into a CUDA graph on its own stream and memory pool (every buffer the graph uses stays in
-that pool, so nothing else can take it); each call copies the inputs into their static buffers and
-launches the graph once.
+of the list into a CUDA graph on its own stream, inside one planned arena (``arena.py``): a first capture
+records every allocation request the kernels make and when each is freed, the requests are placed by
+liveness, and the capture that is kept takes each one at its offset in an arena of the planned size (the
+graph's buffers stay there, so nothing else can take them). Each call copies the inputs into their static
+buffers and launches the graph once.
 
 A kernel's Python scalar arguments are baked into the captured graph, so a call whose scalars changed
 (``updated()``, counted in ``updates``) captures it again. Numbers meant to change every step (an
@@ -20,6 +22,7 @@ every step.
 
 from __future__ import annotations
 
+import gc
 import logging
 import traceback
 from collections.abc import Callable
@@ -30,6 +33,7 @@ from xdsl.dialects.builtin import IntAttr, ModuleOp
 from xdsl.ir import SSAValue
 
 from blutrain.compiler import codegen_cuda, codegen_numpy
+from blutrain.compiler.arena import ALIGN, AllocationRun, ArenaReport, Placement, RecordingRun, ServingRun, place
 from blutrain.compiler.dialect import AssignOp, FusedOp, Operand, ViewOp, decode, is_kernel, kernel_name, type_info
 from blutrain.compiler.errors import CompilerError
 from blutrain.compiler.graph import attr_int, body
@@ -180,6 +184,10 @@ class Program:
             launch.template = template
         return True
 
+    def drop_results(self) -> None:
+        """Forget what the last run left in the slots (its outputs); the arguments stay."""
+        self.slots[self.n_args:] = [None] * (self.n_slots - self.n_args)
+
     def run(self) -> None:
         slots = self.slots
         for launch in self.launches:
@@ -208,8 +216,11 @@ def _assign(template: tuple[Any, ...], values: list[Any]) -> None:
     target[key] = value
 
 
+
 class CPUExecutor:
     """Runs a :class:`Program` on the CPU: copy the inputs in, run the list."""
+
+    report: ArenaReport | None = None  # the CPU executor plans no arena
 
     def __init__(self, program: Program, inputs: list[Any], state: list[Any]) -> None:
         self.program = program
@@ -217,8 +228,12 @@ class CPUExecutor:
         program.slots[:len(inputs)] = self.inputs
         program.slots[len(inputs):program.n_args] = state
         self.updates = 0  # calls whose scalar kernel arguments changed
+        self.closed = False
 
     def run(self, inputs: list[Any]) -> list[Any]:
+        if self.closed:
+            raise CompilerError("this compiled graph was closed (its compiled function was reset); call the "
+                                "compiled function again to trace anew")
         for buf, new in zip(self.inputs, inputs, strict=True):
             buf[...] = new
         self.program.run()
@@ -229,9 +244,34 @@ class CPUExecutor:
         """Scalars changed: the launches already hold the new ones, nothing to redo on the CPU."""
         self.updates += 1
 
+    def close(self) -> None:
+        """Drop the static inputs and every slot; the executor cannot run after."""
+        self.closed = True
+        self.program.slots[:] = [None] * len(self.program.slots)
+        self.inputs = []
+
+
+class CupyMemory:
+    """The device under an allocation run (``arena.DeviceMemory``): fresh blocks from a private CuPy pool,
+    and the pointers handed to CuPy as ``UnownedMemory`` that keeps the request's owner alive."""
+
+    def __init__(self, cupy: Any, pool: Any) -> None:
+        self.pool = pool
+        self._unowned = cupy.cuda.memory.UnownedMemory
+        self._pointer = cupy.cuda.MemoryPointer
+        self._device = int(cupy.cuda.Device().id)  # given, so that no pointer query runs during capture
+
+    def block(self, nbytes: int) -> tuple[int, object]:
+        p = self.pool.malloc(nbytes)
+        # the pool too: its blocks are freed with it, even those still handed out
+        return int(p.ptr), (p, self.pool)
+
+    def pointer(self, address: int, nbytes: int, owner: object) -> object:
+        return self._pointer(self._unowned(address, nbytes, owner, self._device), 0)
+
 
 class CUDAGraphExecutor:
-    """Runs a :class:`Program` as one CUDA graph (CuPy stream capture)."""
+    """Runs a :class:`Program` as one CUDA graph (CuPy stream capture) inside one planned arena."""
 
     def __init__(self, program: Program, inputs: list[Any], state: list[Any]) -> None:
         import cupy
@@ -239,9 +279,11 @@ class CUDAGraphExecutor:
         self.cupy = cupy
         self.program = program
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        # the recording run's requests, those the arena does not serve and a run without a graph come from here
         self.pool = cupy.cuda.MemoryPool()
-        with cupy.cuda.using_allocator(self.pool.malloc):
-            self.inputs = [cupy.array(a, copy=True) for a in inputs]
+        self.memory = CupyMemory(cupy, self.pool)
+        # the static input buffers come from the process's allocator, like the arena: its statistics see them
+        self.inputs = [cupy.array(a, copy=True) for a in inputs]
         program.slots[:len(inputs)] = self.inputs
         program.slots[len(inputs):program.n_args] = state
         self.graph: Any = None
@@ -249,6 +291,12 @@ class CUDAGraphExecutor:
         self.updates = 0  # calls whose scalar kernel arguments changed (each one captures again)
         self.eager = False  # set when capture fails: the list then runs launch by launch
         self.capture_error: str | None = None  # why, with the frames that led there
+        self.placement: Placement | None = None
+        self.arena: Any = None  # the arena's MemoryPointer, from the process's allocator
+        self.recorded_pool_bytes = 0  # CuPy's pool after the recording run: the executor without a plan
+        self.report: ArenaReport | None = None
+        self.first_fallback: str | None = None  # the first request of the kept capture the arena did not serve
+        self.closed = False
         self._capture()
 
     def _capture(self) -> None:
@@ -256,33 +304,95 @@ class CUDAGraphExecutor:
         cupy.cuda.get_current_stream().synchronize()
         if self.eager:
             return
-        with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
-            self.stream.begin_capture(mode=cupy.cuda.runtime.streamCaptureModeRelaxed)
-            failure: Exception | None = None
-            try:
-                self.program.run()
-            except Exception as exc:  # e.g. CuPy refuses cuBLAS calls during stream capture
-                failure = exc
-            finally:
-                graph = self.stream.end_capture()
-        if failure is not None:
-            # Run the launch list on the stream without a graph: correct, but every launch costs host time.
-            log.warning("blutrain.compiler: CUDA graph capture failed (%s); running the compiled launch list "
-                        "without a graph", failure)
-            self.eager = True
-            self.capture_error = "".join(traceback.format_exception(failure)[-16:])
-            self.graph = None
-            return
+        if self.placement is None:
+            recording = RecordingRun(self.memory)
+            if self._capture_run(recording) is None:
+                return
+            self.program.drop_results()  # the recording's outputs go back to the pool before it is emptied
+            self.recorded_pool_bytes = int(self.pool.total_bytes())
+            self._plan(recording)
+        for attempt in (1, 2):
+            assert self.placement is not None
+            serving = ServingRun(self.memory, self.placement, int(self.arena.ptr), self.arena)
+            graph = self._capture_run(serving)
+            if graph is None:
+                return
+            if not serving.fallbacks:
+                break
+            log.debug("blutrain.compiler: %d of %d allocation requests of the captured step did not match the "
+                      "recorded run and came from the pool (first: %s)%s", serving.fallbacks,
+                      len(serving.sizes), serving.first_fallback,
+                      "; planning again from this run" if attempt == 1 else "")
+            if attempt == 1:  # e.g. a kernel that allocated a cache in the recording run holds it since
+                graph = None
+                self.program.drop_results()
+                self._plan(serving)
         self.graph = graph
         self.captures += 1
+        self.first_fallback = serving.first_fallback
+        assert self.placement is not None
+        self.report = ArenaReport(arena_bytes=self.placement.nbytes, request_bytes=self.placement.requested,
+                                  live_peak_bytes=self.placement.live_peak, pool_bytes=self.recorded_pool_bytes,
+                                  requests=len(serving.sizes), fallbacks=serving.fallbacks)
+        log.debug("blutrain.compiler: captured step in an arena of %d bytes (%d requests of %d bytes in all, "
+                  "at most %d live at once; the recording run's pool held %d; %d from the pool)",
+                  self.report.arena_bytes, self.report.requests, self.report.request_bytes,
+                  self.report.live_peak_bytes, self.report.pool_bytes, self.report.fallbacks)
+
+    def _plan(self, run: AllocationRun) -> None:
+        """Place the requests of ``run`` and allocate the arena (the previous one, and the pool's free blocks,
+        go back first)."""
+        self.arena = None
+        self.pool.free_all_blocks()
+        self.placement = place(run.requests())
+        arena = self.cupy.cuda.alloc(self.placement.nbytes + ALIGN)
+        # offsets are multiples of ALIGN from a base aligned to it (allocators align to 512, this makes sure)
+        self.arena = arena + (-int(arena.ptr)) % ALIGN
+
+    def _capture_run(self, run: AllocationRun) -> Any:
+        """One capture of the launch list with ``run`` as the allocator: the graph, or None if capture failed
+        (the executor then runs the list without a graph, from its pool)."""
+        cupy = self.cupy
+        self.program.drop_results()  # the last capture's outputs: not needed, and they hold memory
+        collecting = gc.isenabled()
+        gc.disable()  # frees come from reference counts alone, at the same points in every run
+        failure: Exception | None = None
+        try:
+            with cupy.cuda.using_allocator(run), self.stream:
+                self.stream.begin_capture(mode=cupy.cuda.runtime.streamCaptureModeRelaxed)
+                try:
+                    self.program.run()
+                except Exception as exc:  # e.g. a library call that stream capture forbids
+                    failure = exc
+                finally:
+                    graph = self.stream.end_capture()
+                    run.finish()
+        finally:
+            if collecting:
+                gc.enable()
+        if failure is None:
+            return graph
+        # Run the launch list on the stream without a graph: correct, but every launch costs host time.
+        log.warning("blutrain.compiler: CUDA graph capture failed (%s); running the compiled launch list "
+                    "without a graph", failure)
+        self.eager = True
+        self.capture_error = "".join(traceback.format_exception(failure)[-16:])
+        self.graph = None
+        self.program.drop_results()
+        self.placement = self.arena = self.report = None
+        return None
 
     def updated(self) -> None:
-        """Scalar arguments changed: they are baked into the graph's kernel parameters, so recapture."""
+        """Scalar arguments changed: they are baked into the graph's kernel parameters, so recapture (in the
+        same arena: the requests are those of the recorded run)."""
         self.updates += 1
         self.graph = None
 
     def run(self, inputs: list[Any]) -> list[Any]:
         cupy = self.cupy
+        if self.closed:
+            raise CompilerError("this compiled graph was closed (its compiled function was reset); call the "
+                                "compiled function again to trace anew")
         if self.graph is None:
             self._capture()
         # inputs, state and the step scalars the host refilled were written on the caller's stream
@@ -295,16 +405,36 @@ class CUDAGraphExecutor:
             else:
                 self.graph.launch(self.stream)
         with self.stream:
-            # The results come from the process's allocator, not the graph's pool: a free block of that pool
-            # may be scratch of the graph, which the next replay would write over a result held since.
+            # The results come from the process's allocator, not the arena: the next replay writes the arena
+            # over a result held since.
             slots = self.program.slots
             outs = [slots[s].copy() for s in self.program.outputs]
         self.stream.synchronize()
         return outs
 
+    def close(self) -> None:
+        """Give the graph, the arena, the static inputs and the pool's blocks back now; the executor cannot
+        run after. (Dropping the executor frees the same; this does it at once, e.g. between benchmark
+        configurations that share the GPU.)"""
+        if self.closed:
+            return
+        self.stream.synchronize()
+        self.closed = True
+        self.graph = None
+        self.program.slots[:] = [None] * len(self.program.slots)
+        self.inputs = []
+        self.arena = self.placement = None
+        self.pool.free_all_blocks()
+
     @property
     def pool_bytes(self) -> int:
+        """Bytes CuPy's private pool holds now (requests the arena did not serve; a run without a graph)."""
         return int(self.pool.total_bytes())
 
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of the planned arena (0 without a graph)."""
+        return 0 if self.placement is None else self.placement.nbytes
 
-__all__ = ["CPUExecutor", "CUDAGraphExecutor", "Launch", "Program", "strided_view"]
+
+__all__ = ["CPUExecutor", "CUDAGraphExecutor", "CupyMemory", "Launch", "Program", "strided_view"]
