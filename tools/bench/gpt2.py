@@ -569,16 +569,9 @@ class BluTrainCompiledRunner(BluTrainRunner):
         self.compiled = compile_step(self._whole_step)
 
     def close(self) -> None:
-        """Drop the compiled graphs and their private memory pools now: a stage's four configurations share
-        the GPU, and the next stage must not start beside this one's buffers (seen on the H100: the tf32
-        PyTorch row ran out of memory after the fp32 compiled one)."""
-        for graph in self.compiled.graphs.values():
-            executor = graph.executor
-            graph.program.slots[:] = [None] * len(graph.program.slots)
-            if hasattr(executor, "pool"):
-                executor.graph = None
-                executor.inputs = []
-                executor.pool.free_all_blocks()
+        """Drop the compiled graphs and their memory now: a stage's four configurations share the GPU, and
+        the next stage must not start beside this one's buffers (seen on the H100: the tf32 PyTorch row ran
+        out of memory after the fp32 compiled one)."""
         self.compiled.reset()
 
     def _whole_step(self, x: Any, y: Any) -> Any:
