@@ -557,8 +557,74 @@ class Bench:
         self.mem_row(row, n * (32 if clip else 28))
         rows.append(row)
 
+    # GPT-2 124M's linear layers at 16 x 1024 tokens (C = 768): (label, layout, M, N, K, accumulate). Layouts
+    # are gemm_3xtf32's flags: "nt" forward x Wᵀ, "nn" input gradient dy W, "tn" weight gradient dyᵀ x. The
+    # LM head runs in chunks of 1334 rows (256 MiB of float32 logits), its weight gradient accumulated.
+    GEMM_SHAPES: tuple[tuple[str, str, int, int, int, bool], ...] = (
+        ("attn qkv fwd", "nt", 16384, 2304, 768, False), ("attn proj fwd", "nt", 16384, 768, 768, False),
+        ("mlp fc fwd", "nt", 16384, 3072, 768, False), ("mlp proj fwd", "nt", 16384, 768, 3072, False),
+        ("attn qkv dx", "nn", 16384, 768, 2304, False), ("attn proj dx", "nn", 16384, 768, 768, False),
+        ("mlp fc dx", "nn", 16384, 768, 3072, False), ("mlp proj dx", "nn", 16384, 3072, 768, False),
+        ("attn qkv dW", "tn", 2304, 768, 16384, False), ("attn proj dW", "tn", 768, 768, 16384, False),
+        ("mlp fc dW", "tn", 3072, 768, 16384, False), ("mlp proj dW", "tn", 768, 3072, 16384, False),
+        ("lm head chunk fwd", "nt", 1334, 50304, 768, False), ("lm head chunk dx", "nn", 1334, 768, 50304, False),
+        ("lm head chunk dW", "tn", 50304, 768, 1334, True),
+    )
 
-FAMILIES = ("attention", "gelu", "layernorm", "cross_entropy", "reduce_sum", "adamw", "casts")
+    def gemm(self, rows: list[Row]) -> None:
+        shapes = self.GEMM_SHAPES
+        if self.quick:
+            shapes = (shapes[0], shapes[4], shapes[8])  # one of each layout
+        for case in shapes:
+            self.gemm_case(rows, *case)
+            self.free()
+
+    def gemm_case(self, rows: list[Row], label: str, layout: str, M: int, N: int, K: int, accumulate: bool) -> None:
+        """3xTF32 (gemm_3xtf32) against torch.matmul in strict float32 (TF32 off), both against a float64
+        product of the same operands; torch's time, TFLOP/s and error go in the row's extra."""
+        from blutrain.kernels import cuda as K_
+
+        torch = self.torch
+        assert not torch.backends.cuda.matmul.allow_tf32
+        trans_a, trans_b = layout[0] == "t", layout[1] == "t"
+        a = torch.randn(*((K, M) if trans_a else (M, K)), device="cuda")
+        b = torch.randn(*((N, K) if trans_b else (K, N)), device="cuda")
+        c0 = torch.randn(M, N, device="cuda") if accumulate else None
+        opa, opb = (a.t() if trans_a else a), (b.t() if trans_b else b)
+        ref = opa.double() @ opb.double()
+        if c0 is not None:
+            ref += c0.double()
+        ours_out = c0.clone() if c0 is not None else torch.empty(M, N, device="cuda")
+        theirs_out = c0.clone() if c0 is not None else torch.empty(M, N, device="cuda")
+        ca, cb, co = self.as_cupy(a), self.as_cupy(b), self.as_cupy(ours_out)
+
+        def ours() -> Any:
+            return K_.gemm_3xtf32(ca, cb, co, trans_a, trans_b, accumulate)
+
+        def theirs() -> Any:
+            if accumulate:
+                return theirs_out.addmm_(opa, opb)
+            return torch.matmul(opa, opb, out=theirs_out)
+
+        assert ours(), f"gemm_3xtf32 declined {layout} {M}x{N}x{K}"
+        theirs()
+        row = Row(f"gemm 3xtf32 {layout}" + (" +=" if accumulate else ""), f"{M}x{N}x{K} {label}", "fp32",
+                  note="torch: matmul, fp32 strict (TF32 off)")
+        row.rel_err = float((ours_out.double() - ref).norm() / ref.norm())
+        row.extra["torch_rel_err"] = float((theirs_out.double() - ref).norm() / ref.norm())
+        del ref
+        row.ours_ms = self.time_ms(ours)
+        row.torch_ms = self.time_ms(theirs, torch_side=True)
+        flops = 2.0 * M * N * K
+        self.flop_row(row, flops, False)
+        row.extra["torch_TFLOPs"] = flops / row.torch_ms / 1e9
+        print(f"  gemm {layout} {M}x{N}x{K} ({label}): ours {row.rate:.1f} TFLOP/s, rel.err {row.rel_err:.1e}; "
+              f"torch fp32 {row.extra['torch_TFLOPs']:.1f} TFLOP/s, rel.err {row.extra['torch_rel_err']:.1e}; "
+              f"ours/torch time {row.ratio:.2f}", flush=True)
+        rows.append(row)
+
+
+FAMILIES = ("attention", "gelu", "layernorm", "cross_entropy", "reduce_sum", "adamw", "casts", "gemm")
 
 
 def fmt(v: float | None, spec: str) -> str:

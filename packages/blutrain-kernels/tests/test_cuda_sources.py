@@ -62,3 +62,18 @@ def test_vectorized_philox_reference_agrees_with_the_single_block_one() -> None:
         c = 2**32 - 2 + i
         block = ref.philox4x32_10_block((c & 0xFFFFFFFF, c >> 32, 0, 0), (0x12345678, 0xDEADBEEF))
         assert tuple(int(w) for w in words[i]) == block
+
+
+@pytest.mark.parametrize(("m", "n", "k", "split"), [
+    (16384, 2304, 768, False), (16384, 768, 3072, False),  # GPT-2's forward and input gradients: many tiles
+    (2304, 768, 16384, True), (768, 768, 16384, True),     # its weight gradients: few tiles, long K
+    (1334, 768, 50304, True),                               # an LM head chunk's input gradient
+    (256, 256, 256, False),                                 # too short a K to split
+])
+def test_gemm_3xtf32_splits_k_only_where_the_tiles_leave_sms_idle(m: int, n: int, k: int, split: bool) -> None:
+    tiles, kt = -(-m // 128) * -(-n // 128), -(-k // 32)
+    splits = cuda._gemm_splits(tiles, kt, m * n, 132)  # an H100 SXM
+    assert (splits > 1) == split
+    assert 1 <= splits <= 16 and -(-kt // splits) >= 8
+    if split:  # the blocks fill at least 90 % of the waves they take
+        assert tiles * splits / (-(-tiles * splits // 132) * 132) >= 0.9
