@@ -757,7 +757,8 @@ class Bench:
             "device": self.device, "preset": a.preset, "batch_size": a.batch_size, "seq_len": a.seq_len,
             "tokens_per_step": self.tokens, "timed_steps": a.steps, "warmup_steps": a.warmup,
             "precisions": a.precision, "impls": self.impls, "data": _describe(a.data, self.cfg.vocab_size),
-            "hyper": asdict(self.hp), "python": sys.version.split()[0], "numpy": np.__version__,
+            "hyper": asdict(self.hp), "fp32_gemm": a.fp32_gemm, "python": sys.version.split()[0],
+            "numpy": np.__version__,
             "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "non_embedding_params": non_embedding_params(self.cfg),
             "flops_per_token": self.fpt, "flops_formula": "6*N + 12*L*H*Q*T (N without position embedding)",
@@ -1233,6 +1234,13 @@ class Bench:
 
     def run(self) -> int:
         a = self.args
+        if a.fp32_gemm != "cublas":
+            if self.device != "cuda":
+                raise SystemExit("--fp32-gemm is a cuda option")
+            from blutrain_backend_cupy import set_fp32_gemm
+
+            set_fp32_gemm(a.fp32_gemm)  # BluTrain's float32 GEMMs; PyTorch's stay strict cuBLAS
+            self.note(f"BluTrain's float32 GEMMs (fp32 rows) run as {a.fp32_gemm}; PyTorch's as strict SGEMM")
         self.result["meta"] = self.metadata()
         print(f"GPT-2 {a.preset} on {self.device}: precisions {','.join(a.precision)}; implementations "
               f"{','.join(self.impls)}; {a.steps} timed steps after {a.warmup} warm-up; "
@@ -1420,6 +1428,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, help="warm-up steps per configuration (default 3, 2 with --quick)")
     ap.add_argument("--data", help=f"a directory or glob of token shards (blutrain prepare), or {BUILTIN_DATA!r} for "
                                    "the built-in corpus of `blutrain train`; default random tokens")
+    ap.add_argument("--fp32-gemm", choices=("cublas", "3xtf32"), default="cublas",
+                    help="BluTrain's float32 GEMMs: strict cuBLAS SGEMM (default) or its 3xTF32 tensor-core kernel")
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--clip", type=float, default=1.0, help="global-norm clip (0: none)")
     ap.add_argument("--seed", type=int, default=0)

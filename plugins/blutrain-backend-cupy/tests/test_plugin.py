@@ -79,3 +79,12 @@ def test_without_a_gpu_the_helper_namespace_says_why() -> None:
 def test_manual_seed_leaves_an_unavailable_cuda_device_alone() -> None:
     bt.manual_seed(1234)  # seeds every available backend; must not touch the missing GPU
     assert bt.rand(3).shape == (3,)
+
+
+def test_fp32_gemm_kind_is_cublas_by_default_and_an_unknown_kind_is_refused() -> None:
+    from blutrain_backend_cupy import gemm
+
+    assert gemm.fp32_gemm() == "cublas"
+    with pytest.raises(ValueError, match=r"kind must be one of \('cublas', '3xtf32'\), got 'tf32'"):
+        gemm.set_fp32_gemm("tf32")
+    assert gemm.fp32_gemm() == "cublas"

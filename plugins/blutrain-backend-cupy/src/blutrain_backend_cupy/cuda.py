@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from blutrain_backend_cupy.backend import CudaUnavailableError, backend, unavailable_error
-from blutrain_backend_cupy.gemm import set_tf32, tf32_enabled
+from blutrain_backend_cupy.gemm import fp32_gemm, set_fp32_gemm, set_tf32, tf32_enabled
 from blutrain_backend_cupy.memory import (
     CudaAllocatorError,
     allocator_name,
@@ -61,6 +61,7 @@ __all__ = [
     "device",
     "device_count",
     "empty_cache",
+    "fp32_gemm",
     "is_available",
     "manual_seed",
     "max_memory_allocated",
@@ -72,6 +73,7 @@ __all__ = [
     "record_memory_history",
     "reset_peak_memory_stats",
     "save_memory_snapshot",
+    "set_fp32_gemm",
     "set_tf32",
     "stream",
     "synchronize",

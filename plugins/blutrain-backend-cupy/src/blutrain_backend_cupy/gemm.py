@@ -45,6 +45,30 @@ def tf32_enabled() -> bool:
     return _tf32
 
 
+# float32 GEMMs as strict cuBLAS SGEMM ("cublas", the default) or as BluTrain's 3xTF32 tensor-core kernel
+# ("3xtf32": float32 accuracy at up to ~3x SGEMM's rate; opt-in until measured on the GPU). TF32, when
+# asked for, takes precedence: it is the less accurate, faster mode the user chose.
+FP32_GEMMS = ("cublas", "3xtf32")
+_fp32_gemm = "cublas"
+
+
+def set_fp32_gemm(kind: str) -> None:
+    """How float32 matrix products run: ``"cublas"`` (strict SGEMM) or ``"3xtf32"`` (BluTrain's kernel)."""
+    global _fp32_gemm
+    if kind not in FP32_GEMMS:
+        raise ValueError(f"set_fp32_gemm: kind must be one of {FP32_GEMMS}, got {kind!r}")
+    _fp32_gemm = kind
+
+
+def fp32_gemm() -> str:
+    return _fp32_gemm
+
+
+def fp32_gemm_requested_by_env() -> str:
+    """``BLUTRAIN_FP32_GEMM`` (cublas when unset); an unknown value is refused when the backend registers."""
+    return os.environ.get("BLUTRAIN_FP32_GEMM", "") or "cublas"
+
+
 # ---------------------------------------------------------------------------------------------- cublasGemmEx
 
 _CUDA_DTYPE = {"float32": 0, "float16": 2, "bfloat16": 14}  # cudaDataType: CUDA_R_32F, _16F, _16BF
@@ -152,6 +176,9 @@ def gemm_into(a: Array, b: Array, out: Array, *, trans_a: bool = False, trans_b:
     if k == 0:
         if not accumulate:
             out.fill(0)
+        return
+    if (_fp32_gemm == "3xtf32" and not _tf32 and codes == [0, 0, 0]
+            and fused.gemm_3xtf32(a, b, out, trans_a, trans_b, accumulate)):
         return
     lib = _cublas()
     strict = not (_tf32 and codes[0] == 0)

@@ -274,6 +274,7 @@ def register(registry: KernelRegistry, available: bool) -> None:
             registry.register(op, DEVICE, ALL_DTYPES, _unavailable(op))
         return
     gemm.set_tf32(gemm.tf32_requested_by_env())
+    gemm.set_fp32_gemm(gemm.fp32_gemm_requested_by_env())
     for op, (_, dtypes, _) in TABLE.items():
         for dt in dtypes:
             registry.register(op, DEVICE, dt, generic_kernel(op, dt))
