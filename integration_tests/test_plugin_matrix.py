@@ -9,16 +9,19 @@ combination, with an id such as ``cpu-adamw-ddp2-eager``, so ``-k`` picks any sl
     uv run pytest integration_tests/test_plugin_matrix.py -k "cpu and sgd"
     uv run pytest integration_tests/test_plugin_matrix.py -k "zero2"
 
-Each combination trains a tiny GPT-2 for 3 steps through ``blutrain.train.Trainer`` (what ``blutrain
+Each combination trains a tiny GPT-2 for 4 steps through ``blutrain.train.Trainer`` (what ``blutrain
 train`` runs) and must give the losses of ``DEVICE-OPTIMIZER-single-eager``, the reference, on the same
 tokens: a data-parallel mode (``dim`` "dp", ``--parallel ddp``) gets half of the reference batch on each of
 2 ranks; a mode that splits the model or the sequence instead ("tp", "cp") runs as a mesh dimension of 2
 (``--parallel tp=2``) and every rank reads the whole batch; compiled gets the reference batch. The
-reference itself must change the parameters with the optimizer named. (3 steps, not 2: with ``--compile``
-step 1 runs eagerly, step 2 is traced and step 3 replays the compiled graph.)
-A combination the trainer's configuration refuses (``TrainConfig.validate``) is skipped with its message;
-a device that is installed but not available here (cuda without a GPU) is skipped, as is a parallel
-combination on a device with fewer than 2 units.
+reference itself must change the parameters with the optimizer named. (4 steps: with ``--compile`` step 1
+runs eagerly, step 2 is traced and steps 3 and 4 replay the compiled graph; step 4's loss is the first that
+depends on an update the replay made, so a replay that left out a collective or an update shows there.)
+A parallel mode composes with compile when it declares so (``compiles = True``: ddp and zero, whose
+collectives cut the compiled step, see ``blutrain.dist.traceable``).
+A combination the trainer's configuration refuses (``TrainConfig.validate``: compile with tp or cp) is
+skipped with its message; a device that is installed but not available here (cuda without a GPU) is
+skipped, as is a parallel combination on a device with fewer than 2 units.
 
 The selected combinations run in two process launches in all (one single-process, one ``blutrain run -n
 2``), each running its combinations one after the other: see ``dist_workers/matrix_train.py``.
@@ -149,7 +152,7 @@ def _losses(results: dict[str, Any], combo_id: str) -> list[float]:
     got = results[combo_id]
     assert "error" not in got, f"{combo_id} raised:\n{got['error']}"
     losses: list[float] = got["losses"]
-    assert len(losses) == 3 and all(math.isfinite(v) for v in losses), losses
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses), losses
     return losses
 
 
@@ -179,4 +182,15 @@ def test_the_matrix_holds_every_registered_plugin_of_each_axis() -> None:
             assert f"{device}-{name}-single-compiled" in ids
             for mode in parallel_modes().names():
                 assert f"{device}-{name}-{mode}{RANKS}-eager" in ids
+                assert f"{device}-{name}-{mode}{RANKS}-compiled" in ids
     assert "cpu-adamw-ddp2-eager" in ids and "cpu-sgd-single-compiled" in ids
+
+
+def test_the_data_parallel_modes_run_compiled_and_the_others_say_why_not() -> None:
+    """ddp and zero declare how they compose with compile, so their compiled cells run; tp and cp do not,
+    and the trainer's refusal names the mode and the reason."""
+    for mode in ("ddp", "zero"):
+        assert BY_ID[f"cpu-adamw-{mode}{RANKS}-compiled"].skip == ""
+    for mode in ("tp", "cp"):
+        skip = BY_ID[f"cpu-adamw-{mode}{RANKS}-compiled"].skip
+        assert f"mode {mode!r} has not declared how it composes with the compiler" in skip, skip

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-STEPS = 3  # with --compile: step 1 eager, step 2 traced, step 3 replayed
+STEPS = 4  # with --compile: step 1 eager, step 2 traced, steps 3 and 4 replayed (4's loss follows a replayed update)
 MODEL = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16}
 
 

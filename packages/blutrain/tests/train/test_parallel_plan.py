@@ -102,3 +102,18 @@ def test_a_mesh_of_other_than_the_ranks_of_the_run_is_refused_before_any_group_i
     cfg = TrainConfig(parallel="dp=2,tp=2", out=str(tmp_path), device="cpu")
     with pytest.raises(ConfigError, match=r"lays out 4 ranks \(dp 2 × tp 2\), but this run has 1 rank\(s\)"):
         Trainer(cfg)
+
+
+@pytest.mark.parametrize("text", ["ddp", "zero=1", "zero=3", "dp=2"])
+def test_the_data_parallel_modes_compose_with_compile(text: str) -> None:
+    plan(text, compile=True)
+
+
+@pytest.mark.parametrize(("text", "mode", "why"), [("tp=2", "tp", "inside every layer's forward and backward"),
+                                                   ("dp=2,cp=2", "cp", "ring attention pairs asynchronous send"),
+                                                   ("dp=2,tp=2", "tp", "not declared with blutrain.dist.traceable")])
+def test_compile_with_a_mode_that_did_not_declare_it_is_refused_naming_mode_and_reason(text: str, mode: str,
+                                                                                      why: str) -> None:
+    message = refusal(text, compile=True)
+    assert f"mode {mode!r} has not declared how it composes with the compiler" in message
+    assert why in message

@@ -29,6 +29,7 @@ import numpy as np
 from blutrain.dist import CollectiveTimeoutError, DistEnv, DistEnvironmentError, DistError, ReduceOp, Store, Work
 from blutrain.dist.process_group import (
     check_list,
+    check_not_captured,
     check_op,
     check_rank,
     check_same,
@@ -289,10 +290,12 @@ class MPIProcessGroup:
         return self._run(f"recv from rank {src}", req, back, async_op, buf)
 
     def barrier(self) -> None:
+        check_not_captured("barrier")
         self._check_usable("barrier")
         self._complete(self.comm.Ibarrier(), "barrier")
 
     def split(self, color: int, key: int) -> MPIProcessGroup:
+        check_not_captured("split")
         self._check_usable("split")
         # MPI_Comm_split has no non-blocking form: a timed barrier first, so a missing rank is a
         # timeout here rather than a hang inside the split

@@ -31,6 +31,7 @@ from typing import Any
 from blutrain.dist import CollectiveTimeoutError, DistArgumentError, DistEnv, DistError, ReduceOp, Store, Work
 from blutrain.dist.process_group import (
     check_list,
+    check_not_captured,
     check_op,
     check_rank,
     check_same,
@@ -272,6 +273,7 @@ class NCCLProcessGroup:
 
     def barrier(self) -> None:
         """An all-reduce of one element, then the host waits for it (bounded by the watchdog)."""
+        check_not_captured("barrier")
         from blutrain.tensor import zeros
 
         token = zeros(1, device=f"cuda:{self.device}")
@@ -282,6 +284,7 @@ class NCCLProcessGroup:
     def split(self, color: int, key: int) -> NCCLProcessGroup:
         """Members are exchanged through the store: each rank posts (color, key), reads everyone's,
         and joins a new communicator with the others of its color."""
+        check_not_captured("split")
         self._raise_if_broken("split")
         self._splits += 1
         base = f"blutrain/nccl/{self.name}/split{self._splits}"

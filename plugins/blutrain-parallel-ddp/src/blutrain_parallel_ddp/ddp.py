@@ -9,6 +9,12 @@ copies the averages back into ``.grad``: when ``backward()`` returns the gradien
 
 ``no_sync()`` skips all of this (gradient accumulation: the sum stays local until the first
 backward outside it). At construction, rank 0's parameters and buffers are broadcast to all ranks.
+
+Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist.traceable`, so a
+compiled training step is cut at each bucket's all-reduce and issues it between its compiled parts.
+The hooks hold no value-dependent choices and the buckets are state, so every call issues the same
+all-reduces on the same buffers; in a compiled step each completes where it is issued (the overlap
+with the rest of backward is given up for the graph).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from blutrain.autograd import no_grad
-from blutrain.dist import DeviceMesh, DistArgumentError, DistError, ProcessGroup, Work, get_process_group
+from blutrain.dist import DeviceMesh, DistArgumentError, DistError, ProcessGroup, Work, get_process_group, traceable
 from blutrain.nn import Module
 from blutrain.tensor import Tensor, empty
 
@@ -89,7 +95,7 @@ class DistributedDataParallel(Module):
             raise DistArgumentError(f"DistributedDataParallel: bucket_cap_mb must be a number > 0, got "
                                     f"{bucket_cap_mb!r}")
         self.module = module
-        self.group: ProcessGroup = get_process_group() if group is None else group
+        self.group: ProcessGroup = traceable(get_process_group() if group is None else group)
         self.bucket_cap_mb = float(bucket_cap_mb)
         params: list[tuple[str, Tensor]] = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.buckets: list[GradBucket] = _buckets(params, int(self.bucket_cap_mb * 2**20)) if params else []
@@ -185,6 +191,7 @@ class DDP:
     (dp × cp where the mesh has a "cp" dimension), or a process group itself; the optimizer is unchanged."""
 
     dim = "dp"
+    compiles = True  # its group is declared with blutrain.dist.traceable (see the module doc)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:

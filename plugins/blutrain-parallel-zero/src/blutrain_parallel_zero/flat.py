@@ -10,7 +10,7 @@ steps one view per segment, so parameter groups (weight decay on some tensors on
 from __future__ import annotations
 
 from blutrain.autograd import no_grad
-from blutrain.tensor import Tensor, cat, empty, zeros
+from blutrain.tensor import Tensor, cat, zeros
 
 
 class Segment:
@@ -56,8 +56,10 @@ class FlatBucket:
             if lo < hi:
                 self.segments.append(Segment(i, lo - off, hi - off, lo - self.start))
 
-    def empty_full(self) -> Tensor:
-        return empty(self.padded, dtype=self.dtype, device=self.device)
+    def full_buffer(self) -> Tensor:
+        """A buffer for the whole (padded) bucket, to gather into. Zeros rather than ``empty``: the kernel
+        that fills it is what lets a compiled step make the buffer again on every call."""
+        return zeros(self.padded, dtype=self.dtype, device=self.device)
 
     def view(self, full: Tensor, i: int) -> Tensor:
         """Parameter ``i`` as a view of a full (gathered) buffer."""

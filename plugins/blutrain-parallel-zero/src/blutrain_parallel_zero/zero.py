@@ -15,6 +15,7 @@ class ZeRO:
     :meth:`wrap_optimizer` with the optimizer built over the (unwrapped) model's parameters."""
 
     dim = "dp"
+    compiles = True  # ZeroModel declares its group with blutrain.dist.traceable (see blutrain_parallel_zero.model)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, stage: int = 2,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:

@@ -24,7 +24,7 @@ from blutrain.tensor import dispatch
 from blutrain.tensor.backend import is_writeable
 from blutrain.tensor.errors import AutogradError, DeviceMismatchError, ShapeError, TensorTypeError
 from blutrain.tensor.ops import factory
-from blutrain.tensor.tensor import Tensor
+from blutrain.tensor.tensor import Storage, Tensor
 
 Edge = tuple[Any, int]  # (Node or leaf Tensor, output index)
 Hook = Callable[[Tensor], Tensor | None]
@@ -196,19 +196,22 @@ def _accumulate(buffer: dict[int, list[Any]], target: Any, index: int, grad: Ten
     slot[index] = grad if slot[index] is None else slot[index] + grad
 
 
-def _owned(grad: Tensor, claimed: set[int]) -> Tensor:
+def _owned(grad: Tensor, claimed: weakref.WeakSet[Storage]) -> Tensor:
     """``grad`` if nothing else can see its memory, else a copy: ``.grad`` is updated in place later
     (accumulation, optimizers, clipping), and one gradient tensor can reach two leaves (an add's rule
-    hands the same tensor to both inputs) or be a view of another gradient."""
+    hands the same tensor to both inputs) or be a view of another gradient. ``claimed`` holds the storages
+    handed out so far weakly: one that died (a ``.grad`` a hook dropped) says nothing about a new one,
+    whose ``id`` may be the same, and the choice must not depend on it (a compiled step retraces the
+    same choices on every call)."""
     data = grad._data
-    if (id(grad._storage) in claimed or grad._base is not None or not data.flags.c_contiguous
+    if (grad._storage in claimed or grad._base is not None or not data.flags.c_contiguous
             or not is_writeable(data)):
         grad = grad.clone()
-    claimed.add(id(grad._storage))
+    claimed.add(grad._storage)
     return grad
 
 
-def _accumulate_grad(t: Tensor, grad: Tensor, claimed: set[int]) -> None:
+def _accumulate_grad(t: Tensor, grad: Tensor, claimed: weakref.WeakSet[Storage]) -> None:
     """``t.grad += grad``: in place when no graph is being built (as PyTorch's AccumulateGrad), so
     that ``.grad`` keeps its identity across backward passes; out of place under ``create_graph``."""
     old = t.grad
@@ -253,7 +256,7 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Tensor], *, retain_gra
                 targets.add(id(t.grad_fn))
                 by_node_output[(id(t.grad_fn), t._output_nr)] = t
         needed = _needed(order, targets)
-    claimed = {id(g._storage) for g in grads}
+    claimed: weakref.WeakSet[Storage] = weakref.WeakSet(g._storage for g in grads)
     captured: dict[int, Tensor] = {}
     prev = _grad_mode.enabled
     _grad_mode.enabled = create_graph
@@ -281,7 +284,7 @@ def partial_pass() -> bool:
 
 
 def _finish_leaf(leaf: Tensor, grad: Tensor, wanted: dict[int, Tensor], captured: dict[int, Tensor],
-                 accumulate: bool, claimed: set[int]) -> None:
+                 accumulate: bool, claimed: weakref.WeakSet[Storage]) -> None:
     for hook in leaf._hooks or ():
         new = hook(grad)
         if new is not None:
@@ -299,7 +302,7 @@ def _finish_leaf(leaf: Tensor, grad: Tensor, wanted: dict[int, Tensor], captured
 
 def _run_node(node: Node, slot: list[Any], buffer: dict[int, list[Any]], retain_graph: bool, create_graph: bool,
               needed: set[int] | None, by_node_output: dict[tuple[int, int], Tensor],
-              captured: dict[int, Tensor], accumulate: bool, claimed: set[int]) -> None:
+              captured: dict[int, Tensor], accumulate: bool, claimed: weakref.WeakSet[Storage]) -> None:
     if node.freed:
         raise AutogradError(f"trying to backward through {node.name()} a second time (its saved tensors were "
                             "freed after the first backward); pass retain_graph=True to the first backward")
@@ -316,7 +319,7 @@ def _run_node(node: Node, slot: list[Any], buffer: dict[int, list[Any]], retain_
             kept = node.retained[i]()
             if kept is not None:
                 kept.grad = g.clone() if kept.grad is None else kept.grad + g
-                claimed.add(id(kept.grad._storage))
+                claimed.add(kept.grad._storage)
         if by_node_output:
             t = by_node_output.get((id(node), i))
             if t is not None:

@@ -11,6 +11,10 @@ arguments, and its other non-float arguments):
    mode, and changed scalar kernel arguments are picked up), then runs the compiled program once:
    on CUDA one graph launch.
 
+A trace that holds collectives (of groups declared with ``blutrain.dist.traceable``, as the ddp and
+zero parallel modes do) is cut at them into parts, each compiled as above; a call runs the parts in
+order and issues the collectives between them (:mod:`blutrain.compiler.split`).
+
 ``BLUTRAIN_DUMP_IR=dir`` writes the module after tracing and after every pass.
 """
 
@@ -163,14 +167,21 @@ class CompiledGraph:
         if probe.cursor != len(self.tracer.events):
             raise GraphBreakError(f"this call ran {probe.cursor} ops, the traced call {len(self.tracer.events)}; the "
                                   "compiled function must take the same path on every call")
+        return self._outputs(out, self._execute(probe, [t._data for t in tensors]))
+
+    def _execute(self, probe: Tracer, inputs: list[Any]) -> list[Any]:
+        """Run the compiled program on ``inputs``, with the scalars ``probe`` found changed."""
         if probe.changed:
             for uid, template in probe.changed.items():
                 if not self.program.update(uid, template) and uid in self.merged:
                     raise CompilerError(f"traced op {uid} was merged with an identical op by CSE, and its scalar "
                                         "arguments changed since; compile with passes that leave out 'cse'")
             self.executor.updated()
-        results = self.executor.run([t._data for t in tensors])
-        return self._outputs(out, results)
+        return self.executor.run(inputs)
+
+    def ir(self) -> str:
+        """The optimized module as MLIR text."""
+        return str(self.module)
 
     def owner_args(self, leaves: list[Any]) -> tuple[Any, ...]:
         return tuple(_unflatten(self.owner.arg_spec, leaves))
@@ -201,7 +212,7 @@ def _attr(module: ModuleOp, name: str) -> int:
     return int(a.data) if isinstance(a, IntAttr) else 0
 
 
-def _dump(directory: str | None, index: int, name: str, module: ModuleOp, sig_index: int) -> None:
+def _dump(directory: str | None, index: int, name: str, module: ModuleOp, sig_index: int | str) -> None:
     if not directory:
         return
     path = Path(directory)
@@ -209,7 +220,8 @@ def _dump(directory: str | None, index: int, name: str, module: ModuleOp, sig_in
     (path / f"graph{sig_index}_{index:02d}_{name}.mlir").write_text(str(module))
 
 
-def run_pipeline(module: ModuleOp, names: Sequence[str], dump_dir: str | None = None, sig_index: int = 0) -> None:
+def run_pipeline(module: ModuleOp, names: Sequence[str], dump_dir: str | None = None,
+                 sig_index: int | str = 0) -> None:
     """Run the passes ``names`` (from the pass registry) on ``module`` in order."""
     registry = pass_registry()
     ctx = context()
@@ -283,11 +295,17 @@ class CompiledFunction:
             else:
                 markers.append(None)
                 real.append(x)
-        module = build_module(tracer, vids, dynamic)
-        traced_text = str(module)
         self.traces += 1
-        run_pipeline(module, self.pipeline, os.environ.get("BLUTRAIN_DUMP_IR"), self.traces - 1)
-        graph = CompiledGraph(self, tracer, module, traced_text, out_spec, markers, positions, dynamic)
+        graph: CompiledGraph
+        if any(ev.kind == "collective" for ev in tracer.events):
+            from blutrain.compiler.split import SplitGraph  # it builds on CompiledGraph
+
+            graph = SplitGraph(self, tracer, vids, out_spec, markers, positions, dynamic)
+        else:
+            module = build_module(tracer, vids, dynamic)
+            traced_text = str(module)
+            run_pipeline(module, self.pipeline, os.environ.get("BLUTRAIN_DUMP_IR"), self.traces - 1)
+            graph = CompiledGraph(self, tracer, module, traced_text, out_spec, markers, positions, dynamic)
         self.graphs[sig] = graph
         self.last = graph
         stats = graph.stats
@@ -305,8 +323,9 @@ class CompiledFunction:
         return self.last
 
     def ir(self) -> str:
-        """The optimized module of the most recent signature, as MLIR text."""
-        return str(self._graph().module)
+        """The optimized module of the most recent signature, as MLIR text (a function cut at collectives:
+        each part's module after a ``// part N`` line, and a ``// collective`` line at each cut)."""
+        return self._graph().ir()
 
     def traced_ir(self) -> str:
         """The module as traced, before any pass."""

@@ -25,6 +25,14 @@ the compiled program reads them from the array when it runs, so nothing changes 
 holds only while each such write comes before the first kernel of the call that reads the array:
 a trace that sees a small state array change between two kernels that read it, with no kernel
 writing it, raises :class:`TracingError` (a replay would give both kernels the last values).
+
+Collectives are not kernels. While a tracer is active it is also this thread's
+:mod:`blutrain.tensor.capture`: a collective of a group declared with ``blutrain.dist.traceable``
+hands itself to :meth:`Tracer.host_call`, which runs it with tracing paused and records it as a
+``collective`` event (its operands, and a call that issues it again on real arrays); a later call
+checks it like a kernel and does not run it, and the compiled function issues it between its
+compiled parts (:mod:`blutrain.compiler.split`). A collective of any other group reaches
+:meth:`Tracer.refuse` and raises :class:`TracingError` naming the line that called it.
 """
 
 from __future__ import annotations
@@ -35,16 +43,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from blutrain.compiler.dialect import Operand, scalars_equal
 from blutrain.compiler.errors import DataDependentError, GraphBreakError, TracingError
-from blutrain.tensor import dispatch
+from blutrain.tensor import capture, dispatch
 from blutrain.tensor.backend import ARRAY_MODULES
 from blutrain.tensor.dtype import DType, from_numpy_dtype
 from blutrain.tensor.kernel import Kernel, kernels
+from blutrain.tensor.tensor import Tensor
 
 
 class _Local(threading.local):
@@ -81,7 +90,7 @@ class Event:
     """
 
     uid: int
-    kind: str  # "kernel" | "view" | "assign"
+    kind: str  # "kernel" | "view" | "assign" | "collective"
     op: str
     device: str
     dtype: str
@@ -91,6 +100,11 @@ class Event:
     ret: Any = None
     writes: tuple[int, ...] = ()
     proxies: list[TraceArray] = field(default_factory=list)
+    # a collective: what issues it again on the real arrays of its operands, the function it called, and
+    # (operand index, count) of the version bumps it made (a later call makes them without running it)
+    call: Callable[[list[Any]], None] | None = None
+    fn: Any = None
+    bumps: tuple[tuple[int, int], ...] = ()
 
 
 def _ptr(a: Any) -> int:
@@ -150,11 +164,12 @@ def _device_of(a: Any) -> str:
 
 
 def user_frame() -> str:
-    """``file:line: code`` of the innermost frame outside blutrain's tensor/autograd/compiler/kernels/optim,
-    the optimizer and cupy plugins, NumPy and CuPy: the line of the traced function that did what the
-    error is about."""
+    """``file:line: code`` of the innermost frame outside blutrain's tensor/autograd/compiler/kernels/optim/dist,
+    the optimizer, cupy and comm plugins, NumPy and CuPy: the line of the traced function that did what
+    the error is about."""
     skip = ("blutrain/tensor/", "blutrain/autograd/", "blutrain/compiler/", "blutrain/kernels/", "blutrain/optim/",
-            "blutrain_optim_", "blutrain_backend_cupy", "/numpy/", "/cupy/", "/cupyx/")
+            "blutrain/dist/", "blutrain_optim_", "blutrain_backend_cupy", "blutrain_comm_", "/numpy/", "/cupy/",
+            "/cupyx/")
     for frame in reversed(traceback.extract_stack()):
         name = frame.filename.replace("\\", "/")
         if not any(s in name for s in skip):
@@ -432,9 +447,10 @@ class Tracer:
         found = self.state.get(id(memory))
         if found is None:
             if self.mode == "probe":
-                raise GraphBreakError(f"{user_frame()}\n  a kernel read an array the traced call did not use (a "
-                                      "parameter or buffer was replaced since the trace); call the compiled "
-                                      "function's reset() after replacing model state")
+                raise GraphBreakError(f"{user_frame()}\n  a kernel or collective read an array the traced call did "
+                                      "not use: a parameter or buffer was replaced since the trace (call the "
+                                      "compiled function's reset() after replacing model state), or the function "
+                                      "made it outside kernels (empty(): use zeros() inside a compiled function)")
             owner = _root_array(a)
             self._check_device(_device_of(owner))
             vid = self._new_value(owner)
@@ -599,7 +615,8 @@ class Tracer:
         assert isinstance(out, TraceArray)
         return out
 
-    def assign(self, target: TraceArray, key: Any, value: Any) -> None:
+    def assign(self, target: Any, key: Any, value: Any) -> None:
+        """``target[key] = value`` outside kernels; ``target`` a traced array, or state (or a view of it)."""
         _basic_key(key, "assigning into a traced array")
         operands: list[int] = []
         concrete: list[Any] = []
@@ -607,9 +624,94 @@ class Tracer:
         if self.mode == "probe":
             self._match("assign", "assign", template, operands)
             return
-        target.concrete[key] = value.concrete if isinstance(value, TraceArray) else value
+        concrete[0][key] = value.concrete if isinstance(value, TraceArray) else value
+        root = self.values[operands[0]].root
+        if self.watched:  # a recorded write: other views of its buffer hold new values legitimately
+            self.watched = {k: v for k, v in self.watched.items() if k[0] != root}
         self._record(Event(len(self.events), "assign", "assign", self.device or "cpu",
-                           self.values[target.vid].dtype.name, template, operands, [], None, (0,)))
+                           self.values[operands[0]].dtype.name, template, operands, [], None, (0,)))
+
+    def write(self, target: Any, value: Any) -> None:
+        """The write-back of an in-place tensor op (blutrain.tensor.capture): an assignment."""
+        self.assign(target, Ellipsis, value)
+
+    # work outside kernels (blutrain.tensor.capture)
+    def host_call(self, what: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """A collective of a group declared with ``blutrain.dist.traceable``: ``fn(*args)`` on the
+        tensors in ``args``. Tracing: run it (tracing paused, traced tensors holding their real arrays)
+        and record it. Probe: check it against the recorded one and make its version bumps; it runs when
+        the compiled function issues it between its parts."""
+        tensors: list[Tensor] = []
+        arrays = _tensor_arrays(args, tensors)
+        operands: list[int] = []
+        concrete: list[Any] = []
+        template = self._template(arrays, operands, concrete)  # walks args as _tensor_arrays did
+        if self.mode == "probe":
+            ev = self._match("collective", what, template, operands)
+            if ev.uid in self.changed or ev.fn != fn:
+                raise GraphBreakError(f"{user_frame()}\n  {what} of this call has arguments {template!r} (or another "
+                                      f"group) where the traced call had {ev.template!r}; a compiled function issues "
+                                      "the same collectives on every call")
+            for i, n in ev.bumps:
+                for _ in range(n):
+                    tensors[i]._bump_version()
+            return
+        for t in tensors:
+            self._check_device(t.device.type)
+        before = [c.copy() for c in concrete]
+        self._check_host_writes(what, operands, before)
+        versions = {id(t._storage): (i, t.version) for i, t in reversed(list(enumerate(tensors)))}
+        swapped = [(t, t._data) for t in tensors if isinstance(t._data, TraceArray)]
+        for t, data in swapped:
+            t._data = data.concrete
+        _local.tracer = None
+        previous = capture.set_active(None)
+        try:
+            fn(*args)
+        finally:
+            capture.set_active(previous)
+            _local.tracer = self
+            for t, data in swapped:
+                t._data = data
+        writes = tuple(i for i, (b, c) in enumerate(zip(before, concrete, strict=True)) if not _arrays_equal(b, c))
+        del before
+        written = {self.values[operands[i]].root for i in writes}
+        if written and self.watched:
+            self.watched = {k: v for k, v in self.watched.items() if k[0] not in written}
+        for vid, c in zip(operands, concrete, strict=True):
+            where = self._watch_key(vid, c)
+            if where is not None:
+                self.watched[where] = c.copy()
+        bumps = tuple((i, tensors[i].version - v) for i, v in versions.values() if tensors[i].version != v)
+        metas = [(t.dtype, t.device) for t in tensors]
+
+        def issue(real: list[Any]) -> None:
+            made = [Tensor._make(a, dt, dev) for a, (dt, dev) in zip(real, metas, strict=True)]
+            fn(*_substitute(template, made))
+
+        dtype = tensors[0].dtype.name if tensors else ""
+        self._record(Event(len(self.events), "collective", what, self.device or "cpu", dtype, template, operands, [],
+                           None, writes, call=issue, fn=fn, bumps=bumps))
+
+    def refuse(self, what: str) -> NoReturn:
+        raise TracingError(
+            f"{user_frame()}\n  {what} was called while blutrain.compiler traces this function. A compiled call "
+            "replays the recorded kernels only, so this collective would be skipped on every call after this one. "
+            "A collective can be part of a compiled function only through a process group declared for it with "
+            "blutrain.dist.traceable(group), which cuts the compiled function there (the ddp and zero parallel "
+            "modes declare theirs); otherwise call it outside the compiled function")
+
+
+def _tensor_arrays(args: Any, tensors: list[Tensor]) -> Any:
+    """``args`` with each tensor replaced by its array, the tensors appended to ``tensors`` in order."""
+    if isinstance(args, Tensor):
+        tensors.append(args)
+        return args._data
+    if isinstance(args, tuple):
+        return tuple(_tensor_arrays(a, tensors) for a in args)
+    if isinstance(args, list):
+        return [_tensor_arrays(a, tensors) for a in args]
+    return args
 
 
 def _substitute(template: Any, concrete: list[Any]) -> Any:
@@ -666,10 +768,12 @@ def tracing(tracer: Tracer) -> Iterator[Tracer]:
             _wrapped[id(registry)] = cached = (len(registry), wrapped)
         dispatch.TABLE.update(cached[1])
     _local.tracer = tracer
+    previous = capture.set_active(tracer)
     try:
         yield tracer
     finally:
         _local.tracer = None
+        capture.set_active(previous)
         with _install_lock:
             dispatch.TABLE.clear()
 

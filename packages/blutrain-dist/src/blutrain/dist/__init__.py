@@ -26,9 +26,10 @@ from blutrain.dist.process_group import REDUCE_OPS, CompletedWork, ProcessGroup,
 from blutrain.dist.registry import CommBackendRegistry, ParallelModeRegistry, comm_backends, parallel_modes
 from blutrain.dist.sharded import StateShard, merge_shards
 from blutrain.dist.store import Store, StoreServer, TCPStore
+from blutrain.dist.traceable import TraceableGroup, traceable
 
 __all__ = ["REDUCE_OPS", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
            "DistEnv", "DistEnvironmentError", "DistError", "LaunchError", "ParallelMode", "ParallelModeRegistry",
-           "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "Work",
-           "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
-           "get_world_size", "init_process_group", "is_initialized", "merge_shards", "parallel_modes"]
+           "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "TraceableGroup",
+           "Work", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
+           "get_world_size", "init_process_group", "is_initialized", "merge_shards", "parallel_modes", "traceable"]

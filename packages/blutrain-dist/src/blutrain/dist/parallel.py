@@ -3,6 +3,12 @@
 A mode is a class constructed as ``Mode(mesh, **options)``: ``mesh`` is a :class:`DeviceMesh` that
 has the mode's dimension (``dim``: "dp" for ddp/zero, "tp", "cp"). It wraps the model (and, where
 it shards optimizer state, the optimizer); modes compose by wrapping in turn on one mesh.
+
+A mode that composes with ``blutrain.compiler`` says so with a class attribute ``compiles = True``: it
+makes every collective of a training step through groups declared with :func:`blutrain.dist.traceable`
+(and keeps the promises that declaration makes), so a compiled step is cut at them. ``blutrain train
+--compile --parallel ...`` refuses a mode without it; a collective of an undeclared group inside a
+compiled function is refused while it is traced, naming the line.
 """
 
 from __future__ import annotations

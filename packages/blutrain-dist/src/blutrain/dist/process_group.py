@@ -8,13 +8,17 @@ usable (on a GPU: ordered before later work on the current stream, not necessari
 
 Every operation has a timeout (the group's); past it, every rank raises
 :class:`~blutrain.dist.errors.CollectiveTimeoutError` instead of hanging, and the group is unusable.
+
+A backend calls the shared checks below before compute; :func:`check_tensor` also refuses a
+collective called while ``blutrain.compiler`` traces the calling thread (a compiled replay would skip
+it). Collectives compile only through a group a caller declared for it: :func:`blutrain.dist.traceable`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from blutrain.tensor import Tensor
+from blutrain.tensor import Tensor, capture
 
 from blutrain.dist.errors import DistArgumentError
 
@@ -94,7 +98,18 @@ def _desc(t: Tensor) -> str:
     return f"shape {list(t.shape)}, dtype {t.dtype.name}, device {t.device}"
 
 
+def check_not_captured(op: str) -> None:
+    """Refuse a collective of a plain group while a compiler trace is active on this thread: it would run
+    while the function is traced and be skipped by every compiled call after. (A group made by
+    :func:`blutrain.dist.traceable` hands its collectives to the trace instead, with the trace paused,
+    so they never reach this check inside one.)"""
+    found = capture.active()
+    if found is not None:
+        found.refuse(f"the collective {op}")
+
+
 def check_tensor(op: str, argument: str, t: object, device_type: str) -> Tensor:
+    check_not_captured(op)
     if not isinstance(t, Tensor):
         raise DistArgumentError(f"{op}: {argument} must be a blutrain Tensor, got {type(t).__name__}")
     if t.device.type != device_type:
@@ -149,5 +164,5 @@ def check_list(op: str, outputs: Any, input: Tensor, size: int, device_type: str
     return outputs
 
 
-__all__ = ["REDUCE_OPS", "CompletedWork", "ProcessGroup", "ReduceOp", "Work", "check_list", "check_op",
-           "check_rank", "check_same", "check_tensor", "gathered_shape", "scattered_shape"]
+__all__ = ["REDUCE_OPS", "CompletedWork", "ProcessGroup", "ReduceOp", "Work", "check_list", "check_not_captured",
+           "check_op", "check_rank", "check_same", "check_tensor", "gathered_shape", "scattered_shape"]

@@ -44,7 +44,7 @@ class Storage:
     tensor was saved for backward, which is how a stale saved tensor is detected.
     """
 
-    __slots__ = ("array", "device", "version")
+    __slots__ = ("__weakref__", "array", "device", "version")  # weak: autograd's engine tracks storages
 
     def __init__(self, array: Any, device: Device) -> None:
         self.array = array

@@ -22,6 +22,17 @@ class ConfigError(BluTrainError, ValueError):
 MESH_MODES: dict[str, str] = {"dp": "ddp", "cp": "cp", "tp": "tp"}
 
 
+# Why the built-in modes that do not compose with compile (see TrainConfig._check_compiles) do not.
+_NOT_COMPILED: dict[str, str] = {
+    "tp": "its all-reduces and all-gathers run inside every layer's forward and backward (autograd nodes, and "
+          "with async=K chunked all-reduces overlapping its GEMMs) through a group it has not declared with "
+          "blutrain.dist.traceable, so tracing would refuse the first of them",
+    "cp": "its ring attention pairs asynchronous send and recv between neighbours, which a compiled step cannot "
+          "issue one at a time between its parts (each rank would wait in its recv for a peer waiting in its "
+          "own), and its all-gather and all-to-all attentions are not declared either",
+}
+
+
 @dataclass(frozen=True)
 class ParallelPlan:
     """``--parallel`` parsed: how the ranks of a run are laid out and what wraps the model.
@@ -121,9 +132,8 @@ class TrainConfig:
         if cp and self.seq_len % (2 * cp):
             raise ConfigError(f"seq_len must be a multiple of 2 × cp = {2 * cp} under parallel {self.parallel!r} "
                               f"(two chunks of every sequence per context-parallel rank), got {self.seq_len}")
-        if self.parallel and self.compile:
-            raise ConfigError(f"parallel {self.parallel!r} cannot be combined with compile: the compiled step is one "
-                              "graph of this process's kernels and holds no collectives; run distributed eagerly")
+        if plan is not None and self.compile:
+            self._check_compiles(plan)
         if self.parallel and self.auto_batch:
             raise ConfigError(f"auto_batch cannot be combined with parallel {self.parallel!r}: each rank would "
                               "probe its own memory and the ranks could choose different micro-batches; give "
@@ -132,6 +142,21 @@ class TrainConfig:
         if self.total_batch_tokens and self.total_batch_tokens % micro:
             raise ConfigError(f"total_batch_tokens ({self.total_batch_tokens}) must be a multiple of batch_size × "
                               f"seq_len ({micro})")
+
+    def _check_compiles(self, plan: ParallelPlan) -> None:
+        """Every mode of ``plan`` must have declared that it composes with compile (``compiles = True`` on
+        its class: its collectives go through groups made by ``blutrain.dist.traceable``, which cut the
+        compiled step). A mode that is not installed is left to the trainer, which names what is."""
+        from blutrain.dist import parallel_modes
+
+        registry = parallel_modes()
+        for name, _, _ in plan.modes:
+            if name in registry and not getattr(registry.get(name), "compiles", False):
+                why = _NOT_COMPILED.get(name, "it does not set compiles = True on its class, so its collectives "
+                                              "are not declared with blutrain.dist.traceable")
+                raise ConfigError(f"parallel {self.parallel!r} cannot be combined with compile: mode {name!r} has "
+                                  f"not declared how it composes with the compiler: {why}. Run it eagerly, or "
+                                  "compile with ddp or zero")
 
     def parallel_plan(self) -> ParallelPlan | None:
         """``parallel`` parsed (None when it is empty); see :class:`ParallelPlan` for the forms."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from blutrain.tensor import dispatch
+from blutrain.tensor import capture, dispatch
 from blutrain.tensor.backend import is_writeable
 from blutrain.tensor.device import Device
 from blutrain.tensor.dtype import (
@@ -244,7 +244,11 @@ def check_writable(op: str, target: Tensor) -> None:
 
 def _write(op: str, target: Tensor, value: Any) -> Tensor:
     check_writable(op, target)
-    target._data[...] = value
+    found = capture.active()
+    if found is None:
+        target._data[...] = value
+    else:  # a trace records the write, whichever array it goes to (state included)
+        found.write(target._data, value)
     target._storage.version += 1
     return target
 
