@@ -9,7 +9,6 @@ without an NVIDIA GPU and CuPy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import ml_dtypes
@@ -34,34 +33,12 @@ def _gpu_count() -> int:
         return 0
 
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU and CuPy")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU and CuPy"),
+              pytest.mark.usefixtures("poisoned_memory")]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float32), BF16]
 TOL = {"float32": 1e-5, "bfloat16": 1e-2}
-
-
-@pytest.fixture(autouse=True)
-def poisoned_memory() -> Iterator[None]:
-    """Fill every new device allocation with 0xFF bytes while a test runs."""
-    import cupy as cp
-
-    if getattr(cp, "_blutrain_emulated", False):  # the CPU emulator's empty() poisons already
-        yield
-        return
-    installed = cp.cuda.memory.get_allocator()  # CuPy's pool or the backend's blutrain-alloc: kept, and put back
-
-    def alloc(size: int) -> Any:
-        mem = installed(size)
-        if size:
-            cp.cuda.runtime.memsetAsync(mem.ptr, 0xFF, size, cp.cuda.get_current_stream().ptr)
-        return mem
-
-    cp.cuda.set_allocator(alloc)
-    try:
-        yield
-    finally:
-        cp.cuda.set_allocator(installed)
 
 
 def dev(a: np.ndarray[Any, Any], dtype: Any = None) -> Any:

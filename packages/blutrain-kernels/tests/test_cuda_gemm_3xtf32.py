@@ -27,7 +27,8 @@ def _gpu_count() -> int:
         return 0
 
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU and CuPy")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU and CuPy"),
+              pytest.mark.usefixtures("poisoned_memory")]
 
 LAYOUTS = {"nt": (False, True), "nn": (False, False), "tn": (True, False), "tt": (True, True)}
 ODD = (1, 7, 65, 129, 1000)
@@ -35,29 +36,6 @@ ODD = (1, 7, 65, 129, 1000)
 ODD_SHAPES = sorted({(v, 129, 65) for v in ODD} | {(65, v, 129) for v in ODD} | {(129, 65, v) for v in ODD}
                     | {(1, 1, 1), (7, 7, 7), (1000, 1000, 1000), (1000, 7, 129), (7, 1000, 1), (129, 1, 1000)})
 FP32_LEVEL = 2e-6  # relative (Frobenius) error of float32 arithmetic over K in the thousands
-
-
-@pytest.fixture(autouse=True)
-def poisoned_memory() -> Iterator[None]:
-    """Fill every new device allocation with 0xFF bytes while a test runs (as test_cuda.py does)."""
-    import cupy as cp
-
-    if getattr(cp, "_blutrain_emulated", False):  # the CPU emulator's empty() poisons already
-        yield
-        return
-    installed = cp.cuda.memory.get_allocator()
-
-    def alloc(size: int) -> Any:
-        mem = installed(size)
-        if size:
-            cp.cuda.runtime.memsetAsync(mem.ptr, 0xFF, size, cp.cuda.get_current_stream().ptr)
-        return mem
-
-    cp.cuda.set_allocator(alloc)
-    try:
-        yield
-    finally:
-        cp.cuda.set_allocator(installed)
 
 
 @pytest.fixture(autouse=True)
