@@ -157,7 +157,8 @@ class CompiledGraph:
         probe = Tracer("probe", self.tracer)
         saved = [t._data for t in tensors]
         for t, vid in zip(tensors, self.tracer.inputs, strict=True):
-            t._data = TraceArray(self.tracer.concrete[vid], vid)
+            # no data but the call's own input, for host-side argument checks
+            t._data = TraceArray(self.tracer.values[vid], host=t._data)
         try:
             with tracing(probe):
                 out = self.owner.fn(*self.owner_args(leaves))
@@ -306,6 +307,9 @@ class CompiledFunction:
             traced_text = str(module)
             run_pipeline(module, self.pipeline, os.environ.get("BLUTRAIN_DUMP_IR"), self.traces - 1)
             graph = CompiledGraph(self, tracer, module, traced_text, out_spec, markers, positions, dynamic)
+        # the executors have their static inputs: from here on the graph needs no array of the traced call
+        tracer.release()
+        del out, out_leaves
         self.graphs[sig] = graph
         self.last = graph
         stats = graph.stats

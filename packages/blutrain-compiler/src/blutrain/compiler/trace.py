@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -179,53 +180,64 @@ def user_frame() -> str:
 
 # -- the proxy -----------------------------------------------------------------------------------
 class TraceArray:
-    """A traced array: the real array computed during the trace, and its value id in the graph."""
+    """A traced array: its value in the graph, and while its trace runs the real array computed then.
 
-    __slots__ = ("__weakref__", "concrete", "vid")
+    After the trace (:meth:`Tracer.release`) and in probe mode a proxy holds no data: its shape, dtype
+    and strides come from its :class:`Value`, views are computed from that description, and host-side
+    argument checks read ``host`` (the call's own input array or a view of it) where there is one.
+    """
 
-    def __init__(self, concrete: Any, vid: int) -> None:
+    __slots__ = ("__weakref__", "concrete", "host", "value", "vid")
+
+    def __init__(self, value: Value, concrete: Any = None, host: Any = None) -> None:
+        self.value = value
+        self.vid = value.vid
         self.concrete = concrete
-        self.vid = vid
+        self.host = host
 
-    # metadata comes from the real array
+    # metadata: from the real array while there is one, else from the value's description
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.concrete.shape  # type: ignore[no-any-return]
+        return self.value.shape
 
     @property
     def ndim(self) -> int:
-        return self.concrete.ndim  # type: ignore[no-any-return]
+        return len(self.value.shape)
 
     @property
     def size(self) -> int:
-        return self.concrete.size  # type: ignore[no-any-return]
+        return int(np.prod(self.value.shape, dtype=np.int64))
 
     @property
     def dtype(self) -> Any:
-        return self.concrete.dtype
+        return self.value.dtype.np if self.concrete is None else self.concrete.dtype
 
     @property
     def strides(self) -> tuple[int, ...]:
-        return self.concrete.strides  # type: ignore[no-any-return]
+        if self.concrete is not None:
+            return self.concrete.strides  # type: ignore[no-any-return]
+        return tuple(s * self.value.dtype.itemsize for s in self.value.strides)
 
     @property
     def itemsize(self) -> int:
-        return self.concrete.itemsize  # type: ignore[no-any-return]
+        return self.value.dtype.itemsize
 
     @property
     def nbytes(self) -> int:
-        return self.concrete.nbytes  # type: ignore[no-any-return]
+        return self.size * self.itemsize
 
     @property
     def flags(self) -> Any:
-        return self.concrete.flags
+        return _shell(self.value).flags if self.concrete is None else self.concrete.flags
 
     @property
     def base(self) -> None:
         return None
 
     def __len__(self) -> int:
-        return len(self.concrete)
+        if not self.value.shape:
+            raise TypeError("len() of a 0-d traced array")
+        return self.value.shape[0]
 
     def __repr__(self) -> str:
         return f"TraceArray(%{self.vid}, shape={self.shape}, dtype={self.dtype})"
@@ -238,7 +250,7 @@ class TraceArray:
         return _tracer("copy").copy(self)
 
     def reshape(self, *shape: Any, order: str = "C") -> TraceArray:
-        return _tracer("reshape").view(self, lambda c: c.reshape(*shape))
+        return _tracer("reshape").view(self, lambda c: _reshape(c, shape))
 
     def transpose(self, *axes: Any) -> TraceArray:
         return _tracer("transpose").view(self, lambda c: c.transpose(*axes))
@@ -249,9 +261,14 @@ class TraceArray:
 
     def __getitem__(self, key: Any) -> Any:
         if any(_is_array(k) for k in (key if isinstance(key, tuple) else (key,))):
-            return self.concrete[key]  # a host-side check masking with its own (untraced) result
+            # a host-side check masking with its own (untraced) result
+            return self._host_check("indexing with an array", None, lambda a: a[key])
         _basic_key(key, "indexing a traced array")
-        return _tracer("indexing").view(self, lambda c: c[key])
+        view_key = (*key, Ellipsis) if isinstance(key, tuple) else (key, Ellipsis)
+        if any(k is Ellipsis for k in (key if isinstance(key, tuple) else (key,))):
+            view_key = key
+        # the trailing Ellipsis makes an integer key give a 0-d view, never a scalar read from memory
+        return _tracer("indexing").view(self, lambda c: c[view_key])
 
     def __setitem__(self, key: Any, value: Any) -> None:
         _tracer("assignment").assign(self, key, value)
@@ -292,30 +309,49 @@ class TraceArray:
         return self._host_read("__dlpack__")
 
     # Argument checks on the host (index bounds, class ids of a loss's target on the CPU) read the
-    # values: they see the traced call's values and are not repeated on later calls.
+    # values: the call's own values for an input (and views of one), which a probe proxy carries as
+    # ``host``; for a value computed by a kernel, the result the traced call's check got (recorded, so
+    # that the probe gives the same answer without the traced arrays).
+    def _host_check(self, name: str, key: Any, read: Callable[[Any], Any]) -> Any:
+        data = self.concrete if self.concrete is not None else self.host
+        tr = _local.tracer
+        if data is not None:
+            result = read(data)
+            if tr is not None and tr.mode == "trace" and self.concrete is not None and key is not None:
+                tr.note_host_check(self.vid, name, key, result)
+            return result
+        recorded = None if tr is None or tr.recorded is None else tr.recorded
+        found = None if recorded is None or key is None else recorded.host_checks.get((self.vid, name, key))
+        if found is None:
+            raise DataDependentError(
+                f"{user_frame()}\n  {name} reads the values of a traced tensor (%{self.vid}) computed by the "
+                "compiled function, on the host, and the traced call made no such read; only the function's "
+                "inputs (and views of them) can be read by host-side checks on later calls")
+        return found
+
     def min(self, *args: Any, **kwargs: Any) -> Any:
-        return self.concrete.min(*args, **kwargs)
+        return self._host_check("min", _check_key(args, kwargs), lambda a: a.min(*args, **kwargs))
 
     def max(self, *args: Any, **kwargs: Any) -> Any:
-        return self.concrete.max(*args, **kwargs)
+        return self._host_check("max", _check_key(args, kwargs), lambda a: a.max(*args, **kwargs))
 
     def __lt__(self, other: Any) -> Any:
-        return self.concrete < other
+        return self._host_check("<", _check_key((other,), {}), lambda a: a < other)
 
     def __le__(self, other: Any) -> Any:
-        return self.concrete <= other
+        return self._host_check("<=", _check_key((other,), {}), lambda a: a <= other)
 
     def __gt__(self, other: Any) -> Any:
-        return self.concrete > other
+        return self._host_check(">", _check_key((other,), {}), lambda a: a > other)
 
     def __ge__(self, other: Any) -> Any:
-        return self.concrete >= other
+        return self._host_check(">=", _check_key((other,), {}), lambda a: a >= other)
 
     def __eq__(self, other: object) -> Any:
-        return self.concrete == other
+        return self._host_check("==", _check_key((other,), {}), lambda a: a == other)
 
     def __ne__(self, other: object) -> Any:
-        return self.concrete != other
+        return self._host_check("!=", _check_key((other,), {}), lambda a: a != other)
 
     __hash__ = object.__hash__
 
@@ -328,6 +364,36 @@ class TraceArray:
             return _trace_module.broadcast_to(*args, **kwargs)
         raise TracingError(f"{user_frame()}\n  numpy.{func.__name__} was called on a traced array outside a "
                            "kernel; only dispatched kernels, views and astype can be traced")
+
+
+def _check_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A host check's arguments as a dict key, or None when they are not plain scalars (not recorded)."""
+    items = (*args, *sorted(kwargs.items()))
+    plain = (int, float, bool, str, type(None), np.integer, np.floating, np.bool_)
+
+    def ok(x: Any) -> bool:
+        return isinstance(x, plain) or (isinstance(x, tuple) and all(ok(v) for v in x))
+
+    return items if all(ok(x) for x in items) else None
+
+
+def _shell(value: Value) -> Any:
+    """A NumPy array with ``value``'s shape, dtype and strides over no memory: views are computed on it
+    (shape and stride arithmetic only), never its elements."""
+    itemsize = value.dtype.itemsize
+    return np.lib.stride_tricks.as_strided(np.empty(0, value.dtype.np), value.shape,
+                                           tuple(s * itemsize for s in value.strides))
+
+
+def _reshape(c: Any, shape: tuple[Any, ...]) -> Any:
+    """``c.reshape(*shape)`` as a view, or None where that needs a copy (NumPy would copy: reading a
+    shell's elements)."""
+    if isinstance(c, np.ndarray):
+        try:
+            return c.reshape(*shape, copy=False)
+        except ValueError:
+            return None
+    return c.reshape(*shape)
 
 
 def _basic_key(key: Any, what: str) -> None:
@@ -351,8 +417,8 @@ class _StrideTricks:
     def as_strided(x: Any, shape: Any = None, strides: Any = None, **kwargs: Any) -> Any:
         if not isinstance(x, TraceArray):
             raise TracingError("as_strided: expected a traced array")
-        xp = ARRAY_MODULES[type(_owner(x.concrete))]
-        return _tracer("as_strided").view(x, lambda c: xp.lib.stride_tricks.as_strided(c, shape, strides))
+        return _tracer("as_strided").view(
+            x, lambda c: ARRAY_MODULES[type(c)].lib.stride_tricks.as_strided(c, shape, strides))
 
 
 class _Lib:
@@ -369,8 +435,7 @@ class _TraceModule:
     def broadcast_to(x: Any, shape: Any, **kwargs: Any) -> Any:
         if not isinstance(x, TraceArray):
             raise TracingError("broadcast_to: expected a traced array")
-        xp = ARRAY_MODULES[type(_owner(x.concrete))]
-        return _tracer("broadcast_to").view(x, lambda c: xp.broadcast_to(c, shape))
+        return _tracer("broadcast_to").view(x, lambda c: ARRAY_MODULES[type(c)].broadcast_to(c, shape))
 
     def __getattr__(self, name: str) -> Any:
         raise TracingError(f"{user_frame()}\n  the array-module function {name!r} was called on a traced array "
@@ -411,6 +476,9 @@ class Tracer:
         self.recorded = recorded
         self.cursor = 0
         self.changed: dict[int, tuple[Any, ...]] = {}
+        # (vid, check, arguments) → what a host-side check on a computed value read during the trace
+        self.host_checks: dict[tuple[Any, ...], Any] = {}
+        self.proxies: list[weakref.ref[TraceArray]] = []  # every proxy made while tracing
         if recorded is not None:
             self.values, self.concrete, self.state = recorded.values, recorded.concrete, dict(recorded.state)
             self.state_order, self.inputs, self.device = list(recorded.state_order), recorded.inputs, recorded.device
@@ -426,11 +494,34 @@ class Tracer:
         self.concrete.append(concrete)
         return vid
 
+    def _proxy(self, vid: int, concrete: Any) -> TraceArray:
+        proxy = TraceArray(self.values[vid], concrete)
+        self.proxies.append(weakref.ref(proxy))
+        return proxy
+
     def add_input(self, concrete: Any) -> TraceArray:
         self._check_device(_device_of(concrete))
         vid = self._new_value(concrete)
         self.inputs.append(vid)
-        return TraceArray(concrete, vid)
+        return self._proxy(vid, concrete)
+
+    def note_host_check(self, vid: int, name: str, key: Any, result: Any) -> None:
+        """Keep what a host-side check read from a computed value (an input's are read anew on each call)."""
+        if self.values[vid].root not in self.inputs:
+            self.host_checks[(vid, name, key)] = result
+
+    def release(self) -> None:
+        """Drop every array of the traced call but the state: the buffers of its values (the probe and the
+        executor work from the values' descriptions) and the data of every proxy still alive (one the
+        function kept, an event's results). The compiled graph's memory is then its state, its executor's
+        buffers and its static inputs."""
+        self.concrete[:] = [c if vid in self.state_vids else None for vid, c in enumerate(self.concrete)]
+        for ref in self.proxies:
+            proxy = ref()
+            if proxy is not None:
+                proxy.concrete = None
+        self.proxies = []
+        self.watched = {}
 
     def _check_device(self, dev: str) -> None:
         if self.device is None:
@@ -557,7 +648,7 @@ class Tracer:
                                        "such kernels cannot be traced")
                 vid = self._new_value(x)
                 results.append(vid)
-                proxies.append(TraceArray(x, vid))
+                proxies.append(self._proxy(vid, x))
                 return Operand(len(results) - 1)
             if isinstance(x, tuple):
                 return tuple(wrap(v) for v in x)
@@ -592,6 +683,8 @@ class Tracer:
 
     def view(self, src: TraceArray, make: Callable[[Any], Any]) -> TraceArray:
         """A view op on a traced array (reshape, transpose, slicing, broadcast_to, as_strided)."""
+        if self.mode == "probe":
+            return self._probe_view(src, make)
         result = make(src.concrete)
         root = self.values[src.vid].root
         if not _is_array(result) or _memory(result) is not _memory(self.concrete[root]):
@@ -599,18 +692,53 @@ class Tracer:
             copied = self.copy(src)
             return self.view(copied, make)
         vid = self._view_event(root, result)
-        if self.mode == "probe":
-            return TraceArray(self.concrete[vid], vid)
-        return TraceArray(result, vid)
+        return self._proxy(vid, result)
+
+    def _probe_view(self, src: TraceArray, make: Callable[[Any], Any]) -> TraceArray:
+        """A view op of a later call, computed on ``src``'s description (a shell, no data) and matched with
+        the traced one; a copy where the traced call copied (the next recorded op copies ``src``)."""
+        assert self.recorded is not None
+        events = self.recorded.events
+        if self.cursor < len(events):
+            ev = events[self.cursor]
+            if ev.kind == "kernel" and ev.op == "copy" and ev.operands == [src.vid]:
+                return self._probe_view(self.copy(src), make)
+        shell = _shell(src.value)
+        result = make(shell)
+        if not _is_array(result) or _owner(result) is not _owner(shell):
+            raise GraphBreakError(f"{user_frame()}\n  a view op of this call needs a copy of its operand (%{src.vid}) "
+                                  "where the traced call's did not; the compiled function must take the same path "
+                                  "on every call")
+        itemsize = src.value.dtype.itemsize
+        offset = src.value.offset + (_ptr(result) - _ptr(shell)) // itemsize
+        shape = tuple(int(n) for n in result.shape)
+        strides = tuple(s // itemsize for s in result.strides)
+        root = src.value.root
+        if self.cursor >= len(events):
+            raise GraphBreakError(f"{user_frame()}\n  this call runs more ops than the traced one ({len(events)}); "
+                                  "the compiled function must take the same path on every call")
+        ev = events[self.cursor]
+        if ev.kind != "view" or ev.operands != [root] or not _same_view(ev.template, offset, shape, strides):
+            raise GraphBreakError(f"{user_frame()}\n  op {self.cursor} of this call is a view (offset {offset}, shape "
+                                  f"{shape}, strides {strides}) of value {root}, the traced call had {ev.op} "
+                                  f"{ev.template[1:] if ev.kind == 'view' else ''} on {ev.operands}; the compiled "
+                                  "function must take the same path on every call")
+        self.cursor += 1
+        vid = ev.results[0]
+        host = None
+        if src.host is not None:  # an input's view: host-side checks read the call's own values
+            host = make(src.host)
+            host = host if _is_array(host) else None
+        return TraceArray(self.values[vid], host=host)
 
     def cast(self, src: TraceArray, np_dtype: Any) -> TraceArray:
-        dt = from_numpy_dtype(src.concrete.dtype)
+        dt = src.value.dtype
         out = dispatch.kernel("cast", self.device or "cpu", dt)(src, np.dtype(np_dtype))
         assert isinstance(out, TraceArray)
         return out
 
     def copy(self, src: TraceArray) -> TraceArray:
-        dt = from_numpy_dtype(src.concrete.dtype)
+        dt = src.value.dtype
         out = dispatch.kernel("copy", self.device or "cpu", dt)(src)
         assert isinstance(out, TraceArray)
         return out
@@ -712,6 +840,17 @@ def _tensor_arrays(args: Any, tensors: list[Tensor]) -> Any:
     if isinstance(args, list):
         return [_tensor_arrays(a, tensors) for a in args]
     return args
+
+
+def _same_view(template: tuple[Any, ...], offset: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a recorded view event's ``(operand, offset, shape, strides)`` makes the same view: the stride of
+    a dim of size 1 is never used (NumPy and CuPy may set it differently), nor anything of an empty view."""
+    _, t_offset, t_shape, t_strides = template
+    if tuple(t_shape) != shape:
+        return False
+    if 0 in shape:
+        return True
+    return t_offset == offset and all(a == b for a, b, n in zip(t_strides, strides, shape, strict=True) if n > 1)
 
 
 def _substitute(template: Any, concrete: list[Any]) -> Any:
