@@ -171,3 +171,79 @@ def test_fused_region_runs_as_a_generated_cuda_kernel() -> None:
     got = fn(x, b)
     assert "blutrain.fused" in fn.ir()
     np.testing.assert_allclose(got.cpu().numpy(), f(x, b).cpu().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _allocated_bytes() -> int:
+    """Bytes of device memory in live allocations of the process's allocator (blutrain-alloc, or CuPy's pool
+    with BLUTRAIN_CUDA_ALLOCATOR=cupy), after a collection and a synchronization."""
+    import gc
+
+    import cupy
+
+    from blutrain.alloc.cupy import CupyAllocator
+
+    gc.collect()
+    cupy.cuda.Device().synchronize()
+    hook = cupy.cuda.get_allocator()
+    if isinstance(hook, CupyAllocator):
+        return int(hook.allocator().stats().allocated_bytes)
+    return int(cupy.get_default_memory_pool().used_bytes())
+
+
+def test_a_compiled_gpt_holds_its_state_and_arena_but_not_the_traced_calls_arrays() -> None:
+    """After the trace, device memory held is the state (parameters, optimizer state), the executor's arena and
+    static inputs, and the returned loss: the traced call's intermediates (``buffer_bytes`` of them, tens of MB
+    here) are freed, and later calls hold no more."""
+    _cuda()
+    from blutrain.models.gpt2 import GPT2, GPT2Config
+    from blutrain.optim import clip_grad_norm_, create, weight_decay_groups
+
+    bt.zeros(1, device="cuda")  # the backend installs its allocator when it first makes an array
+    start = _allocated_bytes()
+    bt.manual_seed(0)
+    cfg = GPT2Config.preset("tiny", vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=128)
+    model = GPT2(cfg).to("cuda")
+    opt = create("adamw", weight_decay_groups(model.parameters(), 0.1), lr=1e-3, betas=(0.9, 0.95))
+
+    def step(x: bt.Tensor, y: bt.Tensor) -> bt.Tensor:
+        _, loss = model(x, y, return_logits=False)
+        loss.backward()
+        clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    fn = bc.compile(step)
+    rng = np.random.default_rng(0)
+    batch = (32, 64)
+    held, losses = [], []
+    for _ in range(4):  # eager (makes the optimizer's state), trace, two replays
+        x = bt.tensor(rng.integers(0, 256, batch), device="cuda")
+        y = bt.tensor(rng.integers(0, 256, batch), device="cuda")
+        losses.append(fn(x, y))
+        del x, y
+        held.append(_allocated_bytes() - start)
+    graph = fn.last
+    assert graph is not None
+    executor = graph.executor
+    assert isinstance(executor, CUDAGraphExecutor)
+    assert not executor.eager, executor.capture_error
+    tracer = graph.tracer
+    state_bytes = sum(int(tracer.concrete[v].nbytes) for v in tracer.state_order)
+    input_bytes = sum(int(a.nbytes) for a in executor.inputs)
+    stats = fn.stats
+    slack = 2 << 20  # allocator rounding (512 bytes a block), library handles' small buffers
+    # what the eager call leaves (the state, the model's own buffers, its loss), the executor's arena (aligned
+    # by up to 256 bytes) and static inputs
+    bound = max(held[0], state_bytes) + stats.alloc_arena_bytes + 256 + input_bytes + slack
+    report = {"held_after_each_call": held, "state_bytes": state_bytes, "arena_bytes": stats.alloc_arena_bytes,
+              "input_bytes": input_bytes, "traced_buffer_bytes": stats.buffer_bytes, "bound": bound}
+    print(json.dumps(report))
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "compiler_cuda_held_memory.json").write_text(json.dumps(report, indent=1))
+    assert stats.buffer_bytes > 4 * slack  # the traced intermediates would not fit under the bound
+    assert state_bytes <= held[0] + slack
+    assert held[1] <= bound  # right after the trace
+    assert held[3] <= held[1] + slack  # replays add nothing that stays
+    assert all(np.isfinite(float(v.item())) for v in losses)

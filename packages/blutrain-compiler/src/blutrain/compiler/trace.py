@@ -14,10 +14,13 @@ array that owns their memory (views of them are recorded as ``view`` events).
 
 The same machinery re-runs the function in *probe* mode on later calls: kernels do not run, each
 intercepted call is matched against the recorded event of the same position (same op, same
-operands) and answers with the recorded proxies. Python's own side effects (the optimizer's step
-count, a learning-rate schedule) happen as in eager mode, and scalar kernel arguments that changed
-are reported so that the executor can update them (on CUDA that is a new capture). A call that takes
-another path raises :class:`GraphBreakError`.
+operands) and answers with the recorded proxies. By then the traced call's arrays are gone
+(:meth:`Tracer.release`, once the graph is built): a proxy is its :class:`Value`'s description only, views
+are computed on a NumPy array of that shape and strides over no memory, and host-side argument checks
+read the call's own inputs (or, for a computed value, the result the traced call's check got).
+Python's own side effects (the optimizer's step count, a learning-rate schedule) happen as in eager
+mode, and scalar kernel arguments that changed are reported so that the executor can update them (on
+CUDA that is a new capture). A call that takes another path raises :class:`GraphBreakError`.
 
 Host code may also write a state array outside kernels: the optimizers refill their per-step
 scalars (``blutrain.optim.StepScalars``: lr, bias corrections) on every call, in probe mode too, and
