@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.kernels import cuda as fused
-from blutrain.tensor.dtype import bfloat16
+from blutrain.tensor.dtype import as_dtype, bfloat16
 
 Array = Any
 _tf32 = False
@@ -291,7 +291,7 @@ def linear_cross_entropy(x: Array, w: Array, target: Array, ignore_index: int, l
             or w.dtype != x.dtype or x.ndim != 2 or w.shape[0] >= 2**31):
         return generic.linear_cross_entropy(x, w, target, ignore_index, label_smoothing, mean, compute, loss_dtype,
                                             need_x, need_w, chunk_rows)
-    cd = x.dtype if x.dtype.name == compute else w.astype(compute_np(compute)).dtype
+    cd = np.dtype(as_dtype(compute).np)
     xs = cp.ascontiguousarray(x.astype(cd, copy=False))
     ws = cp.ascontiguousarray(w.astype(cd, copy=False))
     tc = cp.ascontiguousarray(target, dtype=np.int64)
@@ -318,14 +318,7 @@ def linear_cross_entropy(x: Array, w: Array, target: Array, ignore_index: int, l
                 gemm_into(dl, xs[start:stop], dw32, trans_a=True, accumulate=i > 0)
     count = cp.count_nonzero(tc != ignore_index)
     total = loss_rows.sum()
-    loss = (total / count if mean else total).astype(compute_np(loss_dtype))
+    loss = (total / count if mean else total).astype(as_dtype(loss_dtype).np)
     scale = (1.0 / count if mean else cp.ones((), np.float64)).astype(np.float32)
     dw = None if dw32 is None else dw32 if w.dtype.name == "float32" else dw32.astype(w.dtype)
     return loss, scale, dx, dw
-
-
-def compute_np(name: str) -> Any:
-    """The NumPy dtype of a BluTrain dtype name (bfloat16 through ml_dtypes)."""
-    from blutrain.tensor.dtype import as_dtype
-
-    return as_dtype(name).np
