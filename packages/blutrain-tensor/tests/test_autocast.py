@@ -58,3 +58,8 @@ def test_packed_self_attention_runs_in_bf16_and_its_gradient_reaches_float32_in_
 def test_autocast_refuses_a_full_precision_dtype() -> None:
     with pytest.raises(TypeError, match="bfloat16 or float16"):
         bt.autocast(dtype="float32")
+
+
+def test_linear_under_autocast_names_a_bad_input() -> None:
+    with bt.autocast(), pytest.raises(TypeError, match="linear: expected input and weight to be Tensors, got int"):
+        bt.linear(5, bt.zeros(3, 4))  # type: ignore[arg-type]

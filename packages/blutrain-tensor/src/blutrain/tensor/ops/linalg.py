@@ -68,7 +68,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     rounded to the half dtype (one rounding and one cast kernel less per gradient).
     """
     narrowed = _autocast.dtype is not None and any(
-        t is not None and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (x, weight, bias))
+        isinstance(t, Tensor) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (x, weight, bias))
     originals = (x, weight, bias)
     if narrowed:
         x, weight = _narrow(x), _narrow(weight)
