@@ -145,7 +145,7 @@ class Buffer:
         self.nbytes = nbytes
         self.data = cuda.alloc(nbytes)
 
-    def copy(self) -> Buffer:
+    def copy(self, order: str = "C") -> Buffer:  # cupy.ndarray.copy's signature; the layout is not modelled
         return Buffer(self.cuda, self.nbytes)
 
 

@@ -122,3 +122,20 @@ def test_a_capture_refuses_work_that_was_not_handed_to_it_with_the_callers_line(
     with pytest.raises(bc.TracingError, match=r"test_split\.py:\d+: .*found\.refuse.*\n.*the collective all_reduce "
                                               "was called while blutrain.compiler traces"):
         bc.compile(f, warmup=0)(INPUTS[0])
+
+
+def test_a_buffer_in_a_permuted_layout_crosses_the_cut_with_its_layout() -> None:
+    """A kernel may leave a dense buffer in another order than C (a cat of transposed pieces is laid out as
+    they are); views after the cut address its memory as traced, so it must cross in that layout."""
+    def f(x: bt.Tensor) -> bt.Tensor:
+        y = (x * 2.0).t()
+        z = bt.cat([y.unsqueeze(0), (y + 1.0).unsqueeze(0)], dim=0)  # (2, 3, 4), not C-ordered
+        scale_outside_kernels(x * 1.0, 1.0)  # a cut between z and its views
+        return z[1] * 10.0 + z[0].sum(0)
+
+    inputs = [bt.tensor(np.arange(12.0, dtype=np.float32).reshape(4, 3) * (i + 1)) for i in range(4)]
+    fn = bc.compile(f)
+    for x in inputs:
+        want = f(x).numpy()
+        np.testing.assert_array_equal(fn(x).numpy(), want)
+    assert isinstance(fn.last, SplitGraph)

@@ -40,6 +40,18 @@ def test_each_rank_holds_an_early_and_a_late_chunk() -> None:
     assert layout.shard(x, 2).tolist() == [[4, 5, 6, 7], [16, 17, 18, 19]]
 
 
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_the_gathered_sequence_is_put_in_natural_order_and_back_by_slices(world: int) -> None:
+    layout = ChunkLayout(4 * world, world)
+    gathered = np.array([p for r in range(world) for p in layout.positions(r)])
+    x = bt.tensor(np.stack([gathered, gathered * 10]))  # (2, T): dim 1 in every rank's local order in turn
+    natural = layout.to_natural(x, 1)
+    assert natural.tolist() == [list(range(4 * world)), [10 * p for p in range(4 * world)]]
+    assert natural.tolist() == x.index_select(1, bt.tensor(layout.order())).tolist()
+    assert layout.from_natural(natural, 1).tolist() == x.tolist()
+    assert layout.position_ids(world - 1).tolist() == layout.positions(world - 1)
+
+
 def test_a_sequence_that_does_not_split_in_two_chunks_per_rank_is_an_error() -> None:
     with pytest.raises(DistArgumentError, match=r"sequence length 10 must be a multiple of 2·cp = 4"):
         ChunkLayout(10, 2)

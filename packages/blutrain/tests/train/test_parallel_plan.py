@@ -104,16 +104,18 @@ def test_a_mesh_of_other_than_the_ranks_of_the_run_is_refused_before_any_group_i
         Trainer(cfg)
 
 
-@pytest.mark.parametrize("text", ["ddp", "zero=1", "zero=3", "dp=2"])
-def test_the_data_parallel_modes_compose_with_compile(text: str) -> None:
-    plan(text, compile=True)
+@pytest.mark.parametrize("text", ["ddp", "zero=1", "zero=3", "dp=2", "tp=2", "tp=2,async=4", "dp=2,tp=2", "cp=2",
+                                  "dp=2,cp=2,attn=ulysses", "dp=2,cp=2,attn=allgather"])
+def test_every_built_in_mode_composes_with_compile(text: str) -> None:
+    plan(text, compile=True, seq_len=64)
 
 
-@pytest.mark.parametrize(("text", "mode", "why"), [("tp=2", "tp", "inside every layer's forward and backward"),
-                                                   ("dp=2,cp=2", "cp", "ring attention pairs asynchronous send"),
-                                                   ("dp=2,tp=2", "tp", "not declared with blutrain.dist.traceable")])
-def test_compile_with_a_mode_that_did_not_declare_it_is_refused_naming_mode_and_reason(text: str, mode: str,
-                                                                                      why: str) -> None:
-    message = refusal(text, compile=True)
+@pytest.mark.parametrize(("text", "mode"), [("tp=2", "tp"), ("dp=2,cp=2", "cp"), ("dp=2,tp=2", "tp")])
+def test_compile_with_a_mode_that_did_not_declare_it_is_refused_naming_mode_and_reason(
+        text: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from blutrain.dist import parallel_modes
+
+    monkeypatch.setattr(parallel_modes().get(mode), "compiles", False)
+    message = refusal(text, compile=True, seq_len=64)
     assert f"mode {mode!r} has not declared how it composes with the compiler" in message
-    assert why in message
+    assert "does not set compiles = True" in message and "blutrain.dist.traceable" in message

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Literal
 
 from blutrain.dist import DistArgumentError, ProcessGroup
-from blutrain.tensor import Tensor, arange, cat, scaled_dot_product_attention, stack, tensor
+from blutrain.tensor import Tensor, arange, cat, scaled_dot_product_attention, stack
 from blutrain_parallel_cp.comm import all_gather, all_to_all, start_ring_shift
 from blutrain_parallel_cp.layout import ChunkLayout
 
@@ -111,20 +111,11 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, layo
     qkv = stack([q, k, v]).reshape(3, B, W, h, T_l, D).permute(2, 0, 1, 3, 4, 5)
     got = all_to_all(qkv, group)  # block s: rank s's positions of my heads
     full = got.permute(1, 2, 3, 0, 4, 5).reshape(3, B, h, W * T_l, D)  # every rank's local sequence in turn
-    order = tensor(layout.order(), dtype="int64", device=q.device)
-    full = full.index_select(3, order)  # natural order
+    full = layout.to_natural(full, 3)
     y = scaled_dot_product_attention(full[0], full[1], full[2], is_causal=True, scale=scale)  # (B, h, T, D)
-    back = tensor(_inverse(layout.order()), dtype="int64", device=q.device)
-    y = y.index_select(2, back).reshape(B, h, W, T_l, D).permute(2, 0, 1, 3, 4)  # (W, B, h, T_l, D)
+    y = layout.from_natural(y, 2).reshape(B, h, W, T_l, D).permute(2, 0, 1, 3, 4)  # (W, B, h, T_l, D)
     mine = all_to_all(y, group)  # block s: my positions of rank s's heads
     return mine.permute(1, 0, 2, 3, 4).reshape(B, H, T_l, D)
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
 
 
 ATTENTION = {"ring": ring_attention, "allgather": allgather_attention, "ulysses": ulysses_attention}

@@ -11,6 +11,10 @@
 
 The rules keep nothing for backward but the group. A rank whose output got no gradient still joins
 the backward collective with zeros.
+
+Every buffer a collective writes is made by a kernel (``zeros``, not ``empty``), and a ring transfer is
+one :func:`blutrain.dist.sendrecv` (send and recv posted together), so that over a group declared with
+:func:`blutrain.dist.traceable` each is one event a compiled step can issue between its parts.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from typing import Any
 
 from blutrain.autograd import derivative, no_grad, record
 from blutrain.autograd.rules import save_nothing
-from blutrain.dist import ProcessGroup, Work
-from blutrain.tensor import Tensor, empty, empty_like, zeros
+from blutrain.dist import ProcessGroup, Work, sendrecv
+from blutrain.tensor import Tensor, zeros, zeros_like
 
 RING_SHIFT = "cp_ring_shift"
 ALL_GATHER = "cp_all_gather"
@@ -35,12 +39,11 @@ def _grad(node: Any, grads: list[Any]) -> Tensor:
     return g.contiguous()  # type: ignore[no-any-return]
 
 
-def _exchange(x: Tensor, group: ProcessGroup, to: int, frm: int) -> tuple[Tensor, list[Work]]:
-    """Start sending ``x`` to ``to`` and receiving as much from ``frm``; both async, so no rank
-    blocks in a send while its peer blocks in one too."""
-    out = empty_like(x)
-    works = [group.recv(out, frm, async_op=True), group.send(x, to, async_op=True)]
-    return out, [w for w in works if w is not None]
+def _exchange(x: Tensor, group: ProcessGroup, to: int, frm: int) -> tuple[Tensor, Work | None]:
+    """Start sending ``x`` to ``to`` and receiving as much from ``frm``; both in flight together, so no
+    rank blocks in a send while its peer blocks in one too."""
+    out = zeros_like(x)
+    return out, sendrecv(group, x, to, out, frm, async_op=True)
 
 
 class RingShift:
@@ -53,11 +56,11 @@ class RingShift:
         r, n = group.rank, group.size
         with no_grad():
             self.payload = x.detach().contiguous()
-            self.out, self.works = _exchange(self.payload, group, (r + 1) % n, (r - 1) % n)
+            self.out, self.work = _exchange(self.payload, group, (r + 1) % n, (r - 1) % n)
 
     def finish(self) -> Tensor:
-        for w in self.works:
-            w.wait()
+        if self.work is not None:
+            self.work.wait()
         out = self.out
         record(RING_SHIFT, (self.x,), out, {"group": self.group})
         return out
@@ -76,9 +79,9 @@ def ring_shift(x: Tensor, group: ProcessGroup) -> Tensor:
 def _ring_shift_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
     group: ProcessGroup = node.attrs["group"]
     r, n = group.rank, group.size
-    out, works = _exchange(_grad(node, grads), group, (r - 1) % n, (r + 1) % n)
-    for w in works:
-        w.wait()
+    out, work = _exchange(_grad(node, grads), group, (r - 1) % n, (r + 1) % n)
+    if work is not None:
+        work.wait()
     return (out,)
 
 
@@ -86,7 +89,7 @@ def all_gather(x: Tensor, group: ProcessGroup) -> Tensor:
     """(size, *x.shape): rank s's ``x`` at index s."""
     with no_grad():
         src = x.detach().contiguous().unsqueeze(0)
-        out = empty(group.size, *x.shape, dtype=x.dtype, device=x.device)
+        out = zeros(group.size, *x.shape, dtype=x.dtype, device=x.device)
         group.all_gather_into_tensor(out, src)
     record(ALL_GATHER, (x,), out, {"group": group})
     return out
@@ -96,7 +99,7 @@ def all_gather(x: Tensor, group: ProcessGroup) -> Tensor:
 def _all_gather_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
     group: ProcessGroup = node.attrs["group"]
     g = _grad(node, grads)
-    out = empty(1, *g.shape[1:], dtype=g.dtype, device=g.device)
+    out = zeros(1, *g.shape[1:], dtype=g.dtype, device=g.device)
     group.reduce_scatter(out, g, op="sum")
     return (out.squeeze(0),)
 
@@ -105,7 +108,7 @@ def all_to_all(x: Tensor, group: ProcessGroup) -> Tensor:
     """Block s of dim 0 (``size`` equal blocks) to rank s; block s of the result from rank s."""
     with no_grad():
         src = x.detach().contiguous()
-        out = empty_like(src)
+        out = zeros_like(src)
         group.all_to_all(out, src)
     record(ALL_TO_ALL, (x,), out, {"group": group})
     return out
@@ -114,7 +117,7 @@ def all_to_all(x: Tensor, group: ProcessGroup) -> Tensor:
 @derivative(ALL_TO_ALL, save=save_nothing)
 def _all_to_all_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
     g = _grad(node, grads)
-    out = empty_like(g)
+    out = zeros_like(g)
     node.attrs["group"].all_to_all(out, g)
     return (out,)
 

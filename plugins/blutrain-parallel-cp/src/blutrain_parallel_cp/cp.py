@@ -13,6 +13,16 @@ rank's sum with ``cp / n_targets``, so that the gradients of the cp ranks, avera
 gradients are, are the full sequence's. The averaging is the ``ddp`` mode's: ``CP`` wraps the model
 in :class:`~blutrain_parallel_ddp.DistributedDataParallel` over the cp group, or, on a mesh with a
 "dp" dimension, leaves it to the dp mode, which averages over dp × cp (``DDP(mesh)`` does).
+
+Compile (``blutrain.compiler``): the cp group and the attention's communicator are declared with
+:func:`blutrain.dist.traceable`, so a compiled training step is cut at each attention collective (ring:
+each step's transfer is one ``sendrecv``, send and recv posted and waited for together; all-gather: one
+all-gather forward, one reduce-scatter backward per layer; Ulysses: two all-to-alls each way), at the
+loss's all-reduce and at the gradient averaging's, and issues them between its compiled parts. The loss
+keeps its sums and counts on the device, the positions are made by kernels, and every buffer a
+collective writes is made by a kernel (``zeros``), so each call repeats the traced collectives. In a
+compiled step each transfer completes where it is issued: ring attention's overlap of the transfer with
+the current block is given up.
 """
 
 from __future__ import annotations
@@ -21,10 +31,10 @@ from typing import Any
 
 from blutrain.autograd import checkpoint, derivative, is_grad_enabled, no_grad, record
 from blutrain.autograd.rules import save_nothing
-from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, get_process_group
+from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, get_process_group, traceable
 from blutrain.models import GPT2
 from blutrain.nn import CausalSelfAttention, Module
-from blutrain.tensor import Tensor, cross_entropy, float64, full_like, tensor
+from blutrain.tensor import Tensor, cross_entropy, float64, full_like, stack
 from blutrain.tensor.errors import ShapeError
 from blutrain_parallel_cp.attention import ATTENTION_KINDS, context_parallel_attention
 from blutrain_parallel_cp.layout import ChunkLayout
@@ -69,21 +79,26 @@ class ContextParallelSelfAttention(Module):
         return f"n_embd={self.n_embd}, n_head={self.n_head}, attn={self.kind}, cp={self.group.size}"
 
 
-def sequence_loss(local_sum: Tensor, local_count: int, group: ProcessGroup) -> Tensor:
+def sequence_loss(local_sum: Tensor, local_count: Tensor | int, group: ProcessGroup) -> Tensor:
     """The mean over the whole sharded sequence of per-position losses whose sum on this rank is
-    ``local_sum`` over ``local_count`` targets; backward seeds ``local_sum`` with ``size / total``."""
+    ``local_sum`` (0-d) over ``local_count`` targets; backward seeds ``local_sum`` with ``size / total``.
+    Sums and counts are reduced in float64 and stay on the device (no host read: the loss compiles);
+    no target anywhere gives NaN (0 / 0)."""
     with no_grad():
-        sums = tensor([float(local_sum.detach().item()), float(local_count)], dtype=float64, device=local_sum.device)
+        count = local_count if isinstance(local_count, Tensor) else full_like(local_sum.detach(), local_count,
+                                                                               dtype=float64)
+        sums = stack([local_sum.detach().to(dtype=float64), count.to(dtype=float64)])
         group.all_reduce(sums, op="sum")
-        total_sum, total = (float(v) for v in sums.tolist())
-        value = full_like(local_sum.detach(), total_sum / total if total else float("nan"))
-    record(SEQUENCE_LOSS, (local_sum,), value, {"scale": group.size / total if total else float("nan")})
+        value = (sums[0] / sums[1]).to(dtype=local_sum.dtype)
+        scale = group.size / sums[1]
+    record(SEQUENCE_LOSS, (local_sum,), value, {"scale": scale})
     return value
 
 
 @derivative(SEQUENCE_LOSS, save=save_nothing)
 def _sequence_loss_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
-    return (grads[0] * node.attrs["scale"],)
+    g: Tensor = grads[0]
+    return (g * node.attrs["scale"].to(dtype=g.dtype),)
 
 
 class ContextParallelGPT2(Module):
@@ -104,10 +119,11 @@ class ContextParallelGPT2(Module):
         if attn == "ulysses" and model.config.n_head % group.size:
             raise DistArgumentError(f"ContextParallelGPT2: attn='ulysses' needs n_head ({model.config.n_head}) "
                                     f"divisible by the context-parallel size {group.size}")
-        self.group = group
+        # both declared for blutrain.compiler (see the module's doc)
+        self.group: ProcessGroup = traceable(group)
         self.attn = attn
         # the attention's own communicator (see the module's doc); a split is collective over the group
-        self.attention_group = group.split(0, group.rank) if group.size > 1 else group
+        self.attention_group: ProcessGroup = traceable(group.split(0, group.rank) if group.size > 1 else group)
         for block in model.transformer.h:
             block.add_module("attn", ContextParallelSelfAttention(block.attn, self.attention_group, attn))
         self.module = model
@@ -131,7 +147,7 @@ class ContextParallelGPT2(Module):
         mine = layout.shard(targets, rank).reshape(-1)
         B, T, V = logits.shape
         local = cross_entropy(logits.reshape(B * T, V), mine, ignore_index=-1, reduction="sum")
-        return logits, sequence_loss(local, int((mine != -1).sum().item()), self.group)
+        return logits, sequence_loss(local, (mine != -1).sum(), self.group)
 
     def extra_repr(self) -> str:
         return f"cp={self.group.size}, rank {self.group.rank}, attn={self.attn}"
@@ -144,6 +160,7 @@ class CP:
     the dp mode averages over dp × cp. The optimizer is unchanged."""
 
     dim = "cp"
+    compiles = True  # ContextParallelGPT2 declares its groups with blutrain.dist.traceable (see the module doc)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, attn: str = "ring",
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blutrain.dist import DistArgumentError
-from blutrain.tensor import Tensor, cat, tensor
+from blutrain.tensor import Tensor, arange, cat
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,24 @@ class ChunkLayout:
         return cat([x.narrow(dim, a * self.chunk, self.chunk), x.narrow(dim, b * self.chunk, self.chunk)], dim=dim)
 
     def position_ids(self, rank: int, device: object = None) -> Tensor:
-        return tensor(self.positions(rank), dtype="int64", device=device)  # type: ignore[arg-type]
+        """The global positions of rank ``rank``'s local sequence as an int64 tensor (two ``arange``
+        kernels, so that a compiled step makes them again on every call)."""
+        c = self.chunk
+        return cat([arange(a * c, (a + 1) * c, dtype="int64", device=device)  # type: ignore[arg-type]
+                    for a in self.chunks(rank)])
+
+    def to_natural(self, x: Tensor, dim: int) -> Tensor:
+        """``x`` whose ``dim`` is every rank's local sequence in turn (rank 0's first, as an all-to-all or
+        all-gather leaves it) in natural order: ``x.index_select(dim, order())``, as slices of chunks."""
+        c, local = self.chunk, 2 * self.chunk
+        # chunk k is rank k's first (k < world) or rank 2·world - 1 - k's second
+        starts = [k * local if k < self.world else (2 * self.world - 1 - k) * local + c for k in range(2 * self.world)]
+        return cat([x.narrow(dim, s, c) for s in starts], dim=dim)
+
+    def from_natural(self, x: Tensor, dim: int) -> Tensor:
+        """The inverse of :meth:`to_natural`: every rank's local sequence in turn from the natural order."""
+        c = self.chunk
+        return cat([x.narrow(dim, a * c, c) for r in range(self.world) for a in self.chunks(r)], dim=dim)
 
 
 __all__ = ["ChunkLayout"]

@@ -18,7 +18,7 @@ from typing import Any
 from blutrain.autograd import derivative, no_grad, record
 from blutrain.autograd.rules import save_inputs
 from blutrain.dist import DistArgumentError, ProcessGroup
-from blutrain.tensor import Tensor, arange, float32, logical_and, where
+from blutrain.tensor import Tensor, arange, clamp, float32, logical_and, where
 
 VOCAB_PARALLEL_CROSS_ENTROPY = "tp_vocab_parallel_cross_entropy"
 
@@ -65,11 +65,11 @@ def vocab_parallel_cross_entropy(logits: Tensor, target: Tensor, group: ProcessG
             group.all_reduce(picked, op="sum")
         lse = sumexp.log() + row_max
         valid = (target != ignore_index).reshape(-1, 1).to(dtype=x.dtype)
-        count = float(valid.sum().item())
+        # a device value, never read on the host, so that the loss compiles (blutrain.compiler)
+        count = valid.sum()
         per_row = (sumexp.log() - picked) * valid
-        # every target ignored: NaN, as the mean of nothing is in PyTorch and blutrain's cross_entropy
-        total = per_row.sum() / count if count else per_row.sum() * float("nan")
-        loss = total.to(dtype=logits.dtype)
+        # every target ignored: 0 / 0 = NaN, as the mean of nothing is in PyTorch and blutrain's cross_entropy
+        loss = (per_row.sum() / count).to(dtype=logits.dtype)
     record(VOCAB_PARALLEL_CROSS_ENTROPY, (logits,), loss, {
         "target": target, "lse": lse, "valid": valid, "count": count, "vocab_start": vocab_start})
     return loss
@@ -88,7 +88,7 @@ def _backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
     owned = logical_and(local >= 0, local < n_cols).reshape(-1, 1)
     cols = arange(n_cols, dtype="int64", device=x.device).reshape(1, -1)
     onehot = logical_and(cols == local.reshape(-1, 1), owned).to(dtype=probs.dtype)
-    scale = (g.to(dtype=probs.dtype) / max(a["count"], 1.0)) * a["valid"]
+    scale = (g.to(dtype=probs.dtype) / clamp(a["count"], min=1.0)) * a["valid"]
     grad = (probs - onehot) * scale
     return (grad.to(dtype=logits.dtype),)
 

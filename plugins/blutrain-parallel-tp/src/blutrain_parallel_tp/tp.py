@@ -19,6 +19,14 @@ blocks as ranges of the full tensors, so every rank writes its own part of a che
 
 ``async_chunks=k`` (k >= 1) runs the parallel Linears and the LM head as the fused ops of
 :mod:`blutrain_parallel_tp.overlap`: each all-reduce cut into k row blocks overlapping the GEMMs.
+
+Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist.traceable` and every
+layer, the vocab-parallel loss and the gradient norm use it, so a compiled training step is cut at each
+all-reduce (per block: two forward, two backward; the embedding's, the loss's three and the norm's) and
+issues them between its compiled parts. Nothing chooses by values (the loss's count of targets stays a
+device value), and the buffers the all-reduces write are made by kernels (clones, GEMM results). With
+``async_chunks`` each block's all-reduce is its own cut and completes where it is issued: the async
+ops read a block only after waiting for its handle, so the result is eager's, without the overlap.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import math
 from typing import Any
 
 from blutrain.autograd import no_grad
-from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, StateShard, get_process_group
+from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, StateShard, get_process_group, traceable
 from blutrain.models import GPT2
 from blutrain.nn import CausalSelfAttention, Embedding, Linear, Module
 from blutrain.tensor import Tensor, clamp, norm, stack, zeros
@@ -76,7 +84,8 @@ class TensorParallelGPT2(Module):
         if c.vocab_size % size:
             raise DistArgumentError(f"{where}: vocab_size ({c.vocab_size}) must be divisible by the tensor-parallel "
                                     f"size {size}; pad the vocabulary (GPT-2's 50257 → 50304)")
-        self.group = group
+        # declared for blutrain.compiler: every layer, the loss and the norm use this group (see the module doc)
+        self.group: ProcessGroup = traceable(group)
         if broadcast_parameters and size > 1:
             with no_grad():
                 for t in [*model.parameters(), *model.buffers()]:
@@ -267,6 +276,7 @@ class TP:
     k >= 1: async TP, each layer's all-reduce in k row blocks overlapping its GEMMs (0: synchronous)."""
 
     dim = "tp"
+    compiles = True  # TensorParallelGPT2 declares its group with blutrain.dist.traceable (see the module doc)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, broadcast_parameters: bool = True,
                  async_chunks: int = 0) -> None:

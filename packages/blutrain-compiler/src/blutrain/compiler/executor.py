@@ -224,7 +224,9 @@ class CPUExecutor:
 
     def __init__(self, program: Program, inputs: list[Any], state: list[Any]) -> None:
         self.program = program
-        self.inputs = [a.copy() for a in inputs]  # static input buffers
+        # static input buffers, in the memory layout of the traced ones (order "K"): a buffer that crosses a cut
+        # of a split step may be a kernel's dense but permuted result, and its views address its memory
+        self.inputs = [a.copy(order="K") for a in inputs]
         program.slots[:len(inputs)] = self.inputs
         program.slots[len(inputs):program.n_args] = state
         self.updates = 0  # calls whose scalar kernel arguments changed
@@ -238,7 +240,7 @@ class CPUExecutor:
             buf[...] = new
         self.program.run()
         slots = self.program.slots
-        return [slots[s].copy() for s in self.program.outputs]
+        return [slots[s].copy(order="K") for s in self.program.outputs]  # the layout the kernels made
 
     def updated(self) -> None:
         """Scalars changed: the launches already hold the new ones, nothing to redo on the CPU."""
@@ -283,7 +285,7 @@ class CUDAGraphExecutor:
         self.pool = cupy.cuda.MemoryPool()
         self.memory = CupyMemory(cupy, self.pool)
         # the static input buffers come from the process's allocator, like the arena: its statistics see them
-        self.inputs = [cupy.array(a, copy=True) for a in inputs]
+        self.inputs = [cupy.array(a, copy=True) for a in inputs]  # order "K" (CuPy's default): the traced layout
         program.slots[:len(inputs)] = self.inputs
         program.slots[len(inputs):program.n_args] = state
         self.graph: Any = None
@@ -408,7 +410,7 @@ class CUDAGraphExecutor:
             # The results come from the process's allocator, not the arena: the next replay writes the arena
             # over a result held since.
             slots = self.program.slots
-            outs = [slots[s].copy() for s in self.program.outputs]
+            outs = [slots[s].copy(order="K") for s in self.program.outputs]  # the layout the kernels made
         self.stream.synchronize()
         return outs
 

@@ -17,7 +17,8 @@ What the caller promises by declaring, and what a parallel mode checks before it
   compiled call every collective completes where it is issued (``async_op=True`` gets a completed
   :class:`~blutrain.dist.CompletedWork`), so an overlap that eager mode had is gone, not reordered; and no
   two operations must be in flight together (a ``send`` and the ``recv`` its peer posts at the same time
-  would each wait for the other);
+  would each wait for the other): a send paired with a recv goes through :meth:`TraceableGroup.sendrecv`
+  (:func:`blutrain.dist.sendrecv`), which posts both and waits for both as one event;
 - buffers a collective writes are made by kernels inside the function (``zeros``, not ``empty``, whose
   memory no kernel makes) or live outside it (parameters, gradient buckets).
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from blutrain.tensor import Tensor, capture
 
+from blutrain.dist.exchange import sendrecv
 from blutrain.dist.process_group import CompletedWork, ProcessGroup, ReduceOp, Work, check_not_captured
 
 
@@ -76,6 +78,19 @@ class TraceableGroup:
 
     def recv(self, tensor: Tensor, src: int, async_op: bool = False) -> Work | None:
         return self._call("recv", (tensor, src), async_op)
+
+    def sendrecv(self, send: Tensor, dst: int, recv: Tensor, src: int, async_op: bool = False) -> Work | None:
+        """Send ``send`` to ``dst`` and receive into ``recv`` from ``src`` with both in flight together
+        (:func:`blutrain.dist.sendrecv`). Inside a trace the pair is one event: posted and waited for as
+        one, so a compiled call issues it between two parts without a rank blocking in a lone send."""
+        found = capture.active()
+        if found is None:
+            return sendrecv(self.group, send, dst, recv, src, async_op)
+        found.host_call(f"{self.group.backend} sendrecv", self._sendrecv, (send, dst, recv, src))
+        return CompletedWork() if async_op else None
+
+    def _sendrecv(self, send: Tensor, dst: int, recv: Tensor, src: int) -> None:
+        sendrecv(self.group, send, dst, recv, src)
 
     def barrier(self) -> None:
         found = capture.active()

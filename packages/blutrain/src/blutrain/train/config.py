@@ -22,17 +22,6 @@ class ConfigError(BluTrainError, ValueError):
 MESH_MODES: dict[str, str] = {"dp": "ddp", "cp": "cp", "tp": "tp"}
 
 
-# Why the built-in modes that do not compose with compile (see TrainConfig._check_compiles) do not.
-_NOT_COMPILED: dict[str, str] = {
-    "tp": "its all-reduces and all-gathers run inside every layer's forward and backward (autograd nodes, and "
-          "with async=K chunked all-reduces overlapping its GEMMs) through a group it has not declared with "
-          "blutrain.dist.traceable, so tracing would refuse the first of them",
-    "cp": "its ring attention pairs asynchronous send and recv between neighbours, which a compiled step cannot "
-          "issue one at a time between its parts (each rank would wait in its recv for a peer waiting in its "
-          "own), and its all-gather and all-to-all attentions are not declared either",
-}
-
-
 @dataclass(frozen=True)
 class ParallelPlan:
     """``--parallel`` parsed: how the ranks of a run are laid out and what wraps the model.
@@ -152,11 +141,11 @@ class TrainConfig:
         registry = parallel_modes()
         for name, _, _ in plan.modes:
             if name in registry and not getattr(registry.get(name), "compiles", False):
-                why = _NOT_COMPILED.get(name, "it does not set compiles = True on its class, so its collectives "
-                                              "are not declared with blutrain.dist.traceable")
                 raise ConfigError(f"parallel {self.parallel!r} cannot be combined with compile: mode {name!r} has "
-                                  f"not declared how it composes with the compiler: {why}. Run it eagerly, or "
-                                  "compile with ddp or zero")
+                                  "not declared how it composes with the compiler: it does not set compiles = True "
+                                  "on its class, so its collectives are not declared with blutrain.dist.traceable "
+                                  "and tracing would refuse the first of them. Run it eagerly, or compile with a "
+                                  "mode that declares it (ddp, zero, tp, cp)")
 
     def parallel_plan(self) -> ParallelPlan | None:
         """``parallel`` parsed (None when it is empty); see :class:`ParallelPlan` for the forms."""
