@@ -6,14 +6,12 @@ line. (The trainer's ``--compile --parallel`` cells are in test_plugin_matrix.py
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from ranks import run_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "compiled_dp.py"
 RUNS = ["ddp", "ddp-accum2", "zero1", "zero2", "zero3"]
@@ -22,13 +20,7 @@ RUNS = ["ddp", "ddp-accum2", "zero1", "zero2", "zero3"]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("compiled_dp") / "results.json"
-    cmd = [sys.executable, "-m", "blutrain.cli", "run", "-n", "2", "--grace", "2", "--timeout", "60", "--",
-           str(WORKER), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    found: dict[str, Any] = json.loads(out.read_text())
-    assert found["world"] == 2
-    return found
+    return run_worker(2, WORKER, out, rank_timeout=60, timeout=180)
 
 
 @pytest.mark.parametrize("run", RUNS)

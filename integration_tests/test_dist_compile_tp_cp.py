@@ -7,14 +7,12 @@ and ``cp=2`` cells are in test_plugin_matrix.py; ddp and zero in test_dist_compi
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from ranks import run_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "compiled_tp_cp.py"
 RUNS = ["tp", "tp-async", "dp-tp", "cp-ring", "cp-allgather", "cp-ulysses", "dp-cp-ring"]
@@ -23,13 +21,7 @@ RUNS = ["tp", "tp-async", "dp-tp", "cp-ring", "cp-allgather", "cp-ulysses", "dp-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("compiled_tp_cp") / "results.json"
-    cmd = [sys.executable, "-m", "blutrain.cli", "run", "-n", "4", "--grace", "2", "--timeout", "120", "--",
-           str(WORKER), str(out), *RUNS]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    found: dict[str, Any] = json.loads(out.read_text())
-    assert found["world"] == 4
-    return found
+    return run_worker(4, WORKER, out, *RUNS, rank_timeout=120, timeout=300)
 
 
 @pytest.mark.parametrize("run", RUNS)
