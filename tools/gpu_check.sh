@@ -10,8 +10,10 @@
 # 2. pytest -m cuda: blutrain-alloc's tests in a process of their own (when its native core was built), then
 #    the rest of packages/ and plugins/ (the fused-kernel tests against float64 references).
 # 3. The conformance suite on device cuda, when blutrain.kernels.conformance exists.
-# 3b. With --sanitize: compute-sanitizer memcheck over the fused-kernel tests (test_cuda.py).
 # 4. tools/bench_kernels.py: ours against PyTorch, CUDA events, medians, random data.
+# 5. With --sanitize: compute-sanitizer memcheck over the fused-kernel tests (test_cuda.py, the 3xTF32 GEMM,
+#    the cuBLAS binding and the fused LM-head loss), after the
+#    benchmark: it is the slowest stage, and a call that runs out of time loses the least there.
 # Environment: TESTS="pytest args" replaces the cuda-test selection (e.g. "packages/blutrain-kernels/tests/
 # test_cuda.py -k attention"); BENCH="--only attention" is passed to the benchmark; GPT2=0 skips stage 3c;
 # BENCH_ALLOC=1 adds tools/bench_alloc.py (allocation cost, a traced GPT-2 step and its memory plots).
@@ -199,17 +201,6 @@ if [[ $CONFORMANCE == 1 && -f packages/blutrain-kernels/src/blutrain/kernels/con
     RC_CONF=${PIPESTATUS[0]}
 fi
 
-RC_SAN=skipped
-if [[ $SANITIZE == 1 ]]; then
-    stamp "compute-sanitizer memcheck over the fused-kernel tests"
-    # CuPy's memory pool hands out sub-ranges of large blocks, so an overrun inside a block would not
-    # be seen by memcheck: the pool is turned off here (every allocation is its own cudaMalloc).
-    timeout -k 10 240 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 --print-limit 20 \
-        "$PY" -c 'import sys, cupy, pytest; cupy.cuda.set_allocator(None); sys.exit(pytest.main(sys.argv[1:]))' \
-        -q -p no:cacheprovider -m cuda packages/blutrain-kernels/tests/test_cuda.py 2>&1 | tail -n 30
-    RC_SAN=${PIPESTATUS[0]}
-fi
-
 RC_GPT2=skipped
 if [[ ${GPT2:-1} == 1 ]]; then
     stamp "GPT-2 124M on cuda (fp32) against the CPU in float64"
@@ -227,6 +218,22 @@ if [[ $RUN_BENCH == 1 ]]; then
     timeout -k 10 $((QUICK ? 100 : 170)) "$PY" tools/bench_kernels.py $([[ $QUICK == 1 ]] && echo --quick) \
         --out "$OUT/bench_kernels.json" --summary "$OUT/bench_summary.txt" ${BENCH:+$BENCH}
     RC_BENCH=$?
+fi
+
+RC_SAN=skipped
+if [[ $SANITIZE == 1 ]]; then
+    stamp "compute-sanitizer memcheck over the fused-kernel tests"
+    # CuPy's memory pool hands out sub-ranges of large blocks, so an overrun inside a block would not
+    # be seen by memcheck: the pool is turned off here (every allocation is its own cudaMalloc), and so is
+    # BluTrain's caching allocator, for the same reason.
+    BLUTRAIN_CUDA_ALLOCATOR=cupy timeout -k 10 240 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 --print-limit 20 \
+        "$PY" -c 'import sys, cupy, pytest; cupy.cuda.set_allocator(None); sys.exit(pytest.main(sys.argv[1:]))' \
+        -q -p no:cacheprovider -m cuda packages/blutrain-kernels/tests/test_cuda.py \
+        packages/blutrain-kernels/tests/test_cuda_gemm_3xtf32.py \
+        "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_gemm_into_multiplies_row_major_matrices_and_accumulates" \
+        "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_linear_cross_entropy_matches_float64_on_the_cpu" \
+        2>&1 | tail -n 30
+    RC_SAN=${PIPESTATUS[0]}
 fi
 
 RC_ALLOC=skipped
