@@ -1070,11 +1070,12 @@ class Bench:
     def profile(self, batches: list[Any]) -> None:
         a = self.args
         precision = a.profile_precision or a.precision[0]
-        self.stamp(f"profile: {precision}, BluTrain and PyTorch eager, one step each after warm-up")
+        impls = [i for i in ("blutrain", "blutrain-compile", "torch") if i in self.impls]
+        self.stamp(f"profile: {precision}, {', '.join(impls)}, one step each after warm-up")
         set_precision(precision, self.device, self.have_torch)
         nvtx = nvtx_functions(self.device)
         report: dict[str, Any] = {"precision": precision}
-        for impl in [i for i in ("blutrain", "torch") if i in self.impls]:
+        for impl in impls:
             report[impl] = self.profile_one(impl, precision, batches, nvtx)
             self.print_profile(impl, report[impl])
             free_device_caches(self.device)
@@ -1138,6 +1139,8 @@ class Bench:
         entry: dict[str, Any] = {"phases": rec.summary(), "step_ms": statistics.median(t for t, _ in totals),
                                  "host_ms": statistics.median(h for _, h in totals)}
         entry.update(self.kernel_profile(runner, impl, precision, staged[0], nvtx))
+        if isinstance(runner, BluTrainCompiledRunner):
+            runner.close()
         return entry
 
     def kernel_profile(self, runner: Runner, impl: str, precision: str, batch: Any,

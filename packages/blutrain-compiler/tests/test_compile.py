@@ -16,15 +16,22 @@ from blutrain.nn import Linear
 from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
 
 
-def _gpt_losses(compiled: bool, steps: int) -> tuple[list[float], Any]:
+def _gpt_losses(compiled: bool, steps: int, lr_inside: bool = True) -> tuple[list[float], Any]:
+    """Tiny GPT training under a warm-up schedule that changes the lr every step: set inside the step from
+    its float argument (each compiled call then re-runs the step's Python in probe mode), or outside it, as
+    a trainer does (each compiled call then replays with no Python of the step)."""
     bt.manual_seed(0)
     cfg = GPT2Config.preset("tiny", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
     model = GPT2(cfg)
     opt = create("adamw", weight_decay_groups(model.parameters(), 0.1), lr=1e-3, betas=(0.9, 0.95))
 
-    def step(x: bt.Tensor, y: bt.Tensor, lr: float) -> tuple[bt.Tensor, bt.Tensor]:
+    def set_lr(lr: float) -> None:
         for g in opt.param_groups:
             g["lr"] = lr
+
+    def step(x: bt.Tensor, y: bt.Tensor, lr: float) -> tuple[bt.Tensor, bt.Tensor]:
+        if lr_inside:
+            set_lr(lr)
         _, loss = model(x, y)
         loss.backward()
         norm = clip_grad_norm_(model.parameters(), 1.0)
@@ -38,19 +45,59 @@ def _gpt_losses(compiled: bool, steps: int) -> tuple[list[float], Any]:
     for i in range(steps):
         x = bt.tensor(rng.integers(0, 64, (4, 16)))
         y = bt.tensor(rng.integers(0, 64, (4, 16)))
-        loss, _ = fn(x, y, 3e-3 * min(1.0, (i + 1) / 10))  # a warm-up schedule: lr changes every step
+        lr = 3e-3 * min(1.0, (i + 1) / 10)  # a warm-up schedule: lr changes every step
+        if not lr_inside:
+            set_lr(lr)
+        loss, _ = fn(x, y, lr if lr_inside else 0.0)
         losses.append(float(loss.item()))
     return losses, fn
 
 
-def test_compiled_tiny_gpt_training_matches_eager_for_50_steps() -> None:
-    eager, _ = _gpt_losses(False, 50)
-    compiled, fn = _gpt_losses(True, 50)
+@pytest.mark.parametrize("lr_inside", [False, True], ids=["graph-replays", "probed-calls"])
+def test_compiled_tiny_gpt_training_matches_eager_for_50_steps(lr_inside: bool) -> None:
+    eager, _ = _gpt_losses(False, 50, lr_inside)
+    compiled, fn = _gpt_losses(True, 50, lr_inside)
     rel = max(abs(a - b) / abs(a) for a, b in zip(eager, compiled, strict=True))
     assert rel < 1e-6
     assert eager[-1] < eager[0]  # it trains
     assert fn.traces == 1
     assert fn.stats.arena_bytes < fn.stats.buffer_bytes
+    # calls 1 and 2 run eagerly and trace; every later one replays, but for those with a float argument
+    # other than the last call's (lr inside: the warm-up's calls 3-10), which are probed
+    assert (fn.last.replays, fn.last.probes) == ((40, 8) if lr_inside else (48, 0))
+    assert fn.last.executor.updates == 0  # lr and bias corrections live in device memory
+
+
+def _eps_changed_at_call_6(compiled: bool) -> tuple[np.ndarray[Any, Any], Any, Any]:
+    bt.manual_seed(0)
+    model = Linear(4, 3)
+    opt = create("adamw", model.parameters(), lr=1e-2)
+
+    def step(x: bt.Tensor) -> bt.Tensor:
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    fn = bc.compile(step) if compiled else step
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        if i == 5:
+            opt.param_groups[0]["eps"] = 1e-2
+        fn(bt.tensor(rng.standard_normal((5, 4)).astype(np.float32)))
+    return np.asarray(model.weight.detach()).copy(), fn, opt
+
+
+def test_a_changed_hyperparameter_is_not_replayed_stale() -> None:
+    """eps is a plain kernel argument: the optimizer's guard sees it change, so that call re-runs the step's
+    Python (picking the new eps up) instead of replaying the traced one."""
+    eager, _, _ = _eps_changed_at_call_6(False)
+    compiled, fn, opt = _eps_changed_at_call_6(True)
+    np.testing.assert_array_equal(eager, compiled)
+    assert (fn.last.replays, fn.last.probes) == (5, 1)  # calls 3-5 and 7-8 replay; call 6 is probed
+    assert fn.last.executor.updates == 1
+    assert opt.state_dict()["state"][0]["step"] == 8  # the replays advanced the step count
 
 
 def _linear_step() -> tuple[Any, Linear]:
@@ -135,10 +182,34 @@ def test_a_different_op_sequence_on_a_later_call_is_a_graph_break() -> None:
         y = model(x)
         return y.exp().sum() if calls[0] > 1 else y.sum()
 
-    fn = bc.compile(step, warmup=0)
+    fn = bc.compile(step, warmup=0, replay="probe")
     fn(bt.randn(2, 4))
     with pytest.raises(bc.GraphBreakError):
         fn(bt.randn(2, 4))
+
+
+def test_a_graph_replay_runs_no_python_of_the_function() -> None:
+    """The default replay: the traced kernels on the new inputs, no Python of the function (its own side
+    effects happen on the eager and traced calls only)."""
+    model = Linear(4, 3)
+    calls = [0]
+
+    def step(x: bt.Tensor) -> bt.Tensor:
+        calls[0] += 1
+        return (model(x) * 2.0).sum()
+
+    fn = bc.compile(step)
+    xs = [bt.randn(2, 4) for _ in range(5)]
+    got = [float(fn(x).item()) for x in xs]
+    assert calls[0] == 2  # the eager call and the traced one
+    assert fn.last.replays == 3 and fn.last.probes == 0
+    for x, g in zip(xs, got, strict=True):
+        np.testing.assert_allclose(g, float(step(x).item()), rtol=1e-6)
+
+
+def test_replay_must_be_graph_or_probe() -> None:
+    with pytest.raises(bc.CompilerError, match=r"replay must be one of 'graph', 'probe', got 'fast'"):
+        bc.compile(lambda x: x, replay="fast")
 
 
 def test_dump_ir_writes_one_file_per_pass(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -105,7 +105,7 @@ def test_work_outside_kernels_with_other_arguments_than_traced_is_a_graph_break(
         scale_outside_kernels(y, next(factors))
         return y
 
-    fn = bc.compile(f)
+    fn = bc.compile(f, replay="probe")
     fn(INPUTS[0])
     fn(INPUTS[0])
     with pytest.raises(bc.GraphBreakError, match="scale of this call has arguments"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from blutrain.autograd import no_grad
@@ -15,7 +16,7 @@ from blutrain.optim import (
     weight_decay_groups,
 )
 from blutrain.optim.multi_tensor import group_by_device_dtype
-from blutrain.tensor import Tensor, zeros_like
+from blutrain.tensor import Tensor, capture, zeros_like
 from blutrain_optim_adamw.kernel import adamw_step_scalars
 
 KERNEL = "adamw_multi_tensor"
@@ -60,27 +61,40 @@ class AdamW(Optimizer):
         with no_grad():
             for gi, group in enumerate(self.param_groups):
                 params = [p for p in group["params"] if p.grad is not None]
+                guard = functools.partial(self._kernel_arguments, group, params)
+                before = guard()  # at the start of the step: a compiled replay compares it with the traced one
                 for p in params:
-                    st = self.state.get(p)
-                    if st is None:
-                        st = self.state[p] = {"step": 0, "exp_avg": zeros_like(p),
-                                              "exp_avg_sq": zeros_like(p)}
-                    st["step"] += 1
+                    if p not in self.state:
+                        self.state[p] = {"step": 0, "exp_avg": zeros_like(p), "exp_avg_sq": zeros_like(p)}
                 beta1, beta2 = group["betas"]
                 # Tensors that joined later have taken fewer steps (their own bias correction).
                 buckets: dict[Any, list[Tensor]] = {}
                 for key, idx in group_by_device_dtype(params).items():
                     for i in idx:
                         buckets.setdefault((*key, self.state[params[i]]["step"]), []).append(params[i])
-                for k, ((device, _, step), ps) in enumerate(buckets.items()):
+                for k, ((device, _, _), ps) in enumerate(buckets.items()):
                     states = [self.state[p] for p in ps]
                     lists: list[Any] = [ps, [p.grad for p in ps], [s["exp_avg"] for s in states],
                                         [s["exp_avg_sq"] for s in states]]
-                    values = adamw_step_scalars(float(group["lr"]), float(beta1), float(beta2), int(step))
-                    scalars = self.step_scalars((gi, k), device, values)
+                    advance = functools.partial(self._advance, group, states, (gi, k), device)
+                    scalars = capture.per_call(advance, guard, before)
                     multi_tensor_apply(
                         KERNEL, lists, scalars, float(beta1), float(beta2), float(group["eps"]),
                         float(group["weight_decay"]), written=(0, 2, 3))
+
+    def _advance(self, group: ParamGroup, states: list[dict[str, Any]], site: tuple[int, int], device: Any) -> Any:
+        """A bucket's host work of one step, which a compiled replay repeats: the step counts, then the
+        learning rate and bias corrections written into the bucket's device scalars."""
+        for st in states:
+            st["step"] += 1
+        beta1, beta2 = group["betas"]
+        values = adamw_step_scalars(float(group["lr"]), float(beta1), float(beta2), int(states[0]["step"]))
+        return self.step_scalars(site, device, values)
+
+    def _kernel_arguments(self, group: ParamGroup, params: list[Tensor]) -> tuple[Any, ...]:
+        """What the step's kernels take as plain arguments, and whether every parameter had its state (a
+        step that creates state runs other kernels)."""
+        return (tuple(group["betas"]), group["eps"], group["weight_decay"], all(p in self.state for p in params))
 
 
 __all__ = ["AdamW"]

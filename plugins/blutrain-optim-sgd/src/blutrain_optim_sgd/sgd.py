@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from blutrain.autograd import no_grad
 from blutrain.optim import Optimizer, OptimizerError, ParamGroup, Params, StepScalars, multi_tensor_apply
 from blutrain.optim.multi_tensor import group_by_device_dtype
-from blutrain.tensor import Tensor, zeros_like
+from blutrain.tensor import Tensor, capture, zeros_like
 
 KERNEL = "sgd_multi_tensor"
 
@@ -44,11 +45,16 @@ class SGD(Optimizer):
         with no_grad():
             for gi, group in enumerate(self.param_groups):
                 params = [p for p in group["params"] if p.grad is not None]
+                guard = functools.partial(self._kernel_arguments, group, params)
+                before = guard()  # at the start of the step: a compiled replay compares it with the traced one
                 momentum = float(group["momentum"])
                 for idx in group_by_device_dtype(params).values():
                     bucket = [params[i] for i in idx]
-                    # every call of the group on this device reads the group's lr from one array
-                    lr = self.step_scalars((gi, bucket[0].device), bucket[0].device, (float(group["lr"]),))
+                    # every call of the group on this device reads the group's lr from one array; a compiled
+                    # replay writes it again (capture.per_call)
+                    site, device = (gi, bucket[0].device), bucket[0].device
+                    refill = functools.partial(self._learning_rate, group, site, device)
+                    lr = capture.per_call(refill, guard, before)
                     if momentum == 0.0:
                         self._apply(group, lr, bucket, [], first=False)
                         continue
@@ -61,6 +67,15 @@ class SGD(Optimizer):
                     for part, first in ((old, False), (new, True)):
                         if part:
                             self._apply(group, lr, part, [self.state[p]["momentum_buffer"] for p in part], first)
+
+    def _learning_rate(self, group: ParamGroup, site: tuple[int, Any], device: Any) -> Any:
+        return self.step_scalars(site, device, (float(group["lr"]),))
+
+    def _kernel_arguments(self, group: ParamGroup, params: list[Tensor]) -> tuple[Any, ...]:
+        """What the step's kernels take as plain arguments, and whether every parameter had its buffer (a
+        first step of a buffer runs another kernel call)."""
+        return (group["momentum"], group["dampening"], group["weight_decay"], group["nesterov"],
+                all(p in self.state for p in params))
 
     def _apply(self, group: ParamGroup, lr: Any, params: list[Tensor], buffers: list[Tensor], first: bool) -> None:
         lists: list[Any] = [params, [p.grad for p in params], buffers]

@@ -6,10 +6,16 @@ arguments, and its other non-float arguments):
 1. the first ``warmup`` calls run ``fn`` eagerly (they create the optimizer's state);
 2. the next call traces ``fn`` — it really runs, so it returns real results — into a
    ``blutrain``-dialect module, runs the pass pipeline and builds an executor;
-3. every later call re-runs ``fn``'s Python in probe mode (no kernel runs; Python's own side
-   effects such as the optimizer's step count and the learning-rate schedule happen as in eager
-   mode, and changed scalar kernel arguments are picked up), then runs the compiled program once:
-   on CUDA one graph launch.
+3. every later call replays: it copies the tensor arguments into the program's static inputs, runs the
+   host work the step registered (:func:`blutrain.tensor.capture.per_call`: the optimizers' step counts,
+   learning rates and bias corrections, written into device memory) and runs the compiled program once,
+   on CUDA one graph launch, with no Python of ``fn`` in between (``replay="graph"``, the default).
+   A call whose float arguments differ from the last call's, or whose registered guards (an optimizer's
+   betas, eps, weight decay) changed, re-runs ``fn``'s Python in probe mode first: no kernel runs,
+   Python's own side effects happen as in eager mode, changed scalar kernel arguments are picked up (on
+   CUDA: a new capture) and a call that takes another path raises :class:`GraphBreakError`.
+   ``replay="probe"`` does that on every call: for a function with Python side effects of its own (a
+   schedule stepped inside it, a counter), at the host cost of its Python each step.
 
 A trace that holds collectives (of groups declared with ``blutrain.dist.traceable``, as the ddp and
 zero parallel modes do) is cut at them into parts, each compiled as above; a call runs the parts in
@@ -40,6 +46,7 @@ from blutrain.compiler.trace import TraceArray, Tracer, tracing
 from blutrain.tensor.tensor import Tensor
 
 log = logging.getLogger("blutrain.compiler")
+REPLAY_MODES = ("graph", "probe")
 
 
 # -- arguments and results as flat lists -----------------------------------------------------------
@@ -152,8 +159,32 @@ class CompiledGraph:
         """Give the executor's memory back now (its arena and pool on CUDA); the graph cannot run after."""
         self.executor.close()
 
+    def replay_from(self, leaves: list[Any], outputs: list[Any]) -> None:
+        """What a replay without Python needs from the traced call: its float arguments, the host work it
+        registered, and its outputs' dtypes and devices (tensors) or values (anything else)."""
+        self.host_args = _host_args(leaves, self.tensor_positions)
+        self.per_calls = list(self.tracer.per_calls)
+        self.out_meta = [(x.dtype, x.device) if isinstance(x, Tensor) else x for x in outputs]
+        self.replays = 0  # calls that ran no Python of the function
+        self.probes = 0  # calls that re-ran its Python in probe mode
+
+    def replayable(self, leaves: list[Any]) -> bool:
+        """May this call run without the function's Python: same float arguments as the last call, every
+        registered guard unchanged."""
+        return (self.owner.replay == "graph" and _host_args(leaves, self.tensor_positions) == self.host_args
+                and all(guard() == value for _, guard, value in self.per_calls))
+
     def run(self, leaves: list[Any]) -> Any:
         tensors: list[Tensor] = [leaves[i] for i in self.tensor_positions]
+        if self.replayable(leaves):
+            for host_work, _, _ in self.per_calls:
+                host_work()
+            results = self._execute({}, [t._data for t in tensors])
+            self.replays += 1
+            by_vid = dict(zip(self.program_output_vids(), results, strict=True))
+            final = [Tensor._make(by_vid[v], *meta) if isinstance(v, int) else meta
+                     for v, meta in zip(self.out_leaves, self.out_meta, strict=True)]
+            return _unflatten(self.out_spec, final)
         probe = Tracer("probe", self.tracer)
         saved = [t._data for t in tensors]
         for t, vid in zip(tensors, self.tracer.inputs, strict=True):
@@ -168,12 +199,17 @@ class CompiledGraph:
         if probe.cursor != len(self.tracer.events):
             raise GraphBreakError(f"this call ran {probe.cursor} ops, the traced call {len(self.tracer.events)}; the "
                                   "compiled function must take the same path on every call")
-        return self._outputs(out, self._execute(probe, [t._data for t in tensors]))
+        self.probes += 1
+        # the next calls replay with this call's arguments and guards (and the probe's host work: the same
+        # steps of the same objects)
+        self.host_args = _host_args(leaves, self.tensor_positions)
+        self.per_calls = probe.per_calls
+        return self._outputs(out, self._execute(probe.changed, [t._data for t in tensors]))
 
-    def _execute(self, probe: Tracer, inputs: list[Any]) -> list[Any]:
-        """Run the compiled program on ``inputs``, with the scalars ``probe`` found changed."""
-        if probe.changed:
-            for uid, template in probe.changed.items():
+    def _execute(self, changed: dict[int, tuple[Any, ...]], inputs: list[Any]) -> list[Any]:
+        """Run the compiled program on ``inputs``, with the scalars a probe found ``changed``."""
+        if changed:
+            for uid, template in changed.items():
                 if not self.program.update(uid, template) and uid in self.merged:
                     raise CompilerError(f"traced op {uid} was merged with an identical op by CSE, and its scalar "
                                         "arguments changed since; compile with passes that leave out 'cse'")
@@ -201,6 +237,12 @@ class CompiledGraph:
 
     def program_output_vids(self) -> list[int]:
         return [v for v in self.out_leaves if isinstance(v, int)]
+
+
+def _host_args(leaves: list[Any], tensor_positions: list[int]) -> list[str]:
+    """The call's float arguments, exactly (the other non-tensor arguments are in the signature)."""
+    skip = set(tensor_positions)
+    return [x.hex() for i, x in enumerate(leaves) if i not in skip and isinstance(x, float)]
 
 
 def _merged(module: ModuleOp) -> list[IntAttr]:
@@ -238,12 +280,16 @@ def run_pipeline(module: ModuleOp, names: Sequence[str], dump_dir: str | None = 
 class CompiledFunction:
     """The callable :func:`compile` returns; ``ir()`` shows the compiled module as MLIR text."""
 
-    def __init__(self, fn: Callable[..., Any], warmup: int = 1, passes: Sequence[str] | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], warmup: int = 1, passes: Sequence[str] | None = None,
+                 replay: str = "graph") -> None:
         if not callable(fn):
             raise CompilerError(f"compile: expected a callable, got {type(fn).__name__}")
         if not isinstance(warmup, int) or warmup < 0:
             raise CompilerError(f"compile: warmup must be an int >= 0, got {warmup!r}")
+        if replay not in REPLAY_MODES:
+            raise CompilerError(f"compile: replay must be one of {', '.join(map(repr, REPLAY_MODES))}, got {replay!r}")
         self.fn = fn
+        self.replay = replay
         self.warmup = warmup
         self.pipeline = tuple(passes) if passes is not None else DEFAULT_PIPELINE
         self.graphs: dict[tuple[Any, ...], CompiledGraph] = {}
@@ -307,6 +353,7 @@ class CompiledFunction:
             traced_text = str(module)
             run_pipeline(module, self.pipeline, os.environ.get("BLUTRAIN_DUMP_IR"), self.traces - 1)
             graph = CompiledGraph(self, tracer, module, traced_text, out_spec, markers, positions, dynamic)
+        graph.replay_from(leaves, out_leaves)
         # the executors have their static inputs: from here on the graph needs no array of the traced call
         tracer.release()
         del out, out_leaves
@@ -349,14 +396,22 @@ class CompiledFunction:
         self.last = None
 
 
-def compile(fn: Callable[..., Any], *, warmup: int = 1, passes: Sequence[str] | None = None) -> CompiledFunction:
+def compile(fn: Callable[..., Any], *, warmup: int = 1, passes: Sequence[str] | None = None,
+            replay: str = "graph") -> CompiledFunction:
     """Compile ``fn`` (e.g. a training step: forward, ``backward()``, ``optimizer.step()``, ``zero_grad()``).
 
     ``warmup`` eager calls come first (optimizers create their state on their first step); the next
     call traces; later calls replay. ``passes`` names the pipeline (default: DCE, CSE, elementwise
     fusion, kernel selection, in-place analysis and memory planning).
+
+    ``replay="graph"`` (default): a replay runs the kernels, the host work the step registered (the
+    optimizers' step counts and per-step scalars) and its collectives, and no other Python of ``fn``; a
+    Python side effect inside ``fn`` (a schedule stepped there, a counter, a print) happens on the traced
+    call only, and so do the argument checks that read an input's values (token ids within the embedding).
+    Keep those outside ``fn``, or pass ``replay="probe"``, which re-runs ``fn``'s Python (with no kernel) on
+    every call to pick them up, to run those checks and to check that the call takes the traced path.
     """
-    return CompiledFunction(fn, warmup=warmup, passes=passes)
+    return CompiledFunction(fn, warmup=warmup, passes=passes, replay=replay)
 
 
 __all__ = ["CompileStats", "CompiledFunction", "CompiledGraph", "compile", "run_pipeline"]

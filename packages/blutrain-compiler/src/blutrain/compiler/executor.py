@@ -397,8 +397,11 @@ class CUDAGraphExecutor:
                                 "compiled function again to trace anew")
         if self.graph is None:
             self._capture()
-        # inputs, state and the step scalars the host refilled were written on the caller's stream
-        cupy.cuda.get_current_stream().synchronize()
+        # Inputs, state and the step scalars the host refilled were written on the caller's stream: the step
+        # waits for them there, and the caller's stream waits for the step's results below. No host wait:
+        # the next call's host work overlaps this step on the GPU.
+        caller = cupy.cuda.get_current_stream()
+        self.stream.wait_event(caller.record())
         with cupy.cuda.using_allocator(self.pool.malloc), self.stream:
             for buf, new in zip(self.inputs, inputs, strict=True):
                 buf[...] = new
@@ -411,7 +414,7 @@ class CUDAGraphExecutor:
             # over a result held since.
             slots = self.program.slots
             outs = [slots[s].copy(order="K") for s in self.program.outputs]  # the layout the kernels made
-        self.stream.synchronize()
+        caller.wait_event(self.stream.record())
         return outs
 
     def close(self) -> None:

@@ -128,7 +128,7 @@ class SplitGraph(CompiledGraph):
     """The compiled graph of a trace that holds collectives: one :class:`CompiledGraph` per part (each
     only run through its executor), the collectives issued between them.
 
-    Calls are probed as any graph's (:meth:`CompiledGraph.run`); ``module``, ``program`` and
+    Calls replay (or are probed) as any graph's (:meth:`CompiledGraph.run`); ``module``, ``program`` and
     ``executor`` are the first part's, ``stats`` the parts' summed, ``ir()`` every part's module with a
     comment line per collective.
     """
@@ -185,9 +185,9 @@ class SplitGraph(CompiledGraph):
         for part in self.parts:
             part.close()
 
-    def _execute(self, probe: Tracer, inputs: list[Any]) -> list[Any]:
+    def _execute(self, changed: dict[int, tuple[Any, ...]], inputs: list[Any]) -> list[Any]:
         """Parts and collectives in the traced order; each buffer that crosses a cut is held in ``live``."""
-        for uid, template in probe.changed.items():
+        for uid, template in changed.items():
             part = next((p for p in self.parts if p.program.update(uid, template)), None)
             if part is not None:
                 part.executor.updated()

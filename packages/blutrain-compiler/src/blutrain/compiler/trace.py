@@ -482,6 +482,8 @@ class Tracer:
         # (vid, check, arguments) → what a host-side check on a computed value read during the trace
         self.host_checks: dict[tuple[Any, ...], Any] = {}
         self.proxies: list[weakref.ref[TraceArray]] = []  # every proxy made while tracing
+        # host work a replay repeats (blutrain.tensor.capture.per_call): (fn, guard, guard's value), in order
+        self.per_calls: list[tuple[Callable[[], Any], Callable[[], Any], Any]] = []
         if recorded is not None:
             self.values, self.concrete, self.state = recorded.values, recorded.concrete, dict(recorded.state)
             self.state_order, self.inputs, self.device = list(recorded.state_order), recorded.inputs, recorded.device
@@ -823,6 +825,11 @@ class Tracer:
         dtype = tensors[0].dtype.name if tensors else ""
         self._record(Event(len(self.events), "collective", what, self.device or "cpu", dtype, template, operands, [],
                            None, writes, call=issue, fn=fn, bumps=bumps))
+
+    def per_call(self, fn: Callable[[], Any], guard: Callable[[], Any], value: Any) -> None:
+        """Host work that every replay runs again (an optimizer's step counts and device scalars): kept in
+        order, in both modes (a probe's list replaces the traced one, with the guards' new values)."""
+        self.per_calls.append((fn, guard, value))
 
     def refuse(self, what: str) -> NoReturn:
         raise TracingError(

@@ -10,13 +10,20 @@ point) or, where its caller never declared that it may be recorded, is refused
 no kernel either and goes through :meth:`Capture.write`, so that a write into memory that outlives the
 trace (a gradient bucket, a shard) is recorded like one. The compiler sets the slot while it traces or
 checks a function; packages that do such work (``blutrain.dist``) read it without importing the compiler.
+
+A compiled call replays kernels without running the function's Python, so host work that a step's
+kernels depend on and that must happen on every step — an optimizer's step counts and the per-step
+scalars it writes into device memory (learning rate, bias corrections) — goes through
+:func:`per_call`: it runs at once, and a capture records it so that every replay runs it again.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any, NoReturn, Protocol
+from collections.abc import Callable, Hashable
+from typing import Any, NoReturn, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Capture(Protocol):
@@ -33,6 +40,10 @@ class Capture(Protocol):
 
     def refuse(self, what: str) -> NoReturn:
         """Raise the capture's error for ``what``, naming the line of the captured function."""
+
+    def per_call(self, fn: Callable[[], Any], guard: Callable[[], Hashable], value: Hashable) -> None:
+        """Record host work ``fn`` (just run) for every replay, with its ``guard`` and the guard's ``value``
+        at the start of this step (see :func:`per_call`)."""
 
 
 class _Local(threading.local):
@@ -53,4 +64,22 @@ def set_active(capture: Capture | None) -> Capture | None:
     return previous
 
 
-__all__ = ["Capture", "active", "set_active"]
+def per_call(fn: Callable[[], T], guard: Callable[[], Hashable], value: Hashable) -> T:
+    """Run ``fn()``, host work of one step that the step's kernels then read, and return its result; while a
+    capture is active, hand ``fn`` over so that every replay of the compiled step runs it again first.
+
+    ``guard()`` returns the Python values that the step passes to its kernels as plain arguments beside what
+    ``fn`` refreshes (an optimizer's betas, eps, weight decay; whether every parameter already had its state),
+    and ``value`` is what it returned at the start of this step. A replay compares ``guard()`` with the traced
+    ``value`` first: where they differ the compiled function runs this call's Python again instead (which picks
+    new arguments up, or reports a different path), so a changed hyper-parameter is never replayed stale.
+    ``fn`` must do the same thing on every call but for the values it reads (no new state, no other kernels).
+    """
+    result = fn()
+    capture = _local.capture
+    if capture is not None:
+        capture.per_call(fn, guard, value)
+    return result
+
+
+__all__ = ["Capture", "active", "per_call", "set_active"]

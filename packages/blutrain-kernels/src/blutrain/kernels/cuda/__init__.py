@@ -19,6 +19,8 @@ Importing this module does not import CuPy; nothing here runs without a GPU.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -624,13 +626,21 @@ def _column_plan(dev: int, N: int, nv: int, vec: int, rows_min: int) -> tuple[in
 
 
 def _column_scratch(dev: int) -> tuple[Array, Array]:
-    """(float32 partials, uint32 tile counters) of the current stream of device ``dev``."""
+    """(float32 partials, uint32 tile counters) of the current stream of device ``dev``.
+
+    The scratch lives as long as its stream: a compiled step's executor runs on a stream of its own and
+    allocates this scratch while it records (from its private pool), so keeping it past the stream would
+    hold a block of that pool for the rest of the process."""
     cp = _cp()
-    key = (dev, cp.cuda.get_current_stream().ptr)
+    stream = cp.cuda.get_current_stream()
+    key = (dev, stream.ptr)
     found = _scratch.get(key)
     if found is None:
         found = (cp.empty((_SCRATCH_FLOATS,), np.float32), cp.zeros((_SCRATCH_TILES,), np.uint32))
         _scratch[key] = found
+        if stream.ptr != 0:  # the default stream is never destroyed
+            with contextlib.suppress(TypeError):  # a stream type without weak references: kept for good
+                weakref.finalize(stream, _scratch.pop, key, None)
     return found
 
 
