@@ -101,6 +101,12 @@ class FakeCuda:
             def synchronize(self) -> None:
                 pass
 
+            def record(self) -> object:  # an event: the NumPy stand-in runs everything in order
+                return object()
+
+            def wait_event(self, event: object) -> None:
+                pass
+
         self.MemoryPool = MemoryPool
         self.Stream = Stream
         self.MemoryPointer = MemoryPointer

@@ -88,3 +88,16 @@ def test_fp32_gemm_kind_is_cublas_by_default_and_an_unknown_kind_is_refused() ->
     with pytest.raises(ValueError, match=r"kind must be one of \('cublas', '3xtf32'\), got 'tf32'"):
         gemm.set_fp32_gemm("tf32")
     assert gemm.fp32_gemm() == "cublas"
+
+
+def test_the_environment_sets_the_gemm_modes_only_where_it_names_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry loads at the first op: a mode chosen before it (set_fp32_gemm, set_tf32) must survive
+    it unless the environment asks for another."""
+    from blutrain_backend_cupy import gemm
+
+    monkeypatch.delenv("BLUTRAIN_FP32_GEMM", raising=False)
+    monkeypatch.delenv("CUPY_TF32", raising=False)
+    assert gemm.fp32_gemm_requested_by_env() is None and gemm.tf32_requested_by_env() is None
+    monkeypatch.setenv("BLUTRAIN_FP32_GEMM", "3xtf32")
+    monkeypatch.setenv("CUPY_TF32", "0")
+    assert gemm.fp32_gemm_requested_by_env() == "3xtf32" and gemm.tf32_requested_by_env() is False

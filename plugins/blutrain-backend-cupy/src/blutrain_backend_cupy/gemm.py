@@ -4,7 +4,7 @@ Matrix × matrix products (what linear layers and their gradients are) call cubl
 module's own binding of the libcublas CuPy loaded: CuPy refuses every cuBLAS call while a stream is
 being captured into a CUDA graph (CuPy 14.2: "calling cuBLAS API during stream capture is currently
 unsupported"), and the compiled training step is one captured graph. cuBLAS itself captures GEMMs
-given a workspace of its own, which is set once per handle. Vector and batched products, and
+given a workspace of its own, set again after each stream binding (which resets it). Vector and batched products, and
 float64, go through CuPy's matmul.
 
 float32 is strict by default (CUBLAS_COMPUTE_32F): TF32 rounds operands to 10 mantissa bits and
@@ -27,9 +27,11 @@ Array = Any
 _tf32 = False
 
 
-def tf32_requested_by_env() -> bool:
-    """CuPy's switch ``CUPY_TF32=1`` (off when unset)."""
-    return int(os.environ.get("CUPY_TF32", "0") or "0") > 0
+def tf32_requested_by_env() -> bool | None:
+    """CuPy's switch ``CUPY_TF32`` (1: on, 0: off), or None when unset: the setting then stays as it is (off
+    unless :func:`set_tf32` turned it on, which the backend's registration must not undo)."""
+    value = os.environ.get("CUPY_TF32", "")
+    return int(value) > 0 if value else None
 
 
 def set_tf32(enabled: bool) -> None:
@@ -64,9 +66,10 @@ def fp32_gemm() -> str:
     return _fp32_gemm
 
 
-def fp32_gemm_requested_by_env() -> str:
-    """``BLUTRAIN_FP32_GEMM`` (cublas when unset); an unknown value is refused when the backend registers."""
-    return os.environ.get("BLUTRAIN_FP32_GEMM", "") or "cublas"
+def fp32_gemm_requested_by_env() -> str | None:
+    """``BLUTRAIN_FP32_GEMM``, or None when unset (the setting then stays as :func:`set_fp32_gemm` left it,
+    "cublas" by default); an unknown value is refused when the backend registers."""
+    return os.environ.get("BLUTRAIN_FP32_GEMM", "") or None
 
 
 # ---------------------------------------------------------------------------------------------- cublasGemmEx
@@ -127,11 +130,12 @@ def _handle(lib: Any) -> int:
     import cupy as cp
 
     handle = int(cp.cuda.device.get_cublas_handle())
-    if handle not in _WORKSPACES:
-        space = cp.empty((WORKSPACE_BYTES,), np.uint8)
-        _check(lib.cublasSetWorkspace_v2(handle, space.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
-        _WORKSPACES[handle] = space
+    space = _WORKSPACES.get(handle)
+    if space is None:
+        space = _WORKSPACES[handle] = cp.empty((WORKSPACE_BYTES,), np.uint8)
     _check(lib.cublasSetStream_v2(handle, cp.cuda.get_current_stream().ptr), "cublasSetStream")
+    # after the stream: cublasSetStream puts the handle back on cuBLAS's own workspace pool
+    _check(lib.cublasSetWorkspace_v2(handle, space.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
     return handle
 
 

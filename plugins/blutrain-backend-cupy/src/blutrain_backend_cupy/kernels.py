@@ -273,8 +273,13 @@ def register(registry: KernelRegistry, available: bool) -> None:
         for op in fused.STANDALONE:
             registry.register(op, DEVICE, ALL_DTYPES, _unavailable(op))
         return
-    gemm.set_tf32(gemm.tf32_requested_by_env())
-    gemm.set_fp32_gemm(gemm.fp32_gemm_requested_by_env())
+    # the environment's choice, where it makes one; else what set_tf32/set_fp32_gemm chose before the
+    # registry loaded (lazily, at the first op) stays
+    tf32, fp32 = gemm.tf32_requested_by_env(), gemm.fp32_gemm_requested_by_env()
+    if tf32 is not None:
+        gemm.set_tf32(tf32)
+    if fp32 is not None:
+        gemm.set_fp32_gemm(fp32)
     for op, (_, dtypes, _) in TABLE.items():
         for dt in dtypes:
             registry.register(op, DEVICE, dt, generic_kernel(op, dt))

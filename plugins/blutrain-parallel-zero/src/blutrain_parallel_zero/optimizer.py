@@ -15,7 +15,7 @@ from typing import Any
 
 from blutrain.autograd import no_grad
 from blutrain.dist import DistArgumentError, StateShard
-from blutrain.tensor import Tensor, clamp, norm, stack, zeros
+from blutrain.tensor import Tensor, capture, clamp, norm, stack, zeros
 from blutrain_parallel_zero.flat import FlatBucket, Segment
 from blutrain_parallel_zero.model import ZeroModel
 
@@ -88,11 +88,16 @@ class ZeroOptimizer:
     # ----------------------------------------------------------------------------- the update
     def step(self) -> None:
         self._ready()
-        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
-            inner.update(_hyper(outer))
+        # host work a compiled replay repeats too (before the inner optimizer's own): the trainer sets the
+        # schedule's lr on the outer groups
+        capture.per_call(self._copy_hyperparameters, _no_guard, None)
         self.inner.step()
         if self.model.stage < 3:
             self.model.gather_parameters()
+
+    def _copy_hyperparameters(self) -> None:
+        for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
+            inner.update(_hyper(outer))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradient shards (and drop stage 1's local ``.grad``)."""
@@ -163,6 +168,10 @@ class ZeroOptimizer:
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in group.items() if k != "params"}
+
+
+def _no_guard() -> None:
+    """Copying the hyper-parameters passes none of them to a kernel (the inner optimizer guards its own)."""
 
 
 __all__ = ["ZeroOptimizer"]

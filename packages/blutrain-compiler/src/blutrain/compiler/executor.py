@@ -429,6 +429,7 @@ class CUDAGraphExecutor:
         self.program.slots[:] = [None] * len(self.program.slots)
         self.inputs = []
         self.arena = self.placement = None
+        self.stream = None  # memory kept per stream (a kernel library's scratch) goes with it
         self.pool.free_all_blocks()
 
     @property

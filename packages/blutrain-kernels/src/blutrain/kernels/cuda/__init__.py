@@ -628,16 +628,18 @@ def _column_plan(dev: int, N: int, nv: int, vec: int, rows_min: int) -> tuple[in
 def _column_scratch(dev: int) -> tuple[Array, Array]:
     """(float32 partials, uint32 tile counters) of the current stream of device ``dev``.
 
-    The scratch lives as long as its stream: a compiled step's executor runs on a stream of its own and
-    allocates this scratch while it records (from its private pool), so keeping it past the stream would
-    hold a block of that pool for the rest of the process."""
+    The scratch is device memory of its own, outside every pool, and lives as long as its stream: a
+    compiled step's executor runs on a stream of its own and first needs it while it records into its private
+    pool, which must not keep a block for the rest of the process (nor hand one to a graph that outlives it)."""
     cp = _cp()
     stream = cp.cuda.get_current_stream()
     key = (dev, stream.ptr)
     found = _scratch.get(key)
     if found is None:
-        found = (cp.empty((_SCRATCH_FLOATS,), np.float32), cp.zeros((_SCRATCH_TILES,), np.uint32))
-        _scratch[key] = found
+        # The counters start at zero, written from the host on a side stream: a fill on this stream would be
+        # recorded, not run, while it captures a graph.
+        found = _scratch[key] = (_unpooled((_SCRATCH_FLOATS,), np.float32),
+                                 _upload(np.zeros(_SCRATCH_TILES, np.uint32), capturing=True))
         if stream.ptr != 0:  # the default stream is never destroyed
             with contextlib.suppress(TypeError):  # a stream type without weak references: kept for good
                 weakref.finalize(stream, _scratch.pop, key, None)
@@ -713,6 +715,14 @@ _adamw_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
 _adamw_graph_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
 
 
+def _unpooled(shape: tuple[int, ...], dtype: Any) -> Array:
+    """An uninitialised array in device memory of its own (cudaMalloc), outside every pool: freed when the
+    last reference goes, never handed to another request while a captured graph may still read it."""
+    cp = _cp()
+    nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+    return cp.ndarray(shape, dtype, memptr=cp.cuda.MemoryPointer(cp.cuda.Memory(nbytes), 0))
+
+
 def _upload(host: np.ndarray[Any, Any], capturing: bool) -> Array:
     """``host`` copied to the device. While the current stream captures a CUDA graph, the copy runs on a
     side stream and is waited for here, into memory allocated outside any pool: a captured copy would
@@ -720,7 +730,7 @@ def _upload(host: np.ndarray[Any, Any], capturing: bool) -> Array:
     cp = _cp()
     if not capturing:
         return cp.asarray(host)
-    out = cp.ndarray(host.shape, host.dtype, memptr=cp.cuda.MemoryPointer(cp.cuda.Memory(max(host.nbytes, 1)), 0))
+    out = _unpooled(host.shape, host.dtype)
     side = cp.cuda.Stream(non_blocking=True)
     out.set(np.ascontiguousarray(host), stream=side)
     side.synchronize()
