@@ -12,7 +12,8 @@ line of the traced function. Arrays that existed before the trace (parameters, o
 buffers) reach kernels as plain backend arrays; they become the graph's *state*, identified by the
 array that owns their memory (views of them are recorded as ``view`` events).
 
-The same machinery re-runs the function in *probe* mode on later calls: kernels do not run, each
+The same machinery re-runs the function in *probe* mode on later calls that a graph replay cannot serve
+(new float arguments, a changed optimizer guard; every call under ``replay="probe"``): kernels do not run, each
 intercepted call is matched against the recorded event of the same position (same op, same
 operands) and answers with the recorded proxies. By then the traced call's arrays are gone
 (:meth:`Tracer.release`, once the graph is built): a proxy is its :class:`Value`'s description only, views
@@ -40,6 +41,7 @@ compiled parts (:mod:`blutrain.compiler.split`). A collective of any other group
 
 from __future__ import annotations
 
+import gc
 import threading
 import traceback
 import weakref
@@ -903,7 +905,9 @@ def tracing(tracer: Tracer) -> Iterator[Tracer]:
 
     Other threads keep running their kernels untouched (the wrappers pass through when their
     thread has no tracer); the table is emptied afterwards and refills lazily, as after a plugin
-    change.
+    change. The cyclic garbage collector is off meanwhile: a finalizer it ran here (of an object
+    the function never saw) would have its ops recorded into this function's graph, or be refused
+    as the function's own data-dependent line.
     """
     if _local.tracer is not None:
         raise TracingError("a compiled function was called while another one is being traced; nested "
@@ -918,9 +922,13 @@ def tracing(tracer: Tracer) -> Iterator[Tracer]:
         dispatch.TABLE.update(cached[1])
     _local.tracer = tracer
     previous = capture.set_active(tracer)
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         yield tracer
     finally:
+        if collecting:
+            gc.enable()
         _local.tracer = None
         capture.set_active(previous)
         with _install_lock:
