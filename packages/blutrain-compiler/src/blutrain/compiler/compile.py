@@ -136,8 +136,9 @@ class CompiledGraph:
         self.program = Program(module, device)
         inputs = [tracer.concrete[v] for v in tracer.inputs]
         state = [tracer.concrete[v] for v in tracer.state_order]
-        executor_cls = CUDAGraphExecutor if device == "cuda" else CPUExecutor
-        self.executor: CPUExecutor | CUDAGraphExecutor = executor_cls(self.program, inputs, state)
+        self.executor: CPUExecutor | CUDAGraphExecutor = (
+            CUDAGraphExecutor(self.program, inputs, state, defer_capture=True) if device == "cuda"
+            else CPUExecutor(self.program, inputs, state))
         ops = next(iter(module.body.block.ops)).regions[0].block.ops
         self._stats = CompileStats(
             traced_ops=len(tracer.events), ops=sum(1 for _ in ops), fused_regions=sum(1 for o in ops

@@ -275,7 +275,10 @@ class CupyMemory:
 class CUDAGraphExecutor:
     """Runs a :class:`Program` as one CUDA graph (CuPy stream capture) inside one planned arena."""
 
-    def __init__(self, program: Program, inputs: list[Any], state: list[Any]) -> None:
+    def __init__(self, program: Program, inputs: list[Any], state: list[Any], defer_capture: bool = False) -> None:
+        """``defer_capture``: capture at the first :meth:`run` instead of now (the compiler's choice: by then
+        the trace has dropped its arrays, so that the recording run, its pool and the arena never sit beside
+        the traced call's values)."""
         import cupy
 
         self.cupy = cupy
@@ -299,7 +302,8 @@ class CUDAGraphExecutor:
         self.report: ArenaReport | None = None
         self.first_fallback: str | None = None  # the first request of the kept capture the arena did not serve
         self.closed = False
-        self._capture()
+        if not defer_capture:
+            self._capture()
 
     def _capture(self) -> None:
         cupy = self.cupy
