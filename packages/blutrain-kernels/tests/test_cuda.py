@@ -472,6 +472,66 @@ def test_adamw_multi_tensor_second_step_on_the_same_buffers_matches_float64() ->
         check(got, ref, np.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_scale_multi_tensor_equals_one_multiply_per_tensor_bit_for_bit(dtype: Any) -> None:
+    """Sizes around the 4096-element tile, an empty array and a strided view (scaled where it lies), all in one
+    call; every element equals the float product of the widened operands rounded once (NumPy/ml_dtypes)."""
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    rng = np.random.default_rng(0)
+    sizes = [1, 3, 4095, 4096, 4097, 10_000, 0, 50_304]
+    hosts = [rng.standard_normal(n).astype(dtype) for n in sizes]
+    arrays = [cp.asarray(h) for h in hosts]
+    base = cp.asarray(rng.standard_normal((64, 48)).astype(dtype))
+    strided = base[:, ::3]
+    before_base = cp.asnumpy(base)
+    coef = np.array(0.37109375, dtype)
+    cuda.scale_multi_tensor([*arrays, strided], cp.asarray(coef))
+    for h, a in zip(hosts, arrays, strict=True):
+        want = (h.astype(np.float32) * coef.astype(np.float32)).astype(dtype)
+        np.testing.assert_array_equal(cp.asnumpy(a).view(np.uint8), want.view(np.uint8))
+    want_base = before_base.copy()
+    want_base[:, ::3] = (before_base[:, ::3].astype(np.float32) * coef.astype(np.float32)).astype(dtype)
+    np.testing.assert_array_equal(cp.asnumpy(base).view(np.uint8), want_base.view(np.uint8))
+
+
+def test_scale_multi_tensor_in_a_captured_graph_reads_each_replays_coefficient() -> None:
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    xs = [cp.ones(n, np.float32) for n in (5, 9000)]
+    coef = cp.asarray(np.float32(0.5))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        cuda.scale_multi_tensor(xs, coef)  # the plan is built (and cached) outside the capture first
+        stream.begin_capture()
+        cuda.scale_multi_tensor(xs, coef)
+        graph = stream.end_capture()
+        coef[...] = 0.25
+        graph.launch(stream)
+        coef[...] = 2.0
+        graph.launch(stream)
+    stream.synchronize()
+    for x in xs:
+        np.testing.assert_array_equal(cp.asnumpy(x), np.full(x.size, 0.5 * 0.25 * 2.0, np.float32))
+
+
+def test_scale_multi_tensor_rejects_mixed_dtypes_and_a_coefficient_of_another_dtype() -> None:
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+    from blutrain.tensor.errors import TensorTypeError
+
+    a, b = cp.ones(4, np.float32), cp.ones(4, BF16)
+    with pytest.raises(TensorTypeError, match="array 1 must be a CuPy array of dtype float32"):
+        cuda.scale_multi_tensor([a, b], cp.asarray(np.float32(2)))
+    with pytest.raises(TensorTypeError, match="coef must be a 0-d CuPy array of dtype float32"):
+        cuda.scale_multi_tensor([a], cp.asarray(np.float64(2)))
+
+
 def test_adamw_multi_tensor_rejects_a_non_float32_param() -> None:
     from blutrain.kernels import cuda
     from blutrain.tensor.errors import TensorTypeError

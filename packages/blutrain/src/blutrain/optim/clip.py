@@ -8,7 +8,11 @@ from typing import Any
 
 from blutrain.autograd import no_grad
 from blutrain.optim.errors import OptimizerError
-from blutrain.tensor import Tensor, cat, clamp, norm, stack, zeros
+from blutrain.optim.multi_tensor import multi_tensor_apply
+from blutrain.tensor import Tensor, cat, clamp, dispatch, norm, stack, zeros
+from blutrain.tensor.errors import KernelNotFoundError
+
+SCALE = "scale_multi_tensor"  # the kernel that scales a list of tensors in place by a 0-d tensor
 
 
 def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, eps: float = 1e-6) -> Tensor:
@@ -44,8 +48,16 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, eps:
         norms = [norm(cat(flat) if len(flat) > 1 else flat[0]).to(dtype=dt) for flat in by_dtype.values()]
         total = norms[0] if len(norms) == 1 else norm(stack(norms))
         coef = clamp(max_norm / (total + eps), max=1.0)
-        for g in grads:
-            g.detach().mul_(coef if coef.dtype is g.dtype else coef.to(dtype=g.dtype))
+        for dtype in by_dtype:
+            same = [g for g in grads if g.dtype is dtype]
+            scale = coef if coef.dtype is dtype else coef.to(dtype=dtype)
+            try:  # one multi-tensor kernel for all of them (on CUDA one launch, not one multiply per tensor)
+                dispatch.kernel(SCALE, same[0].device.type, dtype)
+            except KernelNotFoundError:  # a backend without it (or this dtype): one multiply each
+                for g in same:
+                    g.detach().mul_(scale)
+                continue
+            multi_tensor_apply(SCALE, [same], scale._data, written=(0,))
     return total
 
 

@@ -33,7 +33,7 @@ from blutrain.tensor.errors import ShapeError, TensorTypeError
 Array = Any
 _DIR = Path(__file__).parent
 FAMILIES = ("adamw", "attention", "attention_bf16", "casts", "cross_entropy", "embedding", "gelu", "gemm_3xtf32",
-            "layernorm", "philox", "reduce", "softmax")
+            "layernorm", "philox", "reduce", "scale", "softmax")
 _OPTIONS = ("-std=c++17",)
 _DEFAULT_SMEM = 48 * 1024
 
@@ -715,6 +715,29 @@ _adamw_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
 _adamw_graph_plans: dict[tuple[Any, ...], tuple[Any, Any, int]] = {}
 
 
+def _cached_plan(key: tuple[Any, ...], cacheable: bool, build: Callable[[bool], Any], plans: dict[Any, Any],
+                 graph_plans: dict[Any, Any]) -> Any:
+    """The launch plan (device tables) of a multi-tensor kernel for ``key`` (its buffers' pointers, sizes,
+    dtypes): cached, built by ``build(capturing)`` on a miss. A plan built or used while the current stream
+    captures a CUDA graph is kept for good in ``graph_plans`` (the graph reads its tables at every replay);
+    others are evicted past 16. ``cacheable`` False (a plan over temporary copies): built every call."""
+    plan = (graph_plans.get(key) or plans.get(key)) if cacheable else None
+    if plan is not None and key in graph_plans:
+        return plan
+    capturing = bool(_cp().cuda.get_current_stream().is_capturing())
+    if plan is None:
+        plan = build(capturing)
+        if capturing:
+            graph_plans[key] = plan
+        elif cacheable:
+            if len(plans) >= 16:
+                plans.clear()
+            plans[key] = plan
+    elif capturing:  # an eager plan a graph now reads: out of reach of the eviction
+        graph_plans[key] = plan
+    return plan
+
+
 def _unpooled(shape: tuple[int, ...], dtype: Any) -> Array:
     """An uninitialised array in device memory of its own (cudaMalloc), outside every pool: freed when the
     last reference goes, never handed to another request while a captured graph may still read it."""
@@ -808,22 +831,14 @@ def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs
     contiguous = all(a.flags.c_contiguous for a in arrays)
     key = (cp.cuda.Device().id, tuple(wds), tuple([a.data.ptr for a in arrays]), tuple([a.size for a in arrays]),
            tuple([a.dtype for a in arrays]))
-    plan = (_adamw_graph_plans.get(key) or _adamw_plans.get(key)) if contiguous else None
     keep: list[Array] = []
-    if plan is None or key not in _adamw_graph_plans:
-        capturing = bool(cp.cuda.get_current_stream().is_capturing())
-        if plan is None:
-            dtable, dtiles, K, keep = _adamw_plan(params, grads, exp_avgs, exp_avg_sqs, wds, capturing)
-            plan = (dtable, dtiles, K)
-            if capturing:  # the graph reads these tables at every replay
-                _adamw_graph_plans[key] = plan
-            elif contiguous:  # a plan over temporary grad copies would be stale next call
-                if len(_adamw_plans) >= 16:
-                    _adamw_plans.clear()
-                _adamw_plans[key] = plan
-        elif capturing:  # an eager plan a graph now reads: out of reach of the eviction
-            _adamw_graph_plans[key] = plan
-    dtable, dtiles, K = plan
+
+    def build(capturing: bool) -> tuple[Any, Any, int]:
+        dtable, dtiles, K, kept = _adamw_plan(params, grads, exp_avgs, exp_avg_sqs, wds, capturing)
+        keep.extend(kept)
+        return dtable, dtiles, K
+
+    dtable, dtiles, K = _cached_plan(key, contiguous, build, _adamw_plans, _adamw_graph_plans)
     if K == 0:
         return cp.zeros((), np.float32) if max_grad_norm is not None else None
     norm = None
@@ -838,8 +853,53 @@ def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs
     _launch("adamw", "adamw_update", grid, (_ADAMW_THREADS,),
             (dtable, dtiles, np.int32(K), _ptr(partial), np.int32(npartial), np.float32(max_grad_norm or 0.0),
              step_scalars, np.float32(beta1), np.float32(beta2), np.float32(eps), _ptr(norm)))
-    del keep
+    keep.clear()  # the grad copies the tables point at, alive until the launch
     return norm
+
+
+# ---------------------------------------------------------------------------------------------- multi-tensor scale
+
+SCALE_TILE = 4096  # elements per block (scale.cu's SCALE_TILE)
+_scale_plans: dict[tuple[Any, ...], tuple[Any, int, int]] = {}
+_scale_graph_plans: dict[tuple[Any, ...], tuple[Any, int, int]] = {}
+
+
+def scale_multi_tensor(arrays: Sequence[Array], coef: Array) -> None:
+    """Multiply every array of ``arrays`` in place by the 0-d ``coef`` (all float32, or all bfloat16, ``coef``
+    included), contiguous ones in one launch: the global-norm clip's rescaling of every gradient. ``coef`` is
+    read when the kernel runs, so a captured CUDA graph replays with the value computed before it."""
+    cp = _cp()
+    if not arrays:
+        return
+    dt = arrays[0].dtype
+    suffix = _suffix(dt)
+    if suffix is None:
+        raise TensorTypeError(f"scale_multi_tensor: arrays must be float32 or bfloat16, got {dt}")
+    for i, a in enumerate(arrays):
+        if type(a) is not cp.ndarray or a.dtype != dt:
+            raise TensorTypeError(f"scale_multi_tensor: array {i} must be a CuPy array of dtype {dt} like array 0, "
+                                  f"got {type(a).__name__} {getattr(a, 'dtype', '')}")
+    if type(coef) is not cp.ndarray or coef.dtype != dt or coef.shape != ():
+        raise TensorTypeError(f"scale_multi_tensor: coef must be a 0-d CuPy array of dtype {dt}, got "
+                              f"{type(coef).__name__} {getattr(coef, 'dtype', '')} {getattr(coef, 'shape', '')}")
+    dense = [a for a in arrays if a.flags.c_contiguous and a.size]
+    for a in arrays:
+        if not a.flags.c_contiguous:
+            a *= coef  # a strided view: scaled where it lies
+    if not dense:
+        return
+    key = (cp.cuda.Device().id, tuple([a.data.ptr for a in dense]), tuple([a.size for a in dense]), dt)
+
+    def build(capturing: bool) -> tuple[Any, int, int]:
+        table = np.zeros((len(dense), 3), np.int64)
+        blocks = [(a.size + SCALE_TILE - 1) // SCALE_TILE for a in dense]
+        table[:, 0] = [a.data.ptr for a in dense]
+        table[:, 1] = [a.size for a in dense]
+        table[:, 2] = np.cumsum(blocks) - blocks
+        return _upload(table, capturing), len(dense), int(table[-1, 2]) + blocks[-1]
+
+    table, n, K = _cached_plan(key, True, build, _scale_plans, _scale_graph_plans)
+    _launch("scale", f"scale_multi_tensor_{suffix}", (K,), (256,), (table, np.int32(n), cp.ascontiguousarray(coef)))
 
 
 # ---------------------------------------------------------------------------------------------- attention
@@ -1235,6 +1295,7 @@ KERNELS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
 # Ops with no generic kernel: registered as they are (they never return None for valid input).
 STANDALONE: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "adamw_multi_tensor": (adamw_multi_tensor, ("float32",)),
+    "scale_multi_tensor": (scale_multi_tensor, ("float32", "bfloat16")),
 }
 
 __all__ = [
@@ -1243,6 +1304,7 @@ __all__ = [
     "GEMM_3XTF32_MIN_FLOPS",
     "KERNELS",
     "PHILOX_PER_COUNTER",
+    "SCALE_TILE",
     "STANDALONE",
     "adamw_multi_tensor",
     "bias_gelu",
@@ -1265,6 +1327,7 @@ __all__ = [
     "log_softmax_backward",
     "module",
     "philox",
+    "scale_multi_tensor",
     "sdpa",
     "sdpa_backward",
     "sdpa_packed",

@@ -150,11 +150,21 @@ def kernel_for(op: str, dtype: DType) -> Kernel:
     return arrays_out(fn)
 
 
+def scale_multi_tensor(arrays: list[Any], coef: Any) -> None:
+    """Multiply every array of ``arrays`` in place by the 0-d ``coef`` (of their dtype): the global-norm
+    clip's rescaling of every gradient. A multi-tensor kernel, like the optimizers' (outside the catalogue of
+    tensor ops): one call for all gradients, which a backend may run as one launch."""
+    for a in arrays:
+        np.multiply(a, coef, out=a)
+
+
 @hookimpl
 def blutrain_register_kernels(registry: KernelRegistry) -> None:
     for op, (_, dtypes, _) in TABLE.items():
         for dt in dtypes:
             registry.register(op, "cpu", dt, kernel_for(op, dt))
+    for dt in FLOATS:
+        registry.register("scale_multi_tensor", "cpu", dt, scale_multi_tensor)
 
 
-__all__ = ["TABLE", "float32", "kernel_for"]
+__all__ = ["TABLE", "float32", "kernel_for", "scale_multi_tensor"]
