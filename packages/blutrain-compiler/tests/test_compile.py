@@ -295,3 +295,23 @@ def test_two_optimizer_steps_in_one_compiled_call_are_refused() -> None:
     with pytest.raises(bc.TracingError, match=r"(?s)test_compile\.py:\d+: +opt\.step\(\).*one optimizer step "
                                               r"per compiled call"):
         fn(bt.randn(5, 4))
+
+
+def test_an_in_place_kernel_that_left_its_operands_unchanged_when_traced_still_writes_them_on_replay() -> None:
+    """The clip's one-kernel rescale, traced while the gradients were under the clip norm (coefficient 1:
+    nothing changes), must stay in the graph: a later call with a coefficient below 1 scales. The caller says
+    what the kernel writes (multi_tensor_apply's ``written``); the values alone would not show it."""
+    from blutrain.optim.multi_tensor import multi_tensor_apply
+
+    a, b = bt.ones(3), bt.ones(5)  # state, as gradients are
+
+    def rescale(coef: bt.Tensor) -> bt.Tensor:
+        multi_tensor_apply("scale_multi_tensor", [[a, b]], coef._data, written=(0,))
+        return coef * 2.0
+
+    fn = bc.compile(rescale, warmup=0)
+    fn(bt.tensor(np.float32(1.0)))  # traced: a scale by 1
+    fn(bt.tensor(np.float32(0.5)))  # replayed
+    assert fn.last.replays == 1
+    np.testing.assert_array_equal(np.asarray(a), np.full(3, 0.5, np.float32))
+    np.testing.assert_array_equal(np.asarray(b), np.full(5, 0.5, np.float32))

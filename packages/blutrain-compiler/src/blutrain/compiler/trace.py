@@ -484,6 +484,7 @@ class Tracer:
         # (vid, check, arguments) → what a host-side check on a computed value read during the trace
         self.host_checks: dict[tuple[Any, ...], Any] = {}
         self.proxies: list[weakref.ref[TraceArray]] = []  # every proxy made while tracing
+        self.declared_writes: tuple[int, ...] = ()  # operands the next kernel writes in place, said by its caller
         # host work a replay repeats (blutrain.tensor.capture.per_call): (fn, guard, guard's value), in order
         self.per_calls: list[tuple[Callable[[], Any], Callable[[], Any], Any]] = []
         if recorded is not None:
@@ -628,6 +629,7 @@ class Tracer:
         operands: list[int] = []
         concrete: list[Any] = []
         template = self._template(args, operands, concrete)
+        declared, self.declared_writes = self.declared_writes, ()
         if self.mode == "probe":
             ev = self._match("kernel", op, template, operands)
             return _rebuild(ev.ret, ev.proxies)
@@ -635,7 +637,9 @@ class Tracer:
         before = [c.copy() for c in concrete]
         self._check_host_writes(op, operands, before)
         out = fn(*real_args)
-        writes = tuple(i for i, (b, c) in enumerate(zip(before, concrete, strict=True)) if not _arrays_equal(b, c))
+        # what changed, and what the caller says the kernel writes (it may have written the same values)
+        writes = tuple(i for i, (b, c) in enumerate(zip(before, concrete, strict=True))
+                       if i in declared or not _arrays_equal(b, c))
         del before
         written = {self.values[operands[i]].root for i in writes}
         if written and self.watched:  # other views of what this kernel wrote hold new values legitimately
@@ -827,6 +831,11 @@ class Tracer:
         dtype = tensors[0].dtype.name if tensors else ""
         self._record(Event(len(self.events), "collective", what, self.device or "cpu", dtype, template, operands, [],
                            None, writes, call=issue, fn=fn, bumps=bumps))
+
+    def declare_writes(self, operands: tuple[int, ...]) -> None:
+        """The next kernel writes these operands in place (blutrain.tensor.capture): recorded as writes even
+        where the values came out unchanged."""
+        self.declared_writes = tuple(operands)
 
     def per_call(self, fn: Callable[[], Any], guard: Callable[[], Any], value: Any) -> None:
         """Host work that every replay runs again (an optimizer's step counts and device scalars): kept in

@@ -41,6 +41,11 @@ class Capture(Protocol):
     def refuse(self, what: str) -> NoReturn:
         """Raise the capture's error for ``what``, naming the line of the captured function."""
 
+    def declare_writes(self, operands: tuple[int, ...]) -> None:
+        """The next kernel writes these of its array operands (positions in argument order, lists flattened)
+        in place, whatever it writes: an in-place kernel whose write leaves the values as they were at trace
+        time (a scale by 1, a step with lr 0) is still recorded as writing them."""
+
     def per_call(self, fn: Callable[[], Any], guard: Callable[[], Hashable], value: Hashable) -> None:
         """Record host work ``fn`` (just run) for every replay, with its ``guard`` and the guard's ``value``
         at the start of this step (see :func:`per_call`)."""

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.optim.errors import OptimizerError
-from blutrain.tensor import Tensor, dispatch
+from blutrain.tensor import Tensor, capture, dispatch
 from blutrain.tensor.device import Device
 from blutrain.tensor.dtype import DType
 
@@ -85,6 +85,12 @@ def multi_tensor_apply(op: str, tensor_lists: Sequence[Sequence[Tensor]], *scala
                 raise OptimizerError(f"{op}: every tensor must be on {dev} with dtype {dt.name}, got one on "
                                      f"{t.device} with dtype {t.dtype.name}")
     fn = dispatch.kernel(op, dev.type, dt)
+    tracing = capture.active()
+    if tracing is not None:  # written whatever the values: a scale by 1 at trace time still writes at replay
+        starts = [0]
+        for lst in tensor_lists:
+            starts.append(starts[-1] + len(lst))
+        tracing.declare_writes(tuple(j for i in written for j in range(starts[i], starts[i + 1])))
     out = fn(*[[t._data for t in lst] for lst in tensor_lists], *scalars)
     for i in written:
         for t in tensor_lists[i]:
