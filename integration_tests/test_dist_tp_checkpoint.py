@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from ranks import launch
 
 WORKER = Path(__file__).parent / "dist_workers" / "train_runs.py"
 
@@ -31,13 +30,6 @@ def _worker() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _launch(ranks: int, *command: str | Path) -> None:
-    cmd = [sys.executable, "-m", "blutrain.cli", "run", "-n", str(ranks), "--grace", "2", "--timeout", "60", "--",
-           *map(str, command)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +45,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
             {"out": str(d / "tp-from-one"), "batch_size": 8, "parallel": "tp=2",
              "resume": str(d / "one" / "step_000002.safetensors")}]
     (d / "spec.json").write_text(json.dumps(spec))
-    _launch(2, WORKER, d / "spec.json")
+    launch(2, WORKER, d / "spec.json")
     worker.train({"out": str(d / "one-from-tp"), "batch_size": 8, "resume": tp_step2})
     config = d / "c.toml"
     config.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in worker.BASE.items() if k != "model_overrides")
                       + "model_overrides = { n_layer = 2, n_head = 2, n_embd = 32 }\n")
-    _launch(4, "blutrain", "train", "--config", config, "--batch-size", "4", "--parallel", "dp=2,tp=2,async=2",
+    launch(4, "blutrain", "train", "--config", config, "--batch-size", "4", "--parallel", "dp=2,tp=2,async=2",
             "--resume", tp_step2, "--async-checkpoint", "--checkpoint-every", "1", "--out", d / "dptp-from-tp")
     worker.train({"out": str(d / "one-from-dptp"), "batch_size": 8,
                   "resume": str(d / "dptp-from-tp" / "step_000003.safetensors")})

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ranks import launch
 
 WORKER = Path(__file__).parent / "dist_workers" / "tp_cp_gpt.py"
 CONFIGS = {
@@ -60,10 +61,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], tuple[Path,
         if n not in done:
             prefix = tmp_path_factory.mktemp(f"tpcp{n}") / "out"
             units = ["--units"] if n == 2 else []
-            cmd = [sys.executable, "-m", "blutrain.cli", "run", "-n", str(n), "--grace", "2", "--timeout", "60",
-                   "--", str(WORKER), "--out", str(prefix), *units, "--configs", *CONFIGS[n]]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-            assert proc.returncode == 0, proc.stderr
+            launch(n, WORKER, "--out", prefix, *units, "--configs", *CONFIGS[n], timeout=240)
             done[n] = prefix, [json.loads(Path(f"{prefix}.{r}.json").read_text()) for r in range(n)]
         return done[n]
 

@@ -12,19 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ranks import launch
 
 from blutrain.train import load_checkpoint
 from blutrain.train.sharded import load_any_checkpoint
 
 WORKERS = Path(__file__).parent / "dist_workers"
 WORKER = WORKERS / "zero_gpt.py"
-
-
-def run(n: int, *args: str | Path, limit: float = 180.0) -> None:
-    cmd = [sys.executable, "-m", "blutrain.cli", "run", "-n", str(n), "--grace", "2", "--timeout", "60", "--",
-           *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
-    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def result(prefix: Path, stage: int) -> tuple[dict[str, Any], Any]:
@@ -49,9 +43,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            "--snapshot", "3"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    run(2, WORKER, "--out", d / "r2", "--stages", "1,2,3", "--save", d / "shards")
-    run(4, WORKER, "--out", d / "r4", "--stages", "1,2,3")
-    run(4, WORKER, "--out", d / "load4", "--stages", "2", "--load", d / "shards", "--first", "3", "--steps", "2")
+    launch(2, WORKER, "--out", d / "r2", "--stages", "1,2,3", "--save", d / "shards")
+    launch(4, WORKER, "--out", d / "r4", "--stages", "1,2,3")
+    launch(4, WORKER, "--out", d / "load4", "--stages", "2", "--load", d / "shards", "--first", "3", "--steps", "2")
     proc = subprocess.run([sys.executable, str(WORKER), "--out", d / "load1", "--stages", "0", "--load", d / "shards",
                            "--first", "3", "--steps", "2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -100,7 +94,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert proc.returncode == 0, proc.stderr[-4000:]
     extra = {"zero=2": ["--async-checkpoint", "--checkpoint-every", "2"]}
     for mode in ("ddp", "zero=2"):
-        run(2, *train, "--parallel", mode, *extra.get(mode, []), "--batch-size", "4", "--out", d / mode)
+        launch(2, *train, "--parallel", mode, *extra.get(mode, []), "--batch-size", "4", "--out", d / mode)
     return d
 
 
