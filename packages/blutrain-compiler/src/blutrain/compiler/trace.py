@@ -484,7 +484,8 @@ class Tracer:
         # (vid, check, arguments) → what a host-side check on a computed value read during the trace
         self.host_checks: dict[tuple[Any, ...], Any] = {}
         self.proxies: list[weakref.ref[TraceArray]] = []  # every proxy made while tracing
-        self.declared_writes: tuple[int, ...] = ()  # operands the next kernel writes in place, said by its caller
+        # the operands the next kernel writes in place, all of them, as its caller declared (None: not declared)
+        self.declared_writes: tuple[int, ...] | None = None
         # host work a replay repeats (blutrain.tensor.capture.per_call): (fn, guard, guard's value), in order
         self.per_calls: list[tuple[Callable[[], Any], Callable[[], Any], Any]] = []
         if recorded is not None:
@@ -629,18 +630,22 @@ class Tracer:
         operands: list[int] = []
         concrete: list[Any] = []
         template = self._template(args, operands, concrete)
-        declared, self.declared_writes = self.declared_writes, ()
+        declared, self.declared_writes = self.declared_writes, None
         if self.mode == "probe":
             ev = self._match("kernel", op, template, operands)
             return _rebuild(ev.ret, ev.proxies)
         real_args = _substitute(template, concrete)
-        before = [c.copy() for c in concrete]
-        self._check_host_writes(op, operands, before)
-        out = fn(*real_args)
-        # what changed, and what the caller says the kernel writes (it may have written the same values)
-        writes = tuple(i for i, (b, c) in enumerate(zip(before, concrete, strict=True))
-                       if i in declared or not _arrays_equal(b, c))
-        del before
+        self._check_host_writes(op, operands, concrete)  # the operands as the kernel will read them
+        if declared is not None:
+            # the caller said what the kernel writes (it may write unchanged values, a scale by 1): no copy of
+            # every operand to compare (for an optimizer's step, all parameters and their state once more)
+            out = fn(*real_args)
+            writes = declared
+        else:
+            before = [c.copy() for c in concrete]
+            out = fn(*real_args)
+            writes = tuple(i for i, (b, c) in enumerate(zip(before, concrete, strict=True)) if not _arrays_equal(b, c))
+            del before
         written = {self.values[operands[i]].root for i in writes}
         if written and self.watched:  # other views of what this kernel wrote hold new values legitimately
             self.watched = {k: v for k, v in self.watched.items() if k[0] not in written}
@@ -833,9 +838,9 @@ class Tracer:
                            None, writes, call=issue, fn=fn, bumps=bumps))
 
     def declare_writes(self, operands: tuple[int, ...]) -> None:
-        """The next kernel writes these operands in place (blutrain.tensor.capture): recorded as writes even
-        where the values came out unchanged."""
-        self.declared_writes = tuple(operands)
+        """The next kernel writes these operands in place and no other (blutrain.tensor.capture): recorded as its
+        writes, even where the values come out unchanged, without comparing copies."""
+        self.declared_writes = tuple(sorted(set(operands)))
 
     def per_call(self, fn: Callable[[], Any], guard: Callable[[], Any], value: Any) -> None:
         """Host work that every replay runs again (an optimizer's step counts and device scalars): kept in

@@ -42,9 +42,10 @@ class Capture(Protocol):
         """Raise the capture's error for ``what``, naming the line of the captured function."""
 
     def declare_writes(self, operands: tuple[int, ...]) -> None:
-        """The next kernel writes these of its array operands (positions in argument order, lists flattened)
-        in place, whatever it writes: an in-place kernel whose write leaves the values as they were at trace
-        time (a scale by 1, a step with lr 0) is still recorded as writing them."""
+        """The next kernel writes these of its array operands in place, and no other (positions in argument
+        order, lists flattened): an in-place kernel whose write leaves the values as they were at trace time
+        (a scale by 1, a step with lr 0) is still recorded as writing them, and the capture need not compare
+        copies of every operand to find out."""
 
     def per_call(self, fn: Callable[[], Any], guard: Callable[[], Hashable], value: Hashable) -> None:
         """Record host work ``fn`` (just run) for every replay, with its ``guard`` and the guard's ``value``
