@@ -27,7 +27,8 @@ from blutrain.compiler.dialect import Operand
 from blutrain.compiler.errors import CompilerError, TracingError
 from blutrain.compiler.executor import strided_view
 from blutrain.compiler.graph import build_module
-from blutrain.compiler.trace import Event, Tracer
+from blutrain.compiler.trace import Event, Tracer, Value
+from blutrain.tensor.backend import get_backend
 
 if TYPE_CHECKING:
     from blutrain.compiler.compile import CompiledFunction
@@ -107,7 +108,13 @@ def cut(tracer: Tracer, outputs: list[int]) -> tuple[list[Event], list[Part]]:
         changed |= {values[ev.operands[i]].root for ev in events[start:stop] for i in ev.writes}
         outs = [r for r in sorted(changed - state) if last.get(r, -1) >= stop]
         part_trace = Tracer()
-        part_trace.values, part_trace.concrete, part_trace.device = values, tracer.concrete, tracer.device
+        # a computed buffer that crosses the cut is a static input of this part: the trace did not hold its array,
+        # so its executor gets a template of its layout (dropped again once the executor has its own buffer)
+        concrete = list(tracer.concrete)
+        for v in inputs:
+            if concrete[v] is None:
+                concrete[v] = layout_template(values[v], tracer.device or "cpu")
+        part_trace.values, part_trace.concrete, part_trace.device = values, concrete, tracer.device
         part_trace.inputs = inputs
         part_trace.state_order = [v for v in tracer.state_order if v in used_state]
         part_trace.state_vids = set(part_trace.state_order)
@@ -115,6 +122,16 @@ def cut(tracer: Tracer, outputs: list[int]) -> tuple[list[Event], list[Part]]:
         done = [r for r, i in last.items() if r not in state and i < following and (i >= start or k == 0)]
         parts.append(Part(part_trace, inputs, outs, after, sorted(done)))
     return before, parts
+
+
+def layout_template(value: Value, device: str) -> Any:
+    """An uninitialised array of ``value``'s shape and dtype on ``device`` in its traced memory layout: a kernel's
+    result is dense in some order of its dimensions (a ``cat`` of transposed pieces is permuted), and the buffer
+    that crosses a cut must keep that layout for the views made of it."""
+    xp = get_backend(device).xp
+    order = sorted(range(len(value.shape)), key=lambda d: -value.strides[d])
+    dense = xp.empty([value.shape[d] for d in order], value.dtype.np)
+    return dense.transpose([order.index(d) for d in range(len(order))])
 
 
 def operand_array(tracer: Tracer, vid: int, live: dict[int, Any]) -> Any:
@@ -154,6 +171,9 @@ class SplitGraph(CompiledGraph):
             run_pipeline(module, owner.pipeline, os.environ.get("BLUTRAIN_DUMP_IR"), f"{owner.traces - 1}_part{k}")
             self.parts.append(CompiledGraph(owner, piece.trace, module, texts[-1], None, piece.outputs,
                                             [], dynamic))
+            for v in piece.inputs:  # the executor copied the layout templates into its own static buffers
+                if v not in tracer.state_vids:
+                    piece.trace.concrete[v] = None
         self.collectives = len(self.before) + sum(len(p.after) for p in self.pieces)
         self.traced_ir = self._joined(texts)
         self.merged = {uid for p in self.parts for uid in p.merged}

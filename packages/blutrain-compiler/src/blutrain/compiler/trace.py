@@ -47,7 +47,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -105,7 +105,6 @@ class Event:
     results: list[int]
     ret: Any = None
     writes: tuple[int, ...] = ()
-    proxies: list[TraceArray] = field(default_factory=list)
     # a collective: what issues it again on the real arrays of its operands, the function it called, and
     # (operand index, count) of the version bumps it made (a later call makes them without running it)
     call: Callable[[list[Any]], None] | None = None
@@ -494,13 +493,16 @@ class Tracer:
 
     # values
     def _new_value(self, concrete: Any, root: int | None = None, offset: int = 0,
-                   strides: tuple[int, ...] | None = None) -> int:
+                   strides: tuple[int, ...] | None = None, keep: bool = True) -> int:
+        """A new value described by ``concrete``. ``keep``: hold the array (inputs and state); a computed value's
+        array lives only as long as its proxies (and views of it) do, as it would in eager mode, so that the
+        trace holds no more memory than an eager call does."""
         vid = len(self.values)
         itemsize = concrete.dtype.itemsize
         st = tuple(s // itemsize for s in concrete.strides) if strides is None else strides
         self.values.append(Value(vid, tuple(concrete.shape), from_numpy_dtype(concrete.dtype),
                                  vid if root is None else root, offset, st))
-        self.concrete.append(concrete)
+        self.concrete.append(concrete if keep else None)
         return vid
 
     def _proxy(self, vid: int, concrete: Any) -> TraceArray:
@@ -520,10 +522,10 @@ class Tracer:
             self.host_checks[(vid, name, key)] = result
 
     def release(self) -> None:
-        """Drop every array of the traced call but the state: the buffers of its values (the probe and the
-        executor work from the values' descriptions) and the data of every proxy still alive (one the
-        function kept, an event's results). The compiled graph's memory is then its state, its executor's
-        buffers and its static inputs."""
+        """Drop every array of the traced call but the state: the inputs' buffers (the probe and the executor
+        work from the values' descriptions; computed values were never held) and the data of every proxy still
+        alive (one the function kept). The compiled graph's memory is then its state, its executor's buffers and
+        its static inputs."""
         self.concrete[:] = [c if vid in self.state_vids else None for vid, c in enumerate(self.concrete)]
         for ref in self.proxies:
             proxy = ref()
@@ -565,19 +567,20 @@ class Tracer:
         if a.dtype != owner.dtype:
             raise TracingError(f"{user_frame()}\n  a kernel read a {a.dtype} view of a {owner.dtype} array; "
                                "reinterpreting views cannot be traced")
-        return self._view_event(vid, a)
+        return self._view_event(vid, a, owner, 0)
 
-    def _view_event(self, root: int, result: Any) -> int:
-        """Record ``result`` (a real array inside the buffer ``root``) as a view of it."""
-        base = self.concrete[root]
+    def _view_event(self, root: int, result: Any, base: Any, base_offset: int) -> int:
+        """Record ``result`` (a real array inside the buffer ``root``) as a view of it; ``base`` is an array of
+        the same buffer that starts ``base_offset`` elements into it (the root itself, or the view ``result``
+        was made from: a computed root's own array is not held)."""
         itemsize = base.dtype.itemsize
-        offset = (_ptr(result) - _ptr(base)) // itemsize
+        offset = base_offset + (_ptr(result) - _ptr(base)) // itemsize
         strides = tuple(s // itemsize for s in result.strides)
         template = (Operand(0), offset, tuple(result.shape), strides)
         if self.mode == "probe":
             ev = self._match("view", "view", template, [root])
             return ev.results[0]
-        vid = self._new_value(result, root, offset, strides)
+        vid = self._new_value(result, root, offset, strides, keep=False)
         self._record(Event(len(self.events), "view", "view", self.device or "cpu", self.values[root].dtype.name,
                            template, [root], [vid], Operand(0)))
         return vid
@@ -633,7 +636,7 @@ class Tracer:
         declared, self.declared_writes = self.declared_writes, None
         if self.mode == "probe":
             ev = self._match("kernel", op, template, operands)
-            return _rebuild(ev.ret, ev.proxies)
+            return _rebuild(ev.ret, [TraceArray(self.values[v]) for v in ev.results])
         real_args = _substitute(template, concrete)
         self._check_host_writes(op, operands, concrete)  # the operands as the kernel will read them
         if declared is not None:
@@ -656,27 +659,30 @@ class Tracer:
         owners = {id(_memory(c)) for c in concrete}
         results: list[int] = []
         proxies: list[TraceArray] = []
-
-        def wrap(x: Any) -> Any:
-            if _is_array(x):
-                if id(_memory(x)) in owners:
-                    raise TracingError(f"{user_frame()}\n  kernel {op!r} returned a view of one of its inputs; "
-                                       "such kernels cannot be traced")
-                vid = self._new_value(x)
-                results.append(vid)
-                proxies.append(self._proxy(vid, x))
-                return Operand(len(results) - 1)
-            if isinstance(x, tuple):
-                return tuple(wrap(v) for v in x)
-            if x is None:
-                return None
-            raise TracingError(f"{user_frame()}\n  kernel {op!r} returned a {type(x).__name__}; traced kernels "
-                               "return arrays, tuples of arrays or None")
-
-        ret = wrap(out)
+        ret = self._results(op, out, owners, results, proxies)
+        # the event keeps no proxy: the results live as long as the function holds them
         self._record(Event(len(self.events), "kernel", op, device, dtype.name, tuple(template), operands, results,
-                           ret, writes, proxies))
+                           ret, writes))
         return _rebuild(ret, proxies)
+
+    def _results(self, op: str, x: Any, owners: set[int], results: list[int], proxies: list[TraceArray]) -> Any:
+        """A kernel's return value with ``Operand(i)`` for its i-th array, each a new value (appended to
+        ``results``, its proxy to ``proxies``). A method, not a closure: a recursive closure is a reference
+        cycle, which would hold the results until the cyclic GC runs (it is off while tracing)."""
+        if _is_array(x):
+            if id(_memory(x)) in owners:
+                raise TracingError(f"{user_frame()}\n  kernel {op!r} returned a view of one of its inputs; "
+                                   "such kernels cannot be traced")
+            vid = self._new_value(x, keep=False)
+            results.append(vid)
+            proxies.append(self._proxy(vid, x))
+            return Operand(len(results) - 1)
+        if isinstance(x, tuple):
+            return tuple(self._results(op, v, owners, results, proxies) for v in x)
+        if x is None:
+            return None
+        raise TracingError(f"{user_frame()}\n  kernel {op!r} returned a {type(x).__name__}; traced kernels "
+                           "return arrays, tuples of arrays or None")
 
     def _watch_key(self, vid: int, array: Any) -> tuple[Any, ...] | None:
         """Where a small state array (or view: CuPy's allocation may be larger than the array) lies."""
@@ -703,11 +709,11 @@ class Tracer:
             return self._probe_view(src, make)
         result = make(src.concrete)
         root = self.values[src.vid].root
-        if not _is_array(result) or _memory(result) is not _memory(self.concrete[root]):
+        if not _is_array(result) or _memory(result) is not _memory(src.concrete):
             # NumPy copied (a reshape of a non-contiguous array): a copy kernel, then the view
             copied = self.copy(src)
             return self.view(copied, make)
-        vid = self._view_event(root, result)
+        vid = self._view_event(root, result, src.concrete, src.value.offset)
         return self._proxy(vid, result)
 
     def _probe_view(self, src: TraceArray, make: Callable[[Any], Any]) -> TraceArray:
