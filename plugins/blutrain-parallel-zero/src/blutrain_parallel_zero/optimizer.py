@@ -90,7 +90,7 @@ class ZeroOptimizer:
         self._ready()
         # host work a compiled replay repeats too (before the inner optimizer's own): the trainer sets the
         # schedule's lr on the outer groups
-        capture.per_call(self._copy_hyperparameters, _no_guard, None)
+        capture.per_call(self._copy_hyperparameters)  # no kernel argument: the inner optimizer guards its own
         self.inner.step()
         if self.model.stage < 3:
             self.model.gather_parameters()
@@ -168,10 +168,6 @@ class ZeroOptimizer:
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in group.items() if k != "params"}
-
-
-def _no_guard() -> None:
-    """Copying the hyper-parameters passes none of them to a kernel (the inner optimizer guards its own)."""
 
 
 __all__ = ["ZeroOptimizer"]

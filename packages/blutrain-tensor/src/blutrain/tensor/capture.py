@@ -70,7 +70,11 @@ def set_active(capture: Capture | None) -> Capture | None:
     return previous
 
 
-def per_call(fn: Callable[[], T], guard: Callable[[], Hashable], value: Hashable) -> T:
+def _unguarded() -> None:
+    """The guard of host work that passes no plain argument to a kernel: never changes."""
+
+
+def per_call(fn: Callable[[], T], guard: Callable[[], Hashable] = _unguarded, value: Hashable = None) -> T:
     """Run ``fn()``, host work of one step that the step's kernels then read, and return its result; while a
     capture is active, hand ``fn`` over so that every replay of the compiled step runs it again first.
 
@@ -79,7 +83,8 @@ def per_call(fn: Callable[[], T], guard: Callable[[], Hashable], value: Hashable
     and ``value`` is what it returned at the start of this step. A replay compares ``guard()`` with the traced
     ``value`` first: where they differ the compiled function runs this call's Python again instead (which picks
     new arguments up, or reports a different path), so a changed hyper-parameter is never replayed stale.
-    ``fn`` must do the same thing on every call but for the values it reads (no new state, no other kernels).
+    Without a guard (host work that passes no plain argument to a kernel) nothing is compared. ``fn`` must
+    do the same thing on every call but for the values it reads (no new state, no other kernels).
     """
     result = fn()
     capture = _local.capture

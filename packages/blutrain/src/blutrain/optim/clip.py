@@ -44,12 +44,12 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, eps:
         # a norm per tensor would be three or four launches for each of GPT-2's 149 tensors.
         by_dtype: dict[Any, list[Tensor]] = {}
         for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g.detach().reshape(-1))
-        norms = [norm(cat(flat) if len(flat) > 1 else flat[0]).to(dtype=dt) for flat in by_dtype.values()]
+            by_dtype.setdefault(g.dtype, []).append(g)
+        flats = [[g.detach().reshape(-1) for g in same] for same in by_dtype.values()]
+        norms = [norm(cat(flat) if len(flat) > 1 else flat[0]).to(dtype=dt) for flat in flats]
         total = norms[0] if len(norms) == 1 else norm(stack(norms))
         coef = clamp(max_norm / (total + eps), max=1.0)
-        for dtype in by_dtype:
-            same = [g for g in grads if g.dtype is dtype]
+        for dtype, same in by_dtype.items():
             scale = coef if coef.dtype is dtype else coef.to(dtype=dtype)
             try:  # one multi-tensor kernel for all of them (on CUDA one launch, not one multiply per tensor)
                 dispatch.kernel(SCALE, same[0].device.type, dtype)
