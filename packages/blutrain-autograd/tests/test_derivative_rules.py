@@ -356,6 +356,17 @@ def _linear(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     return inputs, bt.linear
 
 
+@case("linear_add")
+def _linear_add(data: st.DataObject, rng: np.random.Generator) -> Drawn:
+    lead = data.draw(shapes(0, 2))
+    fan_in, fan_out = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+    inputs = [rng.standard_normal((*lead, fan_out)), rng.standard_normal((*lead, fan_in)),
+              rng.standard_normal((fan_out, fan_in))]
+    if data.draw(st.booleans()):
+        return [*inputs, rng.standard_normal(fan_out)], bt.linear_add
+    return inputs, bt.linear_add
+
+
 def _rows_apart(rng: np.random.Generator, shape: tuple[int, ...], k: int) -> np.ndarray:
     """±1 alternating along the normalized dims plus bounded noise: no near-constant rows."""
     ns = shape[len(shape) - k:]

@@ -214,6 +214,78 @@ def test_gemm_into_multiplies_row_major_matrices_and_accumulates(trans_a: bool, 
                        trans_b=trans_b)
 
 
+@pytest.mark.parametrize("fp32_gemm", ["cublas", "3xtf32"])
+@pytest.mark.parametrize(("trans_a", "trans_b"), [(False, True), (True, False)])
+@pytest.mark.parametrize(("operands", "result"), [("float32", "float32"), ("bfloat16", "float32"),
+                                                   ("bfloat16", "bfloat16")])
+def test_gemm_into_adds_bias_and_addend_in_the_epilogue(trans_a: bool, trans_b: bool, operands: str, result: str,
+                                                         fp32_gemm: str) -> None:
+    """``out = addend + op(a) op(b) + bias`` through cuBLASLt (or the 3xTF32 kernel and adds), against
+    float64; a bias at an odd address (a vector inside a flat buffer) and an addend that is out itself."""
+    import cupy as cp
+
+    from blutrain_backend_cupy import gemm
+
+    r = np.random.default_rng(6)
+    m, k, n = 67, 130, 45
+    a = r.standard_normal((k, m) if trans_a else (m, k)).astype(bt.as_dtype(operands).np)
+    b = r.standard_normal((n, k) if trans_b else (k, n)).astype(bt.as_dtype(operands).np)
+    bias = r.standard_normal(n).astype(bt.as_dtype(result).np)
+    addend = r.standard_normal((m, n)).astype(bt.as_dtype(result).np)
+    prod = (a.astype(np.float64).T if trans_a else a.astype(np.float64)) @ (
+        b.astype(np.float64).T if trans_b else b.astype(np.float64))
+    want = prod + bias.astype(np.float64) + addend.astype(np.float64)
+    tol = 1e-5 if result == "float32" else 1e-2
+    flat = cp.asarray(np.concatenate([np.zeros(1, bias.dtype), bias]))
+    before = gemm.fp32_gemm()
+    gemm.set_fp32_gemm(fp32_gemm)
+    try:
+        for bias_dev in (cp.asarray(bias), flat[1:]):
+            out = cp.full((m, n), np.nan, bt.as_dtype(result).np)
+            gemm.gemm_into(cp.asarray(a), cp.asarray(b), out, trans_a=trans_a, trans_b=trans_b, bias=bias_dev,
+                           addend=cp.asarray(addend))
+            assert rel(cp.asnumpy(out).astype(np.float64), want) < tol
+        out = cp.asarray(addend)
+        gemm.gemm_into(cp.asarray(a), cp.asarray(b), out, trans_a=trans_a, trans_b=trans_b, addend=out)
+        assert rel(cp.asnumpy(out).astype(np.float64), prod + addend.astype(np.float64)) < tol
+        out = cp.empty((m, n), bt.as_dtype(result).np)
+        gemm.gemm_into(cp.asarray(a), cp.asarray(b), out, trans_a=trans_a, trans_b=trans_b, bias=cp.asarray(bias))
+        assert rel(cp.asnumpy(out).astype(np.float64), prod + bias.astype(np.float64)) < tol
+    finally:
+        gemm.set_fp32_gemm(before)
+    with pytest.raises(ValueError, match="bias must be"):
+        gemm.gemm_into(cp.asarray(a), cp.asarray(b), out, trans_a=trans_a, trans_b=trans_b,
+                       bias=cp.zeros(n + 1, out.dtype))
+    with pytest.raises(ValueError, match="addend must be"):
+        gemm.gemm_into(cp.asarray(a), cp.asarray(b), out, trans_a=trans_a, trans_b=trans_b,
+                       addend=cp.zeros((m, n + 1), out.dtype))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_add_matches_float64_on_the_cpu(autocast: bool, bias: bool) -> None:
+    """The transformer block's projection with its residual, forward and every gradient, against the
+    float64 CPU op; under autocast the product is bf16 and the residual, bias and result float32."""
+    r = np.random.default_rng(7)
+    lead, c_in, c_out = (3, 50), 96, 64
+    arrays = [r.standard_normal((*lead, c_out)), r.standard_normal((*lead, c_in)),
+              r.standard_normal((c_out, c_in)) * 0.2, r.standard_normal(c_out)]
+    results = []
+    for device, dtype in (("cuda", "float32"), ("cpu", "float64")):
+        ts = [bt.tensor(a, device=device, dtype=dtype, requires_grad=True) for a in arrays]
+        if not bias:
+            ts[3] = None
+        with bt.autocast(enabled=autocast and device == "cuda"):
+            out = bt.linear_add(*ts)
+        (out * out).sum().backward()
+        results.append([host(out), *(host(t.grad) for t in ts if t is not None)])
+        if device == "cuda":
+            assert out.dtype is bt.float32 and all(t.grad.dtype is bt.float32 for t in ts if t is not None)
+    tol = 1e-2 if autocast else 1e-5
+    for got, want in zip(*results, strict=True):
+        assert rel(got, want) < tol
+
+
 @pytest.mark.parametrize("autocast", [False, True])
 @pytest.mark.parametrize("chunk", [None, 1, 100, 257])
 def test_linear_cross_entropy_matches_float64_on_the_cpu(autocast: bool, chunk: int | None) -> None:

@@ -7,6 +7,11 @@ unsupported"), and the compiled training step is one captured graph. cuBLAS itse
 given a workspace of its own, set again after each stream binding (which resets it). Vector and batched products, and
 float64, go through CuPy's matmul.
 
+A GEMM with a bias or an addend (``linear``'s bias, ``linear_add``'s residual) runs through cuBLASLt
+(same library, bound the same way): its epilogue adds both while the tile is in registers, so neither
+is a pass over memory of its own. Plans (descriptors, layouts and the heuristic's algorithm) are made
+once per shape and reused; a call sets the bias pointer and launches.
+
 float32 is strict by default (CUBLAS_COMPUTE_32F): TF32 rounds operands to 10 mantissa bits and
 is used only when asked, through :func:`set_tf32` or CuPy's own ``CUPY_TF32=1``. bfloat16 and
 float16 operands accumulate in float32 (CUBLAS_COMPUTE_32F on tensor cores).
@@ -91,7 +96,7 @@ class CublasError(RuntimeError):
 
 
 _LIB: dict[str, Any] = {}
-_WORKSPACES: dict[int, Any] = {}  # per cuBLAS handle: the workspace it was given (kept alive here)
+_WORKSPACES: dict[int, Any] = {}  # per device: the workspace cuBLAS and cuBLASLt are given (kept alive here)
 WORKSPACE_BYTES = 32 * 2**20  # what PyTorch gives cuBLAS on Hopper
 
 
@@ -130,13 +135,23 @@ def _handle(lib: Any) -> int:
     import cupy as cp
 
     handle = int(cp.cuda.device.get_cublas_handle())
-    space = _WORKSPACES.get(handle)
-    if space is None:
-        space = _WORKSPACES[handle] = cp.empty((WORKSPACE_BYTES,), np.uint8)
+    space = _workspace()
     _check(lib.cublasSetStream_v2(handle, cp.cuda.get_current_stream().ptr), "cublasSetStream")
     # after the stream: cublasSetStream puts the handle back on cuBLAS's own workspace pool
     _check(lib.cublasSetWorkspace_v2(handle, space.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
     return handle
+
+
+def _workspace() -> Any:
+    """The current device's GEMM workspace, shared by cuBLAS and cuBLASLt (their calls on a stream run
+    in order, so one buffer serves both)."""
+    import cupy as cp
+
+    dev = cp.cuda.runtime.getDevice()
+    space = _WORKSPACES.get(dev)
+    if space is None:
+        space = _WORKSPACES[dev] = cp.empty((WORKSPACE_BYTES,), np.uint8)
+    return space
 
 
 def _row_major(a: Array, trans: bool) -> tuple[Array, bool]:
@@ -152,10 +167,15 @@ def _row_major(a: Array, trans: bool) -> tuple[Array, bool]:
 
 
 def gemm_into(a: Array, b: Array, out: Array, *, trans_a: bool = False, trans_b: bool = False,
-              accumulate: bool = False) -> None:
+              accumulate: bool = False, bias: Array | None = None, addend: Array | None = None) -> None:
     """``out = op(a) @ op(b)`` (``+=`` with ``accumulate``) in one cublasGemmEx that accumulates in float32
     whatever the dtypes: bfloat16 operands can write a float32 result, and a sum of products over chunks
     stays in float32 without a temporary. ``a`` and ``b`` may be transposed views; ``out`` is C-contiguous.
+
+    ``bias`` (a vector over out's columns, out's dtype) and ``addend`` (a matrix like out, read in place
+    of out's old values: ``out = addend + op(a) @ op(b) + bias``) are added by cuBLASLt's epilogue to
+    the float32 accumulators; where cuBLASLt has no algorithm for the case (or float32 runs as 3xTF32)
+    they are added by a copy before and an add after the GEMM, with the same values to rounding.
 
     cuBLAS is column-major: a row-major (r, c) matrix is its (c, r) transpose there, so the row-major
     ``out`` (m, n) is computed as the column-major ``outᵀ = op(b)ᵀ op(a)ᵀ``.
@@ -175,22 +195,181 @@ def gemm_into(a: Array, b: Array, out: Array, *, trans_a: bool = False, trans_b:
         codes.append(code)
     if a.dtype != b.dtype:
         raise ValueError(f"gemm_into: a and b must have one dtype, got {a.dtype.name} and {b.dtype.name}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != out.dtype or not bias.flags.c_contiguous):
+        raise ValueError(f"gemm_into: bias must be a contiguous vector of {n} {out.dtype.name}, got "
+                         f"{bias.dtype.name} {tuple(bias.shape)}")
+    if addend is not None:
+        if accumulate:
+            raise ValueError("gemm_into: addend replaces out's old values; it cannot go with accumulate=True")
+        if addend.shape != out.shape or addend.dtype != out.dtype or not addend.flags.c_contiguous:
+            raise ValueError(f"gemm_into: addend must be a contiguous {out.dtype.name} matrix of out's shape "
+                             f"{tuple(out.shape)}, got {addend.dtype.name} {tuple(addend.shape)}")
+        if addend.data.ptr == out.data.ptr:
+            addend, accumulate = None, True
     if m == 0 or n == 0:
         return
+    strict = not (_tf32 and codes[0] == 0)
+    three_tf32 = _fp32_gemm == "3xtf32" and not _tf32 and codes == [0, 0, 0]
+    if (k > 0 and (bias is not None or addend is not None) and not three_tf32
+            and _lt_matmul(a, b, out, trans_a, trans_b, codes, strict, bias, addend, accumulate)):
+        return
+    if addend is not None:
+        out[...] = addend
+        accumulate = True
+    _gemm(a, b, out, trans_a, trans_b, codes, strict, accumulate, three_tf32, k)
+    if bias is not None:
+        out += bias
+
+
+def _gemm(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, codes: list[int], strict: bool,
+          accumulate: bool, three_tf32: bool, k: int) -> None:
+    """``out (+)= op(a) @ op(b)`` by BluTrain's 3xTF32 kernel where asked for float32, else cublasGemmEx."""
     if k == 0:
         if not accumulate:
             out.fill(0)
         return
-    if (_fp32_gemm == "3xtf32" and not _tf32 and codes == [0, 0, 0]
-            and fused.gemm_3xtf32(a, b, out, trans_a, trans_b, accumulate)):
+    if three_tf32 and fused.gemm_3xtf32(a, b, out, trans_a, trans_b, accumulate):
         return
     lib = _cublas()
-    strict = not (_tf32 and codes[0] == 0)
     _check(lib.cublasGemmEx(
-        _handle(lib), _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, n, m, k, _ONE_PTR,
-        b.data.ptr, codes[1], b.shape[1], a.data.ptr, codes[0], a.shape[1], _ONE_PTR if accumulate else _ZERO_PTR,
-        out.data.ptr, codes[2], n, _COMPUTE_32F if strict else _COMPUTE_32F_FAST_TF32, _ALGO_DEFAULT),
-        "cublasGemmEx")
+        _handle(lib), _OP_T if trans_b else _OP_N, _OP_T if trans_a else _OP_N, out.shape[1], out.shape[0], k,
+        _ONE_PTR, b.data.ptr, codes[1], b.shape[1], a.data.ptr, codes[0], a.shape[1],
+        _ONE_PTR if accumulate else _ZERO_PTR, out.data.ptr, codes[2], out.shape[1],
+        _COMPUTE_32F if strict else _COMPUTE_32F_FAST_TF32, _ALGO_DEFAULT), "cublasGemmEx")
+
+
+# ---------------------------------------------------------------------------------------------- cuBLASLt
+
+# cublasLt.h: matmul descriptor and preference attributes, epilogues
+_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
+_EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
+_PREF_MAX_WORKSPACE_BYTES = 1
+_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # of A, B, C, D in bytes
+# cublasLtMatmulHeuristicResult_t: the algorithm (64 bytes), workspaceSize, state, wavesCount, reserved[4]
+_HEURISTIC_BYTES, _HEURISTIC_STATE = 96, 72
+_LT_PLANS: dict[tuple[Any, ...], Any] = {}
+_LT_HANDLES: dict[int, int] = {}
+
+
+def _cublaslt() -> Any:
+    """The libcublasLt that CuPy's libcublas loaded with it, bound with ctypes."""
+    lib = _LIB.get("cublasLt")
+    if lib is None:
+        import ctypes
+
+        _cublas()
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libcublasLt.so" in line}
+        if not paths:
+            raise CublasError("libcublasLt is not among this process's libraries (CuPy's libcublas loaded none)")
+        lib = ctypes.CDLL(sorted(paths)[0])
+        ptr, i32, out_ptr = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)
+        size, u64, i64 = ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64
+        lib.cublasLtCreate.argtypes = [out_ptr]
+        lib.cublasLtMatmulDescCreate.argtypes = [out_ptr, i32, i32]
+        lib.cublasLtMatmulDescSetAttribute.argtypes = [ptr, i32, ptr, size]
+        lib.cublasLtMatrixLayoutCreate.argtypes = [out_ptr, i32, u64, u64, i64]
+        lib.cublasLtMatmulPreferenceCreate.argtypes = [out_ptr]
+        lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [ptr, i32, ptr, size]
+        lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, ptr,
+                                                       ctypes.POINTER(i32)]
+        lib.cublasLtMatmul.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, size, ptr]
+        for fn in (lib.cublasLtCreate, lib.cublasLtMatmulDescCreate, lib.cublasLtMatmulDescSetAttribute,
+                   lib.cublasLtMatrixLayoutCreate, lib.cublasLtMatmulPreferenceCreate,
+                   lib.cublasLtMatmulPreferenceSetAttribute, lib.cublasLtMatmulAlgoGetHeuristic, lib.cublasLtMatmul):
+            fn.restype = i32
+        _LIB["cublasLt"] = lib
+    return lib
+
+
+def _alignment(ptr: int) -> int:
+    """The largest power of two (at most 256, cuBLASLt's default) that ``ptr`` is a multiple of."""
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+class _LtPlan:
+    """One cuBLASLt problem (shapes, dtypes, transposes, epilogue, alignments): its descriptors and the
+    algorithm the heuristic chose, kept for every later call of the same problem."""
+
+    __slots__ = ("algo", "bias_ptr", "desc", "layouts")
+
+    def __init__(self, lib: Any, handle: int, problem: tuple[Any, ...]) -> None:
+        import ctypes
+
+        (trans_a, trans_b, a_shape, b_shape, out_shape, codes, strict, epilogue, _beta, aligns) = problem
+        void = ctypes.c_void_p
+
+        def attr(setter: Any, obj: Any, name: int, value: Any, call: str) -> None:
+            _check(setter(obj, name, ctypes.byref(value), ctypes.sizeof(value)), call)
+
+        desc = void()
+        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F if strict else _COMPUTE_32F_FAST_TF32,
+                                            _CUDA_DTYPE["float32"]), "cublasLtMatmulDescCreate")
+        # cuBLAS's A is the row-major b, its B the row-major a (see gemm_into)
+        set_desc, set_pref = lib.cublasLtMatmulDescSetAttribute, lib.cublasLtMatmulPreferenceSetAttribute
+        for name, value in ((_DESC_TRANSA, _OP_T if trans_b else _OP_N),
+                            (_DESC_TRANSB, _OP_T if trans_a else _OP_N), (_DESC_EPILOGUE, epilogue)):
+            attr(set_desc, desc, name, ctypes.c_int32(value), "cublasLtMatmulDescSetAttribute")
+        layouts = []
+        for code, (rows, cols) in ((codes[1], b_shape), (codes[0], a_shape), (codes[2], out_shape),
+                                   (codes[2], out_shape)):
+            layout = void()
+            _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), code, cols, rows, cols),
+                   "cublasLtMatrixLayoutCreate")
+            layouts.append(layout)
+        pref = void()
+        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        attr(set_pref, pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES),
+             "cublasLtMatmulPreferenceSetAttribute")
+        for name, align in zip(_PREF_MIN_ALIGNMENT, aligns, strict=True):
+            attr(set_pref, pref, name, ctypes.c_uint32(align), "cublasLtMatmulPreferenceSetAttribute")
+        result = (ctypes.c_char * _HEURISTIC_BYTES)()
+        found = ctypes.c_int(0)
+        status = lib.cublasLtMatmulAlgoGetHeuristic(handle, desc, *layouts, pref, 1, result, ctypes.byref(found))
+        state = int.from_bytes(bytes(result)[_HEURISTIC_STATE:_HEURISTIC_STATE + 4], "little")
+        self.desc, self.layouts = desc, layouts
+        self.algo = result if status == 0 and found.value > 0 and state == 0 else None
+        self.bias_ptr = void(0)
+
+
+def _lt_matmul(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, codes: list[int], strict: bool,
+               bias: Array | None, addend: Array | None, accumulate: bool) -> bool:
+    """``out = [addend or out if accumulate +] op(a) @ op(b) [+ bias]`` by cublasLtMatmul; False where
+    cuBLASLt has no algorithm for the problem (the caller then runs cuBLAS and adds)."""
+    import ctypes
+
+    import cupy as cp
+
+    lib = _cublaslt()
+    dev = cp.cuda.runtime.getDevice()
+    handle = _LT_HANDLES.get(dev)
+    if handle is None:
+        h = ctypes.c_void_p()
+        _check(lib.cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
+        handle = _LT_HANDLES[dev] = int(h.value or 0)
+    c = addend if addend is not None else out
+    has_c = addend is not None or accumulate
+    aligns = (_alignment(b.data.ptr), _alignment(a.data.ptr), _alignment(c.data.ptr), _alignment(out.data.ptr))
+    problem = (trans_a, trans_b, a.shape, b.shape, out.shape, tuple(codes), strict,
+               _EPILOGUE_DEFAULT if bias is None else _EPILOGUE_BIAS, has_c, aligns)
+    key = (dev, problem)
+    plan = _LT_PLANS.get(key)
+    if plan is None:
+        plan = _LT_PLANS[key] = _LtPlan(lib, handle, problem)
+    if plan.algo is None:
+        return False
+    if bias is not None:
+        if bias.data.ptr % 16:  # a vector inside a flat buffer: given to the epilogue from an aligned copy
+            bias = bias.copy()
+        plan.bias_ptr.value = bias.data.ptr
+        _check(lib.cublasLtMatmulDescSetAttribute(plan.desc, _DESC_BIAS_POINTER, ctypes.byref(plan.bias_ptr),
+                                                  ctypes.sizeof(plan.bias_ptr)), "cublasLtMatmulDescSetAttribute")
+    la, lb, lc, ld = plan.layouts
+    space = _workspace()
+    _check(lib.cublasLtMatmul(handle, plan.desc, _ONE_PTR, b.data.ptr, la, a.data.ptr, lb,
+                              _ONE_PTR if has_c else _ZERO_PTR, c.data.ptr, lc, out.data.ptr, ld, plan.algo,
+                              space.data.ptr, WORKSPACE_BYTES, cp.cuda.get_current_stream().ptr), "cublasLtMatmul")
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- ops
@@ -232,11 +411,39 @@ def _rows(a: Array) -> Array:
 
 
 def linear(x: Array, w: Array, b: Array | None) -> Array:
-    """``x Wᵀ + b`` with batch dims folded into rows: one GEMM (Wᵀ is a transposed view, no copy)."""
-    out = matmul(_rows(x), w.T)
-    if b is not None:
-        out += b
+    """``x Wᵀ + b`` with batch dims folded into rows: one GEMM (Wᵀ is a transposed view, no copy) whose
+    epilogue adds the bias."""
+    import cupy as cp
+
+    xr = _rows(x)
+    if b is not None and _gemm_fits(xr, w) and b.dtype == x.dtype:
+        out = cp.empty((xr.shape[0], w.shape[0]), x.dtype)
+        gemm_into(xr, w, out, trans_b=True, bias=cp.ascontiguousarray(b))
+    else:
+        out = matmul(xr, w.T)
+        if b is not None:
+            out += b
     return out.reshape((*x.shape[:-1], w.shape[0]))
+
+
+def linear_add(residual: Array, x: Array, w: Array, b: Array | None) -> Array:
+    """``residual + x Wᵀ + b`` in residual's dtype: one GEMM, whose epilogue reads the residual and adds
+    the bias (see ``blutrain.tensor.linear_add``); half operands with a float32 residual write float32."""
+    import cupy as cp
+
+    xr = _rows(x)
+    rows = _rows(residual)
+    out = cp.empty(residual.shape, residual.dtype)
+    if _gemm_fits(xr, w) and residual.dtype.name in _CUDA_DTYPE:
+        gemm_into(xr, w, _rows(out), trans_b=True, addend=cp.ascontiguousarray(rows),
+                  bias=None if b is None else cp.ascontiguousarray(b))
+        return out
+    # float64: CuPy's matmul, adds in eager order (product, bias, residual)
+    prod = matmul(xr, w.T).astype(residual.dtype, copy=False)
+    if b is not None:
+        prod += b
+    prod += rows
+    return prod.reshape(residual.shape)
 
 
 def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool, need_b: bool,

@@ -227,6 +227,7 @@ OVERRIDES: dict[str, Kernel] = {
     "embedding_backward": embedding_backward,
     "matmul": gemm.matmul,
     "linear": gemm.linear,
+    "linear_add": gemm.linear_add,
     "linear_backward": gemm.linear_backward,
     "linear_cross_entropy": gemm.linear_cross_entropy,
 }

@@ -413,6 +413,21 @@ def linear_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
 
 
 @_composite
+def linear_add_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
+    """(residual, input, weight, bias or None): the residual has the product's shape."""
+    st = _st()
+    rng, seed = _rng(draw)
+    side = st.sampled_from((0, 1, 2, 3, 5, 7, 13, 1, 3, 5))
+    fan_in, fan_out = draw(side), draw(side)
+    lead = _draw_shape(draw, 0, 2)
+    r = _draw_arg(draw, rng, (*lead, fan_out), dtype, "normal", grad=grad)
+    x = _draw_arg(draw, rng, (*lead, fan_in), dtype, "normal", grad=grad)
+    w = _draw_arg(draw, rng, (fan_out, fan_in), dtype, "normal", grad=grad)
+    b = _draw_arg(draw, rng, (fan_out,), dtype, "normal", grad=grad) if draw(st.booleans()) else None
+    return Sample((r, x, w, b), {}, seed)
+
+
+@_composite
 def getitem_samples(draw: DrawFn, dtype: DType) -> Sample:
     """Advanced keys: integer tensors (negative entries too), bool masks, mixed with slices."""
     st = _st()
@@ -913,6 +928,9 @@ _op("matmul", "matmul(input, other) -> Tensor",
     _fn("matmul"))
 _op("linear", "linear(input, weight, bias=None) -> Tensor", "x Wᵀ + b over the last dim of x", NUMERIC,
     lambda dt: linear_samples(dt), _fn("linear"))
+_op("linear_add", "linear_add(residual, input, weight, bias=None) -> Tensor",
+    "residual + x Wᵀ + b in one GEMM (bias and residual added by its epilogue)", FLOATS,
+    lambda dt: linear_add_samples(dt), _fn("linear_add"))
 _op("linear_backward", "linear(input, weight, bias) → backward", "dx = dy W, dW = dyᵀ x, db = Σ dy", FLOATS,
     lambda dt: linear_samples(dt, grad=True), _fn("linear"), backward=True)
 

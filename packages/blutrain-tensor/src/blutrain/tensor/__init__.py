@@ -99,7 +99,7 @@ from blutrain.tensor.ops.factory import (
     zeros_like,
 )
 from blutrain.tensor.ops.indexing import gather, index_add, index_put_, index_select, one_hot, scatter_add, tril, triu
-from blutrain.tensor.ops.linalg import bmm, linear, matmul
+from blutrain.tensor.ops.linalg import bmm, linear, linear_add, matmul
 from blutrain.tensor.ops.nn import (
     bias_gelu,
     cross_entropy,
@@ -234,6 +234,7 @@ __all__ = [
     "layer_norm",
     "le",
     "linear",
+    "linear_add",
     "linear_cross_entropy",
     "linspace",
     "load_file",

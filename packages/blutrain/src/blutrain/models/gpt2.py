@@ -24,6 +24,7 @@ from blutrain.autograd import checkpoint, is_grad_enabled, no_grad
 from blutrain.models.errors import ModelError, PretrainedError
 from blutrain.nn import GELU, CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
 from blutrain.nn import init as nn_init
+from blutrain.nn.linear import project
 from blutrain.tensor import (
     Tensor,
     arange,
@@ -127,14 +128,14 @@ class MLP(Module):
         return (type(fc) is Linear and type(act) is GELU and not fc._forward_pre_hooks and not fc._forward_hooks
                 and not act._forward_pre_hooks and not act._forward_hooks)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``mlp(x)``, or ``residual + mlp(x)`` with c_proj adding the residual in its GEMM (``project``)."""
         bias = self.c_fc.bias
         if bias is not None and self._fusable():
             h = bias_gelu(linear(x, self.c_fc.weight), bias, self.gelu.approximate)
         else:
             h = self.gelu(self.c_fc(x))
-        out: Tensor = self.dropout(self.c_proj(h))
-        return out
+        return project(self.c_proj, self.dropout, h, residual)
 
 
 class Block(Module):
@@ -148,8 +149,20 @@ class Block(Module):
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))  # type: ignore[no-any-return]
+        # The residual goes into each branch, whose output projection adds it in its GEMM's epilogue,
+        # where the branch is this package's own module without hooks (a hook sees the branch's output,
+        # and a parallel plugin's replacement takes x alone).
+        x = _branch(self.attn, CausalSelfAttention, self.ln_1(x), x)
+        return _branch(self.mlp, MLP, self.ln_2(x), x)
+
+
+def _branch(module: Module, cls: type[Module], h: Tensor, x: Tensor) -> Tensor:
+    """``x + module(h)``: the module adds x itself when it is ``cls`` with no hooks."""
+    if type(module) is cls and not module._forward_pre_hooks and not module._forward_hooks:
+        out: Tensor = module(h, residual=x)
+        return out
+    return x + module(h)  # type: ignore[no-any-return]
+
 
 
 class Transformer(Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from blutrain.nn.activation import Dropout
 from blutrain.nn.errors import ModuleError
-from blutrain.nn.linear import Linear
+from blutrain.nn.linear import Linear, project
 from blutrain.nn.module import Module
 from blutrain.tensor import Tensor, scaled_dot_product_attention, self_attention
 from blutrain.tensor.errors import ShapeError
@@ -20,6 +20,10 @@ class CausalSelfAttention(Module):
     ``packed=False`` takes the general path instead (split, per-head ``scaled_dot_product_attention``,
     merge): the same values. ``dropout`` applies to the output projection (residual dropout); the
     attention kernels do not support dropout on the probabilities, so there is none there.
+
+    ``forward(x, residual=r)`` returns ``r + self(x)``: c_proj's GEMM then adds the residual in its epilogue
+    (``linear_add``) where nothing stands between (no dropout in training, no hooks on c_proj or the
+    dropout, c_proj a plain Linear), else the sum is computed after the module's output as ever.
     """
 
     def __init__(self, n_embd: int, n_head: int, bias: bool = True, dropout: float = 0.0,
@@ -35,13 +39,12 @@ class CausalSelfAttention(Module):
         self.resid_dropout = Dropout(dropout)
         self.packed = packed
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         if x.ndim != 3 or x.shape[2] != self.n_embd:
             raise ShapeError(f"CausalSelfAttention: input must be (B, T, {self.n_embd}), got {list(x.shape)}")
         qkv = self.c_attn(x)
         y = self_attention(qkv, self.n_head, is_causal=True) if self.packed else self._split_heads_attention(qkv)
-        out: Tensor = self.resid_dropout(self.c_proj(y))
-        return out
+        return project(self.c_proj, self.resid_dropout, y, residual)
 
     def _split_heads_attention(self, qkv: Tensor) -> Tensor:
         B, T, C3 = qkv.shape

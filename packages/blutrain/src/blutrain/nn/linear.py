@@ -1,14 +1,16 @@
-"""Linear: y = x Wᵀ + b, one dispatched ``linear`` op (a GEMM with a bias epilogue where fused)."""
+"""Linear: y = x Wᵀ + b, one dispatched ``linear`` op (a GEMM with a bias epilogue where fused); and
+``project``, a block's output projection with its residual added in the same GEMM."""
 
 from __future__ import annotations
 
 import math
 
 from blutrain.nn import init
+from blutrain.nn.activation import Dropout
 from blutrain.nn.errors import ModuleError
 from blutrain.nn.module import Module
 from blutrain.nn.parameter import Parameter
-from blutrain.tensor import DType, Tensor, empty, linear
+from blutrain.tensor import DType, Tensor, empty, linear, linear_add
 from blutrain.tensor.device import Device
 
 
@@ -50,4 +52,18 @@ class Linear(Module):
                 f"bias={self.bias is not None}")
 
 
-__all__ = ["Linear"]
+def project(proj: Module, drop: Module, y: Tensor, residual: Tensor | None) -> Tensor:
+    """``drop(proj(y))``, plus ``residual`` when given: in one GEMM (``linear_add``, the residual added by the
+    epilogue) where ``proj`` is a plain Linear and neither module does anything else (hooks, or dropout
+    that zeroes in training); a transformer block's output projections (attention's and the MLP's)."""
+    if residual is None:
+        out: Tensor = drop(proj(y))
+        return out
+    if (type(proj) is Linear and type(drop) is Dropout and not proj._forward_pre_hooks and not proj._forward_hooks
+            and not drop._forward_pre_hooks and not drop._forward_hooks and not (drop.training and drop.p > 0.0)):
+        return linear_add(residual, y, proj.weight, proj.bias)
+    summed: Tensor = residual + drop(proj(y))
+    return summed
+
+
+__all__ = ["Linear", "project"]

@@ -62,3 +62,29 @@ def _linear_autocast(node: Any, grads: list[Any], create_graph: bool) -> tuple[A
         grad = Tensor._make(data, float32 if wide else x.dtype, x.device)
         out.append(grad if grad.dtype is dt else grad.to(dtype=dt))
     return tuple(out)
+
+
+@derivative("linear_add", save=save_nothing)
+def _linear_add(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    """The residual's gradient is the output's; the product's are linear's, from the output gradient in the
+    operands' dtype (one cast under autocast, as ``+``'s backward would make), and the bias's is the sum of
+    the output gradient in its own dtype (float32 under autocast: no rounding before the sum)."""
+    no_double_backward("linear_add", create_graph)
+    g: Tensor = grads[0]
+    x, w = node.attrs["x"], node.attrs["weight"]
+    dtypes = node.attrs["dtypes"]
+    need_r, need_x, need_w, need_b = node.needs
+    gx = gw = gb = None
+    if need_x or need_w:
+        wide_x, wide_w = (d is float32 and d is not x.dtype for d in dtypes[1:3])
+        gc = g if g.dtype is x.dtype else g.to(dtype=x.dtype)
+        gx_data, gw_data, _ = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
+            gc._data, x._data, w._data, need_x, need_w, False, wide_x, wide_w)
+        parts = []
+        for data, dt, wide in ((gx_data, dtypes[1], wide_x), (gw_data, dtypes[2], wide_w)):
+            grad = None if data is None else Tensor._make(data, float32 if wide else x.dtype, x.device)
+            parts.append(grad if grad is None or grad.dtype is dt else grad.to(dtype=dt))
+        gx, gw = parts
+    if need_b:
+        gb = g.reshape(-1, g.shape[-1]).sum(dim=0)
+    return (g if need_r else None), gx, gw, gb

@@ -30,6 +30,20 @@ def linear(x: Array, w: Array, b: Array | None) -> Array:
     return out.reshape((*x.shape[:-1], w.shape[0]))
 
 
+def linear_add(residual: Array, x: Array, w: Array, b: Array | None) -> Array:
+    """``residual + (x Wᵀ + b)`` in ``residual``'s dtype. Half operands are multiplied in float32 and the
+    product is not rounded before the bias and the residual are added (one rounding, into the result);
+    float32 and float64 add in eager order (product, bias, residual), so the result is eager's bit for bit."""
+    half = x.dtype.name in ("float16", "bfloat16")
+    if half:
+        x, w = x.astype(np.float32), w.astype(np.float32)
+    out = _rows(x) @ w.T
+    if b is not None:
+        out += b
+    out += _rows(residual)
+    return out.astype(residual.dtype, copy=False).reshape(residual.shape)
+
+
 def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool, need_b: bool,
                     wide_x: bool = False, wide_w: bool = False) -> tuple[Array | None, Array | None, Array | None]:
     """(dx, dW, db) of ``y = x Wᵀ + b``: dx = dy W, dW = dyᵀ x, db = Σ dy.

@@ -1,7 +1,8 @@
-"""Matrix products: matmul (NumPy/PyTorch broadcasting of batch dims), bmm and linear.
+"""Matrix products: matmul (NumPy/PyTorch broadcasting of batch dims), bmm, linear and linear_add.
 
 ``linear`` is its own op, not matmul plus add, so that a device can run it as one GEMM with a bias
-epilogue (cuBLASLt does).
+epilogue (cuBLASLt does); ``linear_add`` adds a residual in the same epilogue (a transformer block's
+``x + proj(y)``), so that neither the product nor the sum is a pass over memory of its own.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from blutrain.tensor import dispatch
 from blutrain.tensor.autocast import lower
 from blutrain.tensor.autocast import state as autocast_state
+from blutrain.tensor.dtype import float32
 from blutrain.tensor.errors import DeviceMismatchError, ShapeError, TensorTypeError
 from blutrain.tensor.tensor import Tensor
 
@@ -93,6 +95,62 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
                 "x": x, "weight": weight, "dtypes": tuple(None if t is None else t.dtype for t in originals)})
     elif x._rg or weight._rg or (bias is not None and bias._rg):
         dispatch.recorder("linear", (x, weight, bias), out, {})
+    return out
+
+
+def linear_add(residual: Tensor, input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``residual + linear(input, weight, bias)`` in one GEMM whose epilogue adds the bias and the residual,
+    in ``residual``'s dtype (``residual`` has the product's shape: no broadcasting).
+
+    Outside autocast all four share one dtype and the result is the two ops' to rounding. Under autocast
+    ``input`` and ``weight`` are rounded to the region's dtype as ``linear`` rounds them, while ``bias``
+    and ``residual`` keep theirs (float32 or the region's, one for both): the product is added to them
+    from the GEMM's float32 accumulators, without the rounding to the half dtype that ``linear`` followed
+    by ``+`` makes, and the result (and so the residual stream) stays float32.
+    """
+    if not isinstance(residual, Tensor):
+        raise TensorTypeError(f"linear_add: residual must be a Tensor, got {type(residual).__name__}")
+    narrowed = _autocast.dtype is not None and any(
+        isinstance(t, Tensor) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (input, weight))
+    originals = (residual, input, weight, bias)
+    if narrowed:
+        input, weight = _narrow(input), _narrow(weight)
+    _check_pair("linear_add", input, weight, ("input", "weight"))
+    if not input.dtype.is_floating:
+        raise TensorTypeError(f"linear_add: input must be floating, got {input.dtype.name}")
+    if weight.ndim != 2 or input.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"linear_add: input of shape {list(input.shape)} does not fit weight of shape "
+                         f"{list(weight.shape)} (expected input[..., {weight.shape[-1]}])")
+    out_shape = (*input.shape[:-1], weight.shape[0])
+    if residual.device is not input.device:
+        raise DeviceMismatchError(f"linear_add: residual is on {residual.device}, input on {input.device}; "
+                                  "expected both on one device")
+    if residual.shape != out_shape:
+        raise ShapeError(f"linear_add: residual must have the product's shape {list(out_shape)}, got "
+                         f"{list(residual.shape)}")
+    allowed = (input.dtype, float32) if _autocast.dtype is not None else (input.dtype,)
+    if residual.dtype not in allowed:
+        want = " or ".join(d.name for d in allowed)
+        raise TensorTypeError(f"linear_add: residual must have dtype {want}, got {residual.dtype.name}")
+    if bias is not None:
+        if not isinstance(bias, Tensor):
+            raise TensorTypeError(f"linear_add: bias must be a Tensor or None, got {type(bias).__name__}")
+        if bias.device is not input.device:
+            raise DeviceMismatchError(f"linear_add: bias is on {bias.device}, input on {input.device}; "
+                                      "expected both on one device")
+        if bias.dtype is not residual.dtype:
+            raise TensorTypeError(f"linear_add: bias must have the residual's dtype {residual.dtype.name}, got "
+                                  f"{bias.dtype.name}")
+        if bias.shape != (weight.shape[0],):
+            raise ShapeError(f"linear_add: bias must have shape [{weight.shape[0]}] (out_features of weight "
+                             f"{list(weight.shape)}), got {list(bias.shape)}")
+    out_data = _kernel("linear_add", input.device.type, input.dtype)(
+        residual._data, input._data, weight._data, None if bias is None else bias._data)
+    out = Tensor._make(out_data, residual.dtype, input.device)
+    if (_grad_mode.enabled and dispatch.recorder is not None
+            and any(t is not None and t._rg for t in originals)):
+        dispatch.recorder("linear_add", originals, out, {
+            "x": input, "weight": weight, "dtypes": tuple(None if t is None else t.dtype for t in originals)})
     return out
 
 
