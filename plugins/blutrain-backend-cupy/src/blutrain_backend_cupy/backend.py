@@ -152,6 +152,12 @@ class CupyBackend:
 
             install_default()
 
+    def empty_cache(self) -> None:
+        """Give every wholly free cached segment back to CUDA (``blutrain.cuda.empty_cache``)."""
+        from blutrain_backend_cupy.memory import empty_cache
+
+        empty_cache()
+
     def set_tf32(self, enabled: bool) -> None:
         """Let float32 GEMMs use TF32 tensor cores (the trainer's ``--dtype tf32``)."""
         from blutrain_backend_cupy.gemm import set_tf32

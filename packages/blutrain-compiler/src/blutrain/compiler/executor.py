@@ -272,6 +272,17 @@ class CupyMemory:
         return self._pointer(self._unowned(address, nbytes, owner, self._device), 0)
 
 
+def _release_cached() -> None:
+    """The cuda backend's ``empty_cache`` (where it has one): the traced call's values went back to the
+    process allocator's cache, and the recording run's pool and the arena should take that memory, not
+    come on top of it (the reserved peak was the traced call's plus the arena's)."""
+    from blutrain.tensor.backend import get_backend
+
+    release = getattr(get_backend("cuda"), "empty_cache", None)
+    if release is not None:
+        release()
+
+
 class CUDAGraphExecutor:
     """Runs a :class:`Program` as one CUDA graph (CuPy stream capture) inside one planned arena."""
 
@@ -311,6 +322,7 @@ class CUDAGraphExecutor:
         if self.eager:
             return
         if self.placement is None:
+            _release_cached()
             recording = RecordingRun(self.memory)
             if self._capture_run(recording) is None:
                 return
@@ -350,6 +362,7 @@ class CUDAGraphExecutor:
         go back first)."""
         self.arena = None
         self.pool.free_all_blocks()
+        _release_cached()
         self.placement = place(run.requests())
         arena = self.cupy.cuda.alloc(self.placement.nbytes + ALIGN)
         # offsets are multiples of ALIGN from a base aligned to it (allocators align to 512, this makes sure)

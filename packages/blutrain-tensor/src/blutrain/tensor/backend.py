@@ -36,7 +36,12 @@ class Generator(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
-    """A device type. ``xp`` is the array module (NumPy-compatible) its generic kernels call."""
+    """A device type. ``xp`` is the array module (NumPy-compatible) its generic kernels call.
+
+    Optional, looked up where used: ``empty_cache()``, which gives the device memory a caching allocator
+    holds free back to the device (the compiler calls it before it plans its arena, so that the arena takes
+    the memory a traced call left cached instead of coming on top of it).
+    """
 
     name: str
     xp: ModuleType
