@@ -532,6 +532,42 @@ def test_scale_multi_tensor_rejects_mixed_dtypes_and_a_coefficient_of_another_dt
         cuda.scale_multi_tensor([a], cp.asarray(np.float64(2)))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_norm_multi_tensor_matches_float64_over_tiles_empty_and_strided_arrays(dtype: Any) -> None:
+    """The clip's norm over sizes around the 4096-element tile, an empty array and a strided view, against
+    the float64 norm of the same values; the same value again (fixed summation order); and in a captured
+    graph, reading each replay's values."""
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    rng = np.random.default_rng(1)
+    sizes = [1, 3, 4095, 4096, 4097, 10_000, 0, 50_304]
+    hosts = [rng.standard_normal(n).astype(dtype) for n in sizes]
+    base = rng.standard_normal((64, 48)).astype(dtype)
+    arrays = [*(cp.asarray(h) for h in hosts), cp.asarray(base)[:, ::3]]
+    values = np.concatenate([*(h.astype(np.float64) for h in hosts), base[:, ::3].astype(np.float64).ravel()])
+    want = float(np.linalg.norm(values))
+    got = cuda.norm_multi_tensor(arrays)
+    assert got.dtype == np.float32 and got.shape == ()
+    assert abs(float(got) - want) <= 1e-6 * want
+    assert float(cuda.norm_multi_tensor(arrays)) == float(got)
+    assert float(cuda.norm_multi_tensor([cp.zeros(0, dtype)])) == 0.0
+    dense = arrays[:6]
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        cuda.norm_multi_tensor(dense)  # the plan is built (and cached) outside the capture first
+        stream.begin_capture()
+        out = cuda.norm_multi_tensor(dense)
+        graph = stream.end_capture()
+        for a in dense:
+            a *= 2
+        graph.launch(stream)
+    stream.synchronize()
+    twice = 2 * float(np.linalg.norm(np.concatenate([h.astype(np.float64) for h in hosts[:6]])))
+    assert abs(float(out) - twice) <= 1e-6 * twice
+
+
 def test_adamw_multi_tensor_rejects_a_non_float32_param() -> None:
     from blutrain.kernels import cuda
     from blutrain.tensor.errors import TensorTypeError

@@ -92,3 +92,18 @@ def test_clip_skips_parameters_without_gradients_and_checks_max_norm() -> None:
     assert float(clip_grad_norm_([p], 1.0)) == 0.0
     with pytest.raises(OptimizerError, match="max_norm must be a finite number > 0, got 0"):
         clip_grad_norm_([p], 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_the_multi_tensor_norm_kernel_is_the_float64_norm_of_all_elements(dtype: str) -> None:
+    """The clip's norm kernel on the CPU: one 2-norm over every element of a list (float64 for float64, else
+    float32), whatever the shapes; empty tensors count for nothing."""
+    from blutrain.tensor import as_dtype, dispatch
+
+    dt = as_dtype(dtype)
+    rng = np.random.default_rng(2)
+    arrays = [rng.normal(size=s).astype(dt.np) for s in ((3, 4), (0,), (5,), (2, 2, 2))]
+    want = np.sqrt(sum((a.astype(np.float64) ** 2).sum() for a in arrays))
+    got = dispatch.kernel("norm_multi_tensor", "cpu", dt)(arrays)
+    assert got.shape == () and got.dtype == (np.float64 if dtype == "float64" else np.float32)
+    assert math.isclose(float(got), want, rel_tol=1e-7)

@@ -56,6 +56,11 @@ def kernel(op: str, device_type: str, dtype: DType) -> Kernel:
     return fn
 
 
+def has_kernel(op: str, device_type: str, dtype: DType) -> bool:
+    """Whether ``kernel(op, device_type, dtype)`` would find one (for callers with a fallback of their own)."""
+    return (op, device_type, dtype) in TABLE or kernels().has(op, device_type, dtype)
+
+
 def set_checker(fn: Checker | None) -> None:
     """Install (or with None remove) the kernel checker; the table empties and refills through it."""
     global checker

@@ -70,6 +70,10 @@ class KernelRegistry(Registry[KernelEntry]):
             raise KernelNotFoundError(self.missing_message(op, device, dtype))
         return entry
 
+    def has(self, op: str, device: str, dtype: DType) -> bool:
+        """Whether a kernel is registered for the key (a caller with a fallback of its own asks first)."""
+        return (op, device, dtype) in self._table
+
     def missing_message(self, op: str, device: str, dtype: DType) -> str:
         same_op = sorted({(d, t.name) for (o, d, t) in self._table if o == op})
         providers = sorted({str(e.provider) for e in self._table.values()})

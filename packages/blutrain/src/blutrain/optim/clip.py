@@ -10,9 +10,10 @@ from blutrain.autograd import no_grad
 from blutrain.optim.errors import OptimizerError
 from blutrain.optim.multi_tensor import multi_tensor_apply
 from blutrain.tensor import Tensor, cat, clamp, dispatch, norm, stack, zeros
-from blutrain.tensor.errors import KernelNotFoundError
+from blutrain.tensor.dtype import float32, float64
 
 SCALE = "scale_multi_tensor"  # the kernel that scales a list of tensors in place by a 0-d tensor
+NORM = "norm_multi_tensor"  # the kernel that returns the 2-norm of a list of tensors together
 
 
 def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, eps: float = 1e-6) -> Tensor:
@@ -40,23 +41,31 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, eps:
                                      "clip each device's gradients separately")
             if g.dtype.itemsize > dt.itemsize:
                 dt = g.dtype
-        # One norm over the gradients laid end to end (a flat copy per dtype): a handful of kernels where
-        # a norm per tensor would be three or four launches for each of GPT-2's 149 tensors.
+        # One norm per dtype over all its gradients: the multi-tensor kernel (on CUDA two launches reading
+        # each gradient once), else the norm of the gradients laid end to end (a flat copy); a norm per
+        # tensor would be three or four launches for each of GPT-2's 149 tensors.
         by_dtype: dict[Any, list[Tensor]] = {}
         for g in grads:
             by_dtype.setdefault(g.dtype, []).append(g)
-        flats = [[g.detach().reshape(-1) for g in same] for same in by_dtype.values()]
-        norms = [norm(cat(flat) if len(flat) > 1 else flat[0]).to(dtype=dt) for flat in flats]
+        device = grads[0].device
+        norms = []
+        for dtype, same in by_dtype.items():
+            if dispatch.has_kernel(NORM, device.type, dtype):
+                data = multi_tensor_apply(NORM, [[g.detach() for g in same]], written=())
+                part = Tensor._make(data, float64 if dtype is float64 else float32, device)
+            else:
+                flat = [g.detach().reshape(-1) for g in same]
+                part = norm(cat(flat) if len(flat) > 1 else flat[0])
+            norms.append(part.to(dtype=dt))
         total = norms[0] if len(norms) == 1 else norm(stack(norms))
         coef = clamp(max_norm / (total + eps), max=1.0)
         for dtype, same in by_dtype.items():
             scale = coef if coef.dtype is dtype else coef.to(dtype=dtype)
-            try:  # one multi-tensor kernel for all of them (on CUDA one launch, not one multiply per tensor)
-                dispatch.kernel(SCALE, same[0].device.type, dtype)
-            except KernelNotFoundError:  # a backend without it (or this dtype): one multiply each
+            if not dispatch.has_kernel(SCALE, device.type, dtype):  # a backend without it: one multiply each
                 for g in same:
                     g.detach().mul_(scale)
                 continue
+            # one multi-tensor kernel for all of them (on CUDA one launch, not one multiply per tensor)
             multi_tensor_apply(SCALE, [same], scale._data, written=(0,))
     return total
 

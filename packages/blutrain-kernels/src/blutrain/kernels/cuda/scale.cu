@@ -1,5 +1,10 @@
-// Multi-tensor in-place scale, x *= c for every tensor of a list in one launch: the global-norm clip's
-// rescaling of every gradient (GPT-2 124M: 148 tensors, 148 launches as one multiply each).
+// The global-norm clip over a list of tensors: its norm in two launches and its in-place rescale in one
+// (GPT-2 124M: 148 gradients; a norm of their copy laid end to end took a copy, an abs, a multiply and a
+// reduction over all of them, about 1.7 ms of a 41 ms bf16 step on an H100).
+//
+// scale_multi_tensor_*: x *= c for every tensor.
+// sqnorm_multi_tensor_*: partial[b] = sum of x^2 over block b's tile (float); norm_finish: one block sums
+// the partials in a fixed order (in double) and writes sqrt. Bytes: read each element once.
 //
 // The host builds (once per set of buffers, then cached) a tensor table, int64 [T, 3]: pointer, numel,
 // first block. Tensor t owns blocks [first_t, first_t+1) * ceil(numel_t / SCALE_TILE); a block finds its
@@ -13,10 +18,9 @@
 
 #define SCALE_TILE 4096
 
-template <typename T>
-__device__ __forceinline__ void scale_tile(const long long* __restrict__ table, int n, float c) {
-    const long long b = blockIdx.x;
-    int lo = 0, hi = n - 1;  // the last tensor whose first block is <= b (empty tensors own no block)
+// The tensor that owns block b: the last whose first block is <= b (empty tensors own no block).
+__device__ __forceinline__ int tile_owner(const long long* __restrict__ table, int n, long long b) {
+    int lo = 0, hi = n - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
         if (table[3 * mid + 2] <= b) {
@@ -25,6 +29,13 @@ __device__ __forceinline__ void scale_tile(const long long* __restrict__ table, 
             hi = mid - 1;
         }
     }
+    return lo;
+}
+
+template <typename T>
+__device__ __forceinline__ void scale_tile(const long long* __restrict__ table, int n, float c) {
+    const long long b = blockIdx.x;
+    const int lo = tile_owner(table, n, b);
     T* x = reinterpret_cast<T*>(table[3 * lo]);
     const long long numel = table[3 * lo + 1];
     const long long start = (b - table[3 * lo + 2]) * SCALE_TILE;
@@ -42,4 +53,46 @@ extern "C" __global__ void scale_multi_tensor_f32(const long long* __restrict__ 
 extern "C" __global__ void scale_multi_tensor_bf16(const long long* __restrict__ table, int n,
                                                    const bf16* __restrict__ c) {
     scale_tile<bf16>(table, n, to_float(*c));
+}
+
+template <typename T>
+__device__ __forceinline__ void sqnorm_tile(const long long* __restrict__ table, int n, float* __restrict__ partial) {
+    __shared__ float red[33];
+    const long long b = blockIdx.x;
+    const int t = tile_owner(table, n, b);
+    const T* x = reinterpret_cast<const T*>(table[3 * t]);
+    const long long numel = table[3 * t + 1];
+    const long long start = (b - table[3 * t + 2]) * SCALE_TILE;
+    const long long end = start + SCALE_TILE < numel ? start + SCALE_TILE : numel;
+    float s = 0.f;
+    for (long long i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const float v = to_float(x[i]);
+        s += v * v;
+    }
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) partial[b] = s;
+}
+
+extern "C" __global__ void sqnorm_multi_tensor_f32(const long long* __restrict__ table, int n,
+                                                   float* __restrict__ partial) {
+    sqnorm_tile<float>(table, n, partial);
+}
+
+extern "C" __global__ void sqnorm_multi_tensor_bf16(const long long* __restrict__ table, int n,
+                                                    float* __restrict__ partial) {
+    sqnorm_tile<bf16>(table, n, partial);
+}
+
+// One block: out = sqrt(sum of partial[0, count)), each thread a strided share in double, then a fixed tree.
+extern "C" __global__ void norm_finish(const float* __restrict__ partial, long long count, float* __restrict__ out) {
+    __shared__ double red[1024];
+    double s = 0.0;
+    for (long long i = threadIdx.x; i < count; i += blockDim.x) s += (double)partial[i];
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = blockDim.x >> 1; half > 0; half >>= 1) {
+        if (threadIdx.x < half) red[threadIdx.x] += red[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = (float)sqrt(red[0]);
 }

@@ -159,6 +159,18 @@ def scale_multi_tensor(arrays: list[Any], coef: Any) -> None:
         np.multiply(a, coef, out=a)
 
 
+def norm_multi_tensor(arrays: list[Any]) -> Any:
+    """The 2-norm of all elements of ``arrays`` together (one dtype), as a 0-d array: float64 for float64
+    arrays, else float32. The global-norm clip's norm in one call (a backend may run it as two launches
+    over all gradients) instead of a copy of every gradient laid end to end and a norm of that."""
+    dt = arrays[0].dtype
+    total = 0.0
+    for a in arrays:
+        flat = np.ravel(a).astype(np.float64)
+        total += float(np.dot(flat, flat))
+    return np.asarray(np.sqrt(total), np.float64 if dt == np.float64 else np.float32)
+
+
 @hookimpl
 def blutrain_register_kernels(registry: KernelRegistry) -> None:
     for op, (_, dtypes, _) in TABLE.items():
@@ -166,6 +178,7 @@ def blutrain_register_kernels(registry: KernelRegistry) -> None:
             registry.register(op, "cpu", dt, kernel_for(op, dt))
     for dt in FLOATS:
         registry.register("scale_multi_tensor", "cpu", dt, scale_multi_tensor)
+        registry.register("norm_multi_tensor", "cpu", dt, norm_multi_tensor)
 
 
-__all__ = ["TABLE", "float32", "kernel_for", "scale_multi_tensor"]
+__all__ = ["TABLE", "float32", "kernel_for", "norm_multi_tensor", "scale_multi_tensor"]
