@@ -356,6 +356,17 @@ def _linear(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     return inputs, bt.linear
 
 
+@case("linear_gelu")
+def _linear_gelu(data: st.DataObject, rng: np.random.Generator) -> Drawn:
+    lead = data.draw(shapes(0, 2))
+    fan_in, fan_out = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+    approximate = data.draw(st.sampled_from(("tanh", "none")))
+    inputs = [rng.standard_normal((*lead, fan_in)), rng.standard_normal((fan_out, fan_in))]
+    if data.draw(st.booleans()):
+        return [*inputs, rng.standard_normal(fan_out)], lambda x, w, b: bt.linear_gelu(x, w, b, approximate)
+    return inputs, lambda x, w: bt.linear_gelu(x, w, None, approximate)
+
+
 @case("linear_add")
 def _linear_add(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     lead = data.draw(shapes(0, 2))

@@ -261,6 +261,32 @@ def test_gemm_into_adds_bias_and_addend_in_the_epilogue(trans_a: bool, trans_b: 
                        addend=cp.zeros((m, n + 1), out.dtype))
 
 
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_gelu_matches_float64_on_the_cpu(autocast: bool, bias: bool, approximate: str) -> None:
+    """An MLP's c_fc and GELU as one op (bf16 under autocast: cuBLASLt's bias+GELU epilogue for the tanh
+    form), forward and every gradient, against the float64 CPU op; the pre-activation kept for backward."""
+    r = np.random.default_rng(8)
+    lead, c_in, c_out = (3, 50), 96, 256
+    arrays = [r.standard_normal((*lead, c_in)), r.standard_normal((c_out, c_in)) * 0.2, r.standard_normal(c_out)]
+    results = []
+    for device, dtype in (("cuda", "float32"), ("cpu", "float64")):
+        ts = [bt.tensor(a, device=device, dtype=dtype, requires_grad=True) for a in arrays]
+        if not bias:
+            ts[2] = None
+        with bt.autocast(enabled=autocast and device == "cuda"):
+            out = bt.linear_gelu(*ts, approximate=approximate)
+        (out.float() * bt.tensor(arrays[0][..., :1], device=device, dtype=dtype)).sum().backward()
+        results.append([host(out), *(host(t.grad) for t in ts if t is not None)])
+        if device == "cuda":
+            assert out.dtype is (bt.bfloat16 if autocast else bt.float32)
+            assert all(t.grad.dtype is bt.float32 for t in ts if t is not None)
+    tol = 1e-2 if autocast else 1e-5
+    for got, want in zip(*results, strict=True):
+        assert rel(got, want) < tol
+
+
 @pytest.mark.parametrize("autocast", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_add_matches_float64_on_the_cpu(autocast: bool, bias: bool) -> None:

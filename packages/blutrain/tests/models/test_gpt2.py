@@ -148,13 +148,13 @@ def test_tiny_forward_backward_in_float32_matches_float64() -> None:
     assert worst < 1e-4, f"gradient of {where}: relative error {worst:.2e}"
 
 
-def test_mlp_fuses_the_c_fc_bias_into_gelu_with_the_plain_modules_loss_and_gradients(
+def test_mlp_fuses_c_fc_and_gelu_with_the_plain_modules_loss_and_gradients(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import blutrain.models.gpt2 as gpt2_module
 
     calls = []
-    fused_op = gpt2_module.bias_gelu
-    monkeypatch.setattr(gpt2_module, "bias_gelu", lambda *a: calls.append(1) or fused_op(*a))
+    fused_op = gpt2_module.linear_gelu
+    monkeypatch.setattr(gpt2_module, "linear_gelu", lambda *a: calls.append(1) or fused_op(*a))
     fused = _model().to(float64)
     plain = GPT2(SMALL).to(float64)
     plain.load_state_dict(fused.state_dict())
@@ -172,6 +172,34 @@ def test_mlp_fuses_the_c_fc_bias_into_gelu_with_the_plain_modules_loss_and_gradi
     assert losses[0] == pytest.approx(losses[1], rel=1e-13)
     assert max_gradient_error(fused, plain)[0] < 1e-12
     assert sorted(fused.state_dict()) == sorted(plain.state_dict())
+
+
+def test_blocks_add_the_residual_in_the_projections_with_the_plain_modules_loss_and_gradients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each block's two output projections add the residual in their GEMM (linear_add); a hook on attn and
+    mlp (as a user's would be) sends the block down the plain ``x + branch(x)`` path: same loss and gradients."""
+    import blutrain.nn.linear as linear_module
+
+    calls = []
+    fused_op = linear_module.linear_add
+    monkeypatch.setattr(linear_module, "linear_add", lambda *a: calls.append(1) or fused_op(*a))
+    fused = _model().to(float64)
+    plain = GPT2(SMALL).to(float64)
+    plain.load_state_dict(fused.state_dict())
+    for block in plain.transformer.h:
+        block.attn.register_forward_hook(lambda module, args, out: None)
+        block.mlp.register_forward_hook(lambda module, args, out: None)
+    x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
+    y = from_numpy(_tokens((2, 16), SMALL.vocab_size, seed=3))
+    losses = []
+    for m in (fused, plain):
+        _, loss = m(x, y)
+        assert loss is not None
+        loss.backward()
+        losses.append(float(loss.item()))
+    assert len(calls) == 2 * SMALL.n_layer  # the fused model only
+    assert losses[0] == pytest.approx(losses[1], rel=1e-13)
+    assert max_gradient_error(fused, plain)[0] < 1e-12
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

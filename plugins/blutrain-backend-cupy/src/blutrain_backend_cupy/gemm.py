@@ -242,7 +242,8 @@ def _gemm(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, codes: l
 
 # cublasLt.h: matmul descriptor and preference attributes, epilogues
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
-_EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
+_DESC_EPILOGUE_AUX_POINTER, _DESC_EPILOGUE_AUX_LD = 11, 12
+_EPILOGUE_DEFAULT, _EPILOGUE_BIAS, _EPILOGUE_GELU_AUX, _EPILOGUE_GELU_AUX_BIAS = 1, 4, 160, 164
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # of A, B, C, D in bytes
 # cublasLtMatmulHeuristicResult_t: the algorithm (64 bytes), workspaceSize, state, wavesCount, reserved[4]
@@ -291,7 +292,7 @@ class _LtPlan:
     """One cuBLASLt problem (shapes, dtypes, transposes, epilogue, alignments): its descriptors and the
     algorithm the heuristic chose, kept for every later call of the same problem."""
 
-    __slots__ = ("algo", "bias_ptr", "desc", "layouts")
+    __slots__ = ("algo", "aux_ptr", "bias_ptr", "desc", "layouts")
 
     def __init__(self, lib: Any, handle: int, problem: tuple[Any, ...]) -> None:
         import ctypes
@@ -310,6 +311,8 @@ class _LtPlan:
         for name, value in ((_DESC_TRANSA, _OP_T if trans_b else _OP_N),
                             (_DESC_TRANSB, _OP_T if trans_a else _OP_N), (_DESC_EPILOGUE, epilogue)):
             attr(set_desc, desc, name, ctypes.c_int32(value), "cublasLtMatmulDescSetAttribute")
+        if epilogue in (_EPILOGUE_GELU_AUX, _EPILOGUE_GELU_AUX_BIAS):  # the pre-activation, laid out like D
+            attr(set_desc, desc, _DESC_EPILOGUE_AUX_LD, ctypes.c_int64(out_shape[1]), "cublasLtMatmulDescSetAttribute")
         layouts = []
         for code, (rows, cols) in ((codes[1], b_shape), (codes[0], a_shape), (codes[2], out_shape),
                                    (codes[2], out_shape)):
@@ -330,12 +333,14 @@ class _LtPlan:
         self.desc, self.layouts = desc, layouts
         self.algo = result if status == 0 and found.value > 0 and state == 0 else None
         self.bias_ptr = void(0)
+        self.aux_ptr = void(0)
 
 
 def _lt_matmul(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, codes: list[int], strict: bool,
-               bias: Array | None, addend: Array | None, accumulate: bool) -> bool:
-    """``out = [addend or out if accumulate +] op(a) @ op(b) [+ bias]`` by cublasLtMatmul; False where
-    cuBLASLt has no algorithm for the problem (the caller then runs cuBLAS and adds)."""
+               bias: Array | None, addend: Array | None, accumulate: bool, aux: Array | None = None) -> bool:
+    """``out = [addend or out if accumulate +] op(a) @ op(b) [+ bias]`` by cublasLtMatmul, or with ``aux``
+    ``aux = op(a) @ op(b) [+ bias]; out = gelu_tanh(aux)``; False where cuBLASLt has no algorithm for the
+    problem (the caller then runs cuBLAS and the elementwise kernels)."""
     import ctypes
 
     import cupy as cp
@@ -350,8 +355,12 @@ def _lt_matmul(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, cod
     c = addend if addend is not None else out
     has_c = addend is not None or accumulate
     aligns = (_alignment(b.data.ptr), _alignment(a.data.ptr), _alignment(c.data.ptr), _alignment(out.data.ptr))
-    problem = (trans_a, trans_b, a.shape, b.shape, out.shape, tuple(codes), strict,
-               _EPILOGUE_DEFAULT if bias is None else _EPILOGUE_BIAS, has_c, aligns)
+    if aux is not None:
+        epilogue = _EPILOGUE_GELU_AUX if bias is None else _EPILOGUE_GELU_AUX_BIAS
+        aligns = (*aligns[:3], min(aligns[3], _alignment(aux.data.ptr)))
+    else:
+        epilogue = _EPILOGUE_DEFAULT if bias is None else _EPILOGUE_BIAS
+    problem = (trans_a, trans_b, a.shape, b.shape, out.shape, tuple(codes), strict, epilogue, has_c, aligns)
     key = (dev, problem)
     plan = _LT_PLANS.get(key)
     if plan is None:
@@ -364,6 +373,10 @@ def _lt_matmul(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, cod
         plan.bias_ptr.value = bias.data.ptr
         _check(lib.cublasLtMatmulDescSetAttribute(plan.desc, _DESC_BIAS_POINTER, ctypes.byref(plan.bias_ptr),
                                                   ctypes.sizeof(plan.bias_ptr)), "cublasLtMatmulDescSetAttribute")
+    if aux is not None:
+        plan.aux_ptr.value = aux.data.ptr
+        _check(lib.cublasLtMatmulDescSetAttribute(plan.desc, _DESC_EPILOGUE_AUX_POINTER, ctypes.byref(plan.aux_ptr),
+                                                  ctypes.sizeof(plan.aux_ptr)), "cublasLtMatmulDescSetAttribute")
     la, lb, lc, ld = plan.layouts
     space = _workspace()
     _check(lib.cublasLtMatmul(handle, plan.desc, _ONE_PTR, b.data.ptr, la, a.data.ptr, lb,
@@ -424,6 +437,31 @@ def linear(x: Array, w: Array, b: Array | None) -> Array:
         if b is not None:
             out += b
     return out.reshape((*x.shape[:-1], w.shape[0]))
+
+
+def linear_gelu(x: Array, w: Array, b: Array | None, approximate: str) -> tuple[Array, Array]:
+    """(gelu(pre), pre), pre = x Wᵀ + b. bfloat16/float16 with the tanh form: one cuBLASLt GEMM whose
+    epilogue adds the bias, writes pre and applies GELU from the float32 accumulators. float32 stays on
+    linear and BluTrain's GELU kernel (the epilogue's GELU is checked at half precision only)."""
+    import cupy as cp
+
+    from blutrain.tensor.cpu.elementwise import gelu
+
+    xr = _rows(x)
+    shape = (*x.shape[:-1], w.shape[0])
+    if (approximate == "tanh" and x.dtype.name in ("bfloat16", "float16") and _gemm_fits(xr, w) and xr.shape[0]
+            and xr.shape[1] and w.shape[0] % 8 == 0 and (b is None or b.dtype == x.dtype)):
+        out = cp.empty((xr.shape[0], w.shape[0]), x.dtype)
+        pre = cp.empty_like(out)
+        a, trans_a = _row_major(xr, False)
+        bt, trans_b = _row_major(w, True)
+        codes = [_TYPE_CODES[a.dtype], _TYPE_CODES[bt.dtype], _TYPE_CODES[out.dtype]]
+        bias = None if b is None else cp.ascontiguousarray(b)
+        if _lt_matmul(a, bt, out, trans_a, trans_b, codes, True, bias, None, False, aux=pre):
+            return out.reshape(shape), pre.reshape(shape)
+    pre = linear(x, w, b)
+    out = fused.gelu(pre, approximate)
+    return (gelu(pre, approximate) if out is None else out), pre
 
 
 def linear_add(residual: Array, x: Array, w: Array, b: Array | None) -> Array:

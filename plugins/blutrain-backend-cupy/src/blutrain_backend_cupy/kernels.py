@@ -35,7 +35,7 @@ DEVICE = "cuda"
 FUSED_PRIORITY = 10
 # Ops whose half-precision inputs go to the kernel as they are: cuBLAS multiplies bf16/fp16
 # with float32 accumulation; index_put writes in the storage dtype (as on the CPU).
-NATIVE_HALF = frozenset({"matmul", "linear", "linear_backward", "index_put"})
+NATIVE_HALF = frozenset({"matmul", "linear", "linear_gelu", "linear_backward", "index_put"})
 
 
 def _cp() -> Any:
@@ -228,6 +228,7 @@ OVERRIDES: dict[str, Kernel] = {
     "matmul": gemm.matmul,
     "linear": gemm.linear,
     "linear_add": gemm.linear_add,
+    "linear_gelu": gemm.linear_gelu,
     "linear_backward": gemm.linear_backward,
     "linear_cross_entropy": gemm.linear_cross_entropy,
 }

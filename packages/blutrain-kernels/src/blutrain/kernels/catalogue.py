@@ -399,7 +399,7 @@ def matmul_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
 
 
 @_composite
-def linear_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
+def linear_samples(draw: DrawFn, dtype: DType, grad: bool = False, gelu: bool = False) -> Sample:
     st = _st()
     rng, seed = _rng(draw)
     side = st.sampled_from((0, 1, 2, 3, 5, 7, 13, 1, 3, 5))
@@ -409,6 +409,8 @@ def linear_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
     x = _draw_arg(draw, rng, (*lead, fan_in), dtype, domain, grad=grad)
     w = _draw_arg(draw, rng, (fan_out, fan_in), dtype, domain, grad=grad)
     b = _draw_arg(draw, rng, (fan_out,), dtype, domain, grad=grad) if draw(st.booleans()) else None
+    if gelu:
+        return Sample((x, w, b, draw(st.sampled_from(("tanh", "none")))), {}, seed)
     return Sample((x, w, b), {}, seed)
 
 
@@ -928,6 +930,9 @@ _op("matmul", "matmul(input, other) -> Tensor",
     _fn("matmul"))
 _op("linear", "linear(input, weight, bias=None) -> Tensor", "x Wᵀ + b over the last dim of x", NUMERIC,
     lambda dt: linear_samples(dt), _fn("linear"))
+_op("linear_gelu", "linear_gelu(input, weight, bias=None, approximate='tanh') -> Tensor",
+    "gelu(x Wᵀ + b) (a GEMM whose epilogue adds the bias and applies GELU)", FLOATS,
+    lambda dt: linear_samples(dt, gelu=True), _fn("linear_gelu"))
 _op("linear_add", "linear_add(residual, input, weight, bias=None) -> Tensor",
     "residual + x Wᵀ + b in one GEMM (bias and residual added by its epilogue)", FLOATS,
     lambda dt: linear_add_samples(dt), _fn("linear_add"))

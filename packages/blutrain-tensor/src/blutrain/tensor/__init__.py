@@ -99,7 +99,7 @@ from blutrain.tensor.ops.factory import (
     zeros_like,
 )
 from blutrain.tensor.ops.indexing import gather, index_add, index_put_, index_select, one_hot, scatter_add, tril, triu
-from blutrain.tensor.ops.linalg import bmm, linear, linear_add, matmul
+from blutrain.tensor.ops.linalg import bmm, linear, linear_add, linear_gelu, matmul
 from blutrain.tensor.ops.nn import (
     bias_gelu,
     cross_entropy,
@@ -236,6 +236,7 @@ __all__ = [
     "linear",
     "linear_add",
     "linear_cross_entropy",
+    "linear_gelu",
     "linspace",
     "load_file",
     "load_metadata",

@@ -96,6 +96,7 @@ INDEX_CHECKS: dict[str, Check] = {
 NAN_CHECKS: dict[str, tuple[tuple[int, str], ...]] = {
     "matmul": ((0, "input"), (1, "other")),
     "linear": ((0, "input"), (1, "weight"), (2, "bias")),
+    "linear_gelu": ((0, "input"), (1, "weight"), (2, "bias")),
     "linear_add": ((0, "residual"), (1, "input"), (2, "weight"), (3, "bias")),
     "linear_backward": ((0, "grad_output"), (1, "input"), (2, "weight")),
     "layer_norm": ((0, "input"), (1, "weight"), (2, "bias")),

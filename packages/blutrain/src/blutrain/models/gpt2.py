@@ -28,13 +28,12 @@ from blutrain.nn.linear import project
 from blutrain.tensor import (
     Tensor,
     arange,
-    bias_gelu,
     cat,
     cross_entropy,
     float64,
     from_numpy,
-    linear,
     linear_cross_entropy,
+    linear_gelu,
     rand,
 )
 from blutrain.tensor.errors import ShapeError, TensorTypeError
@@ -111,9 +110,10 @@ class GPT2Config:
 class MLP(Module):
     """c_fc (n_embd → 4·n_embd), GELU-tanh, c_proj (4·n_embd → n_embd), residual dropout.
 
-    c_fc's bias is added inside the activation's kernel (``bias_gelu``: the GEMM runs without it), which
-    saves a pass over the 4·n_embd activations each way; the parameters are c_fc's as ever. Any other
-    activation module, or a forward hook on c_fc or the activation, takes the plain module path.
+    c_fc and the activation are one op (``linear_gelu``: on cuda in half precision one GEMM whose epilogue
+    adds the bias and applies GELU), which saves a pass over the 4·n_embd activations each way; the
+    parameters are c_fc's as ever. Any other activation module, or a forward hook on c_fc or the
+    activation, takes the plain module path.
     """
 
     def __init__(self, config: GPT2Config) -> None:
@@ -130,9 +130,8 @@ class MLP(Module):
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """``mlp(x)``, or ``residual + mlp(x)`` with c_proj adding the residual in its GEMM (``project``)."""
-        bias = self.c_fc.bias
-        if bias is not None and self._fusable():
-            h = bias_gelu(linear(x, self.c_fc.weight), bias, self.gelu.approximate)
+        if self._fusable():
+            h = linear_gelu(x, self.c_fc.weight, self.c_fc.bias, self.gelu.approximate)
         else:
             h = self.gelu(self.c_fc(x))
         return project(self.c_proj, self.dropout, h, residual)

@@ -7,6 +7,7 @@ from typing import Any
 from blutrain.autograd.rules import derivative, no_double_backward, save_inputs, save_nothing, sum_to
 from blutrain.tensor import dispatch
 from blutrain.tensor.dtype import float32
+from blutrain.tensor.ops.factory import zeros
 from blutrain.tensor.ops.linalg import matmul
 from blutrain.tensor.tensor import Tensor
 
@@ -88,3 +89,36 @@ def _linear_add(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, .
     if need_b:
         gb = g.reshape(-1, g.shape[-1]).sum(dim=0)
     return (g if need_r else None), gx, gw, gb
+
+
+@derivative("linear_gelu", save=save_nothing)
+def _linear_gelu(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    """The activation's derivative at the kept pre-activation (with the bias gradient's column sums in the
+    same kernel, through bias_gelu's backward at a zero bias), then linear's input and weight gradients
+    from it; float32 operands under autocast get theirs in float32 (``wide``), as ``linear`` does."""
+    no_double_backward("linear_gelu", create_graph)
+    g: Tensor = grads[0]
+    x, w, pre = node.attrs["x"], node.attrs["weight"], node.attrs["pre"]
+    approximate, dtypes = node.attrs["approximate"], node.attrs["dtypes"]
+    need_x, need_w, need_b = node.needs
+    dev = x.device.type
+    gb = None
+    if need_b:
+        zero = zeros(pre.shape[-1], dtype=pre.dtype, device=pre.device)
+        dpre, db = dispatch.kernel("bias_gelu_backward", dev, pre.dtype)(g._data, pre._data, zero._data,
+                                                                         approximate, True)
+        gb = Tensor._make(db, pre.dtype, pre.device)
+        gb = gb if gb.dtype is dtypes[2] else gb.to(dtype=dtypes[2])
+    else:
+        dpre = dispatch.kernel("gelu_backward", dev, pre.dtype)(g._data, pre._data, approximate)
+    gx = gw = None
+    if need_x or need_w:
+        wide_x, wide_w = (d is float32 and d is not x.dtype for d in dtypes[:2])
+        gx_data, gw_data, _ = dispatch.kernel("linear_backward", dev, x.dtype)(
+            dpre, x._data, w._data, need_x, need_w, False, wide_x, wide_w)
+        parts = []
+        for data, dt, wide in ((gx_data, dtypes[0], wide_x), (gw_data, dtypes[1], wide_w)):
+            grad = None if data is None else Tensor._make(data, float32 if wide else x.dtype, x.device)
+            parts.append(grad if grad is None or grad.dtype is dt else grad.to(dtype=dt))
+        gx, gw = parts
+    return gx, gw, gb

@@ -122,6 +122,7 @@ _add(("mean", "var", "norm", "logsumexp", "softmax", "log_softmax", "softmax_bac
       "log_softmax_backward"), rd, FLOATS)
 _add(("all", "any"), rd, (bool_,), math=False)
 _add(("matmul", "linear"), la, NUMERIC)
+_add(("linear_gelu",), la, FLOATS)
 _add(("linear_add",), la, FLOATS, math=False)  # half operands, float32 residual: one rounding, its own
 _add(("linear_backward",), la, FLOATS, math=False)  # multiplies half operands in float32 itself (wide outputs)
 _add(("index", "index_select", "gather", "tril", "triu", "cat", "embedding", "index_put"), ix, ALL_DTYPES,

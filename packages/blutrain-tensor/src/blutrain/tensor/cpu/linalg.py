@@ -30,6 +30,14 @@ def linear(x: Array, w: Array, b: Array | None) -> Array:
     return out.reshape((*x.shape[:-1], w.shape[0]))
 
 
+def linear_gelu(x: Array, w: Array, b: Array | None, approximate: str) -> tuple[Array, Array]:
+    """(gelu(pre), pre) with pre = x Wᵀ + b: the activation and the pre-activation its backward reads."""
+    from blutrain.tensor.cpu.elementwise import gelu
+
+    pre = linear(x, w, b)
+    return gelu(pre, approximate), pre
+
+
 def linear_add(residual: Array, x: Array, w: Array, b: Array | None) -> Array:
     """``residual + (x Wᵀ + b)`` in ``residual``'s dtype. Half operands are multiplied in float32 and the
     product is not rounded before the bias and the residual are added (one rounding, into the result);

@@ -98,6 +98,47 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return out
 
 
+def linear_gelu(input: Tensor, weight: Tensor, bias: Tensor | None = None, approximate: str = "tanh") -> Tensor:
+    """``gelu(linear(input, weight, bias), approximate)``: a transformer MLP's first projection and its
+    activation, which a device may run as one GEMM whose epilogue adds the bias and applies GELU (cuBLASLt's
+    GELU epilogue, the tanh form, for half dtypes on cuda). The backward reads the pre-activation the
+    forward kept (the size of the output), as ``gelu`` after ``linear`` would.
+
+    Under autocast the operands are rounded to the region's dtype as ``linear`` rounds them; the result is
+    in that dtype, and the gradients of float32 input and weight come out in float32.
+    """
+    if approximate not in ("none", "tanh"):
+        from blutrain.tensor.errors import TensorValueError
+
+        raise TensorValueError(f"linear_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    narrowed = _autocast.dtype is not None and any(
+        isinstance(t, Tensor) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (input, weight, bias))
+    originals = (input, weight, bias)
+    if narrowed:
+        input, weight = _narrow(input), _narrow(weight)
+        bias = None if bias is None else _narrow(bias)
+    _check_pair("linear_gelu", input, weight, ("input", "weight"))
+    if not input.dtype.is_floating:
+        raise TensorTypeError(f"linear_gelu: input must be floating, got {input.dtype.name}")
+    if weight.ndim != 2 or input.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"linear_gelu: input of shape {list(input.shape)} does not fit weight of shape "
+                         f"{list(weight.shape)} (expected input[..., {weight.shape[-1]}])")
+    if bias is not None:
+        _check_pair("linear_gelu", input, bias, ("input", "bias"))
+        if bias.shape != (weight.shape[0],):
+            raise ShapeError(f"linear_gelu: bias must have shape [{weight.shape[0]}] (out_features of weight "
+                             f"{list(weight.shape)}), got {list(bias.shape)}")
+    out_data, pre_data = _kernel("linear_gelu", input.device.type, input.dtype)(
+        input._data, weight._data, None if bias is None else bias._data, approximate)
+    out = Tensor._make(out_data, input.dtype, input.device)
+    if (_grad_mode.enabled and dispatch.recorder is not None
+            and any(t is not None and t._rg for t in originals)):
+        dispatch.recorder("linear_gelu", originals, out, {
+            "x": input, "weight": weight, "pre": Tensor._make(pre_data, input.dtype, input.device),
+            "approximate": approximate, "dtypes": tuple(None if t is None else t.dtype for t in originals)})
+    return out
+
+
 def linear_add(residual: Tensor, input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``residual + linear(input, weight, bias)`` in one GEMM whose epilogue adds the bias and the residual,
     in ``residual``'s dtype (``residual`` has the product's shape: no broadcasting).
