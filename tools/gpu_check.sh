@@ -12,6 +12,7 @@
 # 3. The conformance suite on device cuda, when blutrain.kernels.conformance exists.
 # 4. tools/bench_kernels.py: ours against PyTorch, CUDA events, medians, random data.
 # 5. With --sanitize: compute-sanitizer memcheck over the fused-kernel tests (test_cuda.py, the 3xTF32 GEMM,
+#    the cuBLASLt epilogues, the compiler's generated fused kernels,
 #    the cuBLAS binding and the fused LM-head loss), after the
 #    benchmark: it is the slowest stage, and a call that runs out of time loses the least there.
 # Environment: TESTS="pytest args" replaces the cuda-test selection (e.g. "packages/blutrain-kernels/tests/
@@ -232,6 +233,10 @@ if [[ $SANITIZE == 1 ]]; then
         packages/blutrain-kernels/tests/test_cuda_gemm_3xtf32.py \
         "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_gemm_into_multiplies_row_major_matrices_and_accumulates" \
         "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_linear_cross_entropy_matches_float64_on_the_cpu" \
+        "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_gemm_into_adds_bias_and_addend_in_the_epilogue" \
+        "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_linear_gelu_matches_float64_on_the_cpu" \
+        "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_linear_add_matches_float64_on_the_cpu" \
+        packages/blutrain-compiler/tests/test_fusion_cuda.py \
         2>&1 | tail -n 30
     RC_SAN=${PIPESTATUS[0]}
 fi
