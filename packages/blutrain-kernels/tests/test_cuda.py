@@ -555,8 +555,12 @@ def test_norm_multi_tensor_matches_float64_over_tiles_empty_and_strided_arrays(d
     assert float(cuda.norm_multi_tensor([cp.zeros(0, dtype)])) == 0.0
     dense = arrays[:6]
     stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        cuda.norm_multi_tensor(dense)  # the plan is built (and cached) outside the capture first
+    # the kernel allocates its partial sums and result: from a pool that holds the blocks before the capture
+    # (a cudaMalloc inside a capture breaks it, and memcheck runs with CuPy's pool off)
+    pool = cp.cuda.MemoryPool()
+    with stream, cp.cuda.using_allocator(pool.malloc):
+        cuda.norm_multi_tensor(dense)  # the plan is built (and cached), the pool filled, outside the capture
+        stream.synchronize()
         stream.begin_capture()
         out = cuda.norm_multi_tensor(dense)
         graph = stream.end_capture()
