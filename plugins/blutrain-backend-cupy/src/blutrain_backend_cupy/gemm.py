@@ -473,8 +473,9 @@ def linear_add(residual: Array, x: Array, w: Array, b: Array | None) -> Array:
     rows = _rows(residual)
     out = cp.empty(residual.shape, residual.dtype)
     if _gemm_fits(xr, w) and residual.dtype.name in _CUDA_DTYPE:
-        gemm_into(xr, w, _rows(out), trans_b=True, addend=cp.ascontiguousarray(rows),
-                  bias=None if b is None else cp.ascontiguousarray(b))
+        # the bias in the residual's dtype (the compiler's gemm-epilogue pass may hand autocast's bf16 copy)
+        bias = None if b is None else cp.ascontiguousarray(b.astype(residual.dtype, copy=False))
+        gemm_into(xr, w, _rows(out), trans_b=True, addend=cp.ascontiguousarray(rows), bias=bias)
         return out
     # float64: CuPy's matmul, adds in eager order (product, bias, residual)
     prod = matmul(xr, w.T).astype(residual.dtype, copy=False)

@@ -14,7 +14,7 @@ from blutrain.tensor.plugins import hookimpl
 if TYPE_CHECKING:
     from blutrain.compiler.registry import PassRegistry
 
-DEFAULT_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "elementwise-fusion",
+DEFAULT_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue", "elementwise-fusion",
                                      "kernel-selection", "memory-plan")
 
 
@@ -24,12 +24,13 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.aliasing import InplaceAliasing
     from blutrain.compiler.passes.cse import CommonSubexpressionElimination
     from blutrain.compiler.passes.dce import DeadCodeElimination
+    from blutrain.compiler.passes.epilogue import GemmEpilogueFusion
     from blutrain.compiler.passes.fusion import ElementwiseFusion
     from blutrain.compiler.passes.memory import MemoryPlan
     from blutrain.compiler.passes.select import KernelSelection
 
-    for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, ElementwiseFusion,
-              KernelSelection, MemoryPlan):
+    for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
+              ElementwiseFusion, KernelSelection, MemoryPlan):
         registry.register(p.name, p)
     registry.register("codegen-numpy", codegen_numpy.TARGET)
     registry.register("codegen-cuda", codegen_cuda.TARGET)

@@ -1,0 +1,114 @@
+"""GEMM-epilogue fusion: ``r + linear(x, W, b)`` (a residual added to a projection) becomes one
+``linear_add`` op, which a device runs as one GEMM whose epilogue adds the bias and the residual
+(cuBLASLt on cuda), so that neither the product nor the sum is a pass over memory of its own.
+
+The pattern is a ``linear`` whose result has one use: an ``add`` with a tensor of the sum's shape and
+dtype (no broadcasting), directly or through one ``cast`` (autocast's bf16 product widened to the
+float32 residual stream). The fused op takes the add's place, so no op between the linear and the add
+may write its input, weight or bias. In float32 and float64 the result is the two ops' to rounding (the
+CPU kernel adds in eager order, bit for bit); through a cast the product is no longer rounded to the
+half dtype before the add (one rounding less than eager). The bias (``linear`` adds its own in its
+epilogue already) and GELU (``linear_gelu``) are ops of their own that models call directly.
+"""
+
+from __future__ import annotations
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.ir import Operation, SSAValue
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from blutrain.compiler.dialect import Operand, decode, encode, is_kernel, kernel_name, kernel_op_class, type_info
+from blutrain.compiler.graph import body
+from blutrain.compiler.passes.aliasing import AliasInfo, analyse, root_of
+
+FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def _only_use(v: SSAValue) -> Operation | None:
+    uses = list(v.uses)
+    return uses[0].operation if len(uses) == 1 else None
+
+
+def _plain(op: Operation, name: str) -> bool:
+    return (is_kernel(op) and kernel_name(op) == name and "dynamic" not in op.properties
+            and "writes" not in op.properties and len(op.results) == 1)
+
+
+def _values(op: Operation) -> list[SSAValue | None] | None:
+    """The op's kernel arguments as values (None for a None argument), or None if one is not a value."""
+    out: list[SSAValue | None] = []
+    for a in decode(op.properties["args"]):
+        if isinstance(a, Operand):
+            out.append(op.operands[a.index])
+        elif a is None:
+            out.append(None)
+        else:
+            return None
+    return out
+
+
+def match(linear: Operation) -> tuple[Operation, SSAValue, list[Operation]] | None:
+    """(the add, the residual, the ops the fused op replaces) for a ``linear`` that feeds a residual add."""
+    if not _plain(linear, "linear") or linear.properties["dtype"].data not in FLOATS:  # type: ignore[attr-defined]
+        return None
+    args = _values(linear)
+    if args is None or len(args) != 3 or args[0] is None or args[1] is None:
+        return None
+    chain = [linear]
+    value = linear.results[0]
+    user = _only_use(value)
+    if user is not None and _plain(user, "cast"):
+        chain.append(user)
+        value = user.results[0]
+        user = _only_use(value)
+    if user is None or not _plain(user, "add"):
+        return None
+    operands = _values(user)
+    if operands is None or len(operands) != 2 or operands.count(value) != 1:
+        return None
+    residual = operands[1] if operands[0] is value else operands[0]
+    out_type = user.results[0].type
+    if residual is None or residual.type != out_type or value.type != out_type:
+        return None
+    if type_info(out_type)[1].name not in FLOATS:
+        return None
+    return user, residual, [*chain, user]
+
+
+def _written_between(info: AliasInfo, ops: list[Operation], start: int, stop: int,
+                     values: list[SSAValue | None]) -> bool:
+    roots = {root_of(v) for v in values if v is not None}
+    return any(roots & info.writes.get(o, set()) for o in ops[start + 1:stop])
+
+
+class GemmEpilogueFusion(ModulePass):
+    name = "gemm-epilogue"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        block = body(op)
+        info = analyse(block)
+        ops = list(block.ops)
+        pos = {o: i for i, o in enumerate(ops)}
+        for linear in ops:
+            found = match(linear) if linear.parent is not None else None
+            if found is None:
+                continue
+            add, residual, replaced = found
+            x, w, b = _values(linear)  # type: ignore[misc]
+            if x is None or w is None or _written_between(info, ops, pos[linear], pos[add], [x, w, b]):
+                continue
+            operands: list[SSAValue] = [residual, x, w] + ([b] if b is not None else [])
+            args = (Operand(0), Operand(1), Operand(2), Operand(3) if b is not None else None)
+            fused = kernel_op_class("linear_add").create(
+                operands=operands, result_types=[add.results[0].type],
+                properties={"args": encode(args), "ret": add.properties["ret"], "device": linear.properties["device"],
+                            "dtype": StringAttr(linear.properties["dtype"].data)})  # type: ignore[attr-defined]
+            Rewriter.insert_op(fused, InsertPoint.before(add))
+            add.results[0].replace_all_uses_with(fused.results[0])
+            for o in reversed(replaced):
+                Rewriter.erase_op(o)
+
+
+__all__ = ["GemmEpilogueFusion", "match"]
