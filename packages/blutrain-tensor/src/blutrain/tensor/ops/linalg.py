@@ -33,6 +33,18 @@ def _check_pair(op: str, a: Tensor, b: Tensor, names: tuple[str, str] = ("input"
         raise ShapeError(f"{op}: {na} and {nb} need at least 1 dim, got shapes {list(a.shape)} and {list(b.shape)}")
 
 
+def _check_weight(op: str, x: Tensor, weight: Tensor) -> None:
+    if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"{op}: input of shape {list(x.shape)} does not fit weight of shape "
+                         f"{list(weight.shape)} (expected input[..., {weight.shape[-1]}])")
+
+
+def _check_bias(op: str, weight: Tensor, bias: Tensor) -> None:
+    if bias.shape != (weight.shape[0],):
+        raise ShapeError(f"{op}: bias must have shape [{weight.shape[0]}] (out_features of weight "
+                         f"{list(weight.shape)}), got {list(bias.shape)}")
+
+
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with broadcast batch dims; 1-D operands are vectors, as in PyTorch."""
     if _autocast.dtype is not None:
@@ -76,14 +88,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         x, weight = _narrow(x), _narrow(weight)
         bias = None if bias is None else _narrow(bias)
     _check_pair("linear", x, weight, ("input", "weight"))
-    if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
-        raise ShapeError(f"linear: input of shape {list(x.shape)} does not fit weight of shape "
-                         f"{list(weight.shape)} (expected input[..., {weight.shape[-1]}])")
+    _check_weight("linear", x, weight)
     if bias is not None:
         _check_pair("linear", x, bias, ("input", "bias"))
-        if bias.shape != (weight.shape[0],):
-            raise ShapeError(f"linear: bias must have shape [{weight.shape[0]}] (out_features of weight "
-                             f"{list(weight.shape)}), got {list(bias.shape)}")
+        _check_bias("linear", weight, bias)
     out_data = _kernel("linear", x.device.type, x.dtype)(x._data, weight._data,
                                                           None if bias is None else bias._data)
     out = Tensor._make(out_data, x.dtype, x.device)
@@ -120,14 +128,10 @@ def linear_gelu(input: Tensor, weight: Tensor, bias: Tensor | None = None, appro
     _check_pair("linear_gelu", input, weight, ("input", "weight"))
     if not input.dtype.is_floating:
         raise TensorTypeError(f"linear_gelu: input must be floating, got {input.dtype.name}")
-    if weight.ndim != 2 or input.shape[-1] != weight.shape[1]:
-        raise ShapeError(f"linear_gelu: input of shape {list(input.shape)} does not fit weight of shape "
-                         f"{list(weight.shape)} (expected input[..., {weight.shape[-1]}])")
+    _check_weight("linear_gelu", input, weight)
     if bias is not None:
         _check_pair("linear_gelu", input, bias, ("input", "bias"))
-        if bias.shape != (weight.shape[0],):
-            raise ShapeError(f"linear_gelu: bias must have shape [{weight.shape[0]}] (out_features of weight "
-                             f"{list(weight.shape)}), got {list(bias.shape)}")
+        _check_bias("linear_gelu", weight, bias)
     out_data, pre_data = _kernel("linear_gelu", input.device.type, input.dtype)(
         input._data, weight._data, None if bias is None else bias._data, approximate)
     out = Tensor._make(out_data, input.dtype, input.device)
@@ -159,9 +163,7 @@ def linear_add(residual: Tensor, input: Tensor, weight: Tensor, bias: Tensor | N
     _check_pair("linear_add", input, weight, ("input", "weight"))
     if not input.dtype.is_floating:
         raise TensorTypeError(f"linear_add: input must be floating, got {input.dtype.name}")
-    if weight.ndim != 2 or input.shape[-1] != weight.shape[1]:
-        raise ShapeError(f"linear_add: input of shape {list(input.shape)} does not fit weight of shape "
-                         f"{list(weight.shape)} (expected input[..., {weight.shape[-1]}])")
+    _check_weight("linear_add", input, weight)
     out_shape = (*input.shape[:-1], weight.shape[0])
     if residual.device is not input.device:
         raise DeviceMismatchError(f"linear_add: residual is on {residual.device}, input on {input.device}; "
@@ -182,9 +184,7 @@ def linear_add(residual: Tensor, input: Tensor, weight: Tensor, bias: Tensor | N
         if bias.dtype is not residual.dtype:
             raise TensorTypeError(f"linear_add: bias must have the residual's dtype {residual.dtype.name}, got "
                                   f"{bias.dtype.name}")
-        if bias.shape != (weight.shape[0],):
-            raise ShapeError(f"linear_add: bias must have shape [{weight.shape[0]}] (out_features of weight "
-                             f"{list(weight.shape)}), got {list(bias.shape)}")
+        _check_bias("linear_add", weight, bias)
     out_data = _kernel("linear_add", input.device.type, input.dtype)(
         residual._data, input._data, weight._data, None if bias is None else bias._data)
     out = Tensor._make(out_data, residual.dtype, input.device)
