@@ -12,24 +12,11 @@ from hypothesis import strategies as st
 
 import blutrain.compiler as bc
 import blutrain.tensor as bt
-from blutrain.compiler.graph import body, build_module
-from blutrain.compiler.trace import Tracer, tracing
-
-
-def _trace(fn: Any, *arrays: np.ndarray) -> tuple[Tracer, list[int]]:
-    tracer = Tracer()
-    with tracing(tracer):
-        ts = [bt.from_numpy(a) for a in arrays]
-        for t in ts:
-            t._data = tracer.add_input(t._data)
-        out = fn(*ts)
-    outs = out if isinstance(out, tuple) else (out,)
-    return tracer, [o._data.vid for o in outs]
+from blutrain.compiler.graph import body
 
 
 def _names(fn: Any, *arrays: np.ndarray) -> list[str]:
-    tracer, outs = _trace(fn, *arrays)
-    module = build_module(tracer, outs)
+    module = bc.trace_module(fn, *arrays)
     bc.run_pipeline(module, ["gemm-epilogue"])
     return [o.name for o in body(module).ops]
 

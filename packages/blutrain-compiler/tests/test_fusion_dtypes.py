@@ -30,14 +30,7 @@ _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 def _fused(fn: Any, *arrays: np.ndarray[Any, Any]) -> ModuleOp:
     """The module of ``fn`` traced on ``arrays`` after elementwise fusion."""
-    tracer = Tracer()
-    with tracing(tracer):
-        ts = [bt.from_numpy(a) for a in arrays]
-        for t in ts:
-            t._data = tracer.add_input(t._data)
-        out = fn(*ts)
-    outs = out if isinstance(out, tuple) else (out,)
-    module = build_module(tracer, [o._data.vid for o in outs])
+    module = bc.trace_module(fn, *arrays)
     bc.run_pipeline(module, ["elementwise-fusion"])
     return module
 

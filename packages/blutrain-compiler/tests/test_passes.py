@@ -8,20 +8,8 @@ import blutrain.compiler as bc
 import blutrain.tensor as bt
 from blutrain.compiler import codegen_numpy
 from blutrain.compiler.dialect import FusedOp
-from blutrain.compiler.graph import body, build_module
+from blutrain.compiler.graph import body
 from blutrain.compiler.passes.memory import Buffer, plan
-from blutrain.compiler.trace import Tracer, tracing
-
-
-def _trace(fn: object, *arrays: np.ndarray) -> tuple[Tracer, list[int]]:
-    tracer = Tracer()
-    with tracing(tracer):
-        ts = [bt.from_numpy(a) for a in arrays]
-        for t in ts:
-            t._data = tracer.add_input(t._data)
-        out = fn(*ts)  # type: ignore[operator]
-    outs = out if isinstance(out, tuple) else (out,)
-    return tracer, [o._data.vid for o in outs]
 
 
 def _names(module: object) -> list[str]:
@@ -35,16 +23,14 @@ def test_pass_registry_holds_the_builtin_passes_and_targets() -> None:
 
 
 def test_dce_removes_ops_whose_results_nothing_reads() -> None:
-    tracer, outs = _trace(lambda a: (a.exp(), a.log())[0], np.ones((3,), np.float32))
-    module = build_module(tracer, outs)
+    module = bc.trace_module(lambda a: (a.exp(), a.log())[0], np.ones((3,), np.float32))
     bc.run_pipeline(module, ["dce"])
     assert "blutrain.log" not in _names(module)
     assert "blutrain.exp" in _names(module)
 
 
 def test_cse_merges_identical_ops() -> None:
-    tracer, outs = _trace(lambda a: a.exp() + a.exp(), np.ones((3,), np.float32))
-    module = build_module(tracer, outs)
+    module = bc.trace_module(lambda a: a.exp() + a.exp(), np.ones((3,), np.float32))
     bc.run_pipeline(module, ["cse", "dce"])
     assert _names(module).count("blutrain.exp") == 1
 
@@ -56,8 +42,7 @@ def test_elementwise_chain_with_a_broadcast_becomes_one_fused_kernel() -> None:
     def f(x: bt.Tensor, y: bt.Tensor) -> bt.Tensor:
         return ((x + y).tanh() * 0.5 - 1.0).exp()
 
-    tracer, outs = _trace(f, a, b)
-    module = build_module(tracer, outs)
+    module = bc.trace_module(f, a, b)
     bc.run_pipeline(module, ["elementwise-fusion"])
     ops = list(body(module).ops)
     fused = [o for o in ops if isinstance(o, FusedOp)]
@@ -70,8 +55,7 @@ def test_elementwise_chain_with_a_broadcast_becomes_one_fused_kernel() -> None:
 
 
 def test_fusion_keeps_intermediates_read_outside_the_region() -> None:
-    tracer, outs = _trace(lambda x: ((x * 2.0).exp(), (x * 2.0).exp().sum()), np.ones((3,), np.float32))
-    module = build_module(tracer, outs)
+    module = bc.trace_module(lambda x: ((x * 2.0).exp(), (x * 2.0).exp().sum()), np.ones((3,), np.float32))
     bc.run_pipeline(module, ["cse", "dce", "elementwise-fusion"])
     (fused,) = [o for o in body(module).ops if isinstance(o, FusedOp)]
     assert len(fused.results) == 1 and fused.results[0].uses
@@ -89,8 +73,7 @@ def test_memory_plan_reuses_memory_of_dead_buffers() -> None:
 
 
 def test_memory_plan_reports_peak_below_the_sum_of_buffers() -> None:
-    tracer, outs = _trace(lambda x: x.exp().log().sum(), np.ones((64, 64), np.float32))
-    module = build_module(tracer, outs)
+    module = bc.trace_module(lambda x: x.exp().log().sum(), np.ones((64, 64), np.float32))
     bc.run_pipeline(module, ["memory-plan"])
     arena = module.attributes["blutrain.arena_bytes"].data  # type: ignore[attr-defined]
     total = module.attributes["blutrain.buffer_bytes"].data  # type: ignore[attr-defined]
@@ -98,7 +81,6 @@ def test_memory_plan_reports_peak_below_the_sum_of_buffers() -> None:
 
 
 def test_kernel_selection_names_the_provider() -> None:
-    tracer, outs = _trace(lambda x: x @ x, np.ones((4, 4), np.float32))
-    module = build_module(tracer, outs)
+    module = bc.trace_module(lambda x: x @ x, np.ones((4, 4), np.float32))
     bc.run_pipeline(module, ["kernel-selection"])
     assert 'kernel = "cpu-kernels"' in str(module)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,18 +149,22 @@ def test_tiny_forward_backward_in_float32_matches_float64() -> None:
     assert worst < 1e-4, f"gradient of {where}: relative error {worst:.2e}"
 
 
-def test_mlp_fuses_c_fc_and_gelu_with_the_plain_modules_loss_and_gradients(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    import blutrain.models.gpt2 as gpt2_module
-
+def _fused_against_plain(monkeypatch: pytest.MonkeyPatch, module: Any, op: str, hooked: tuple[str, ...],
+                         calls_per_layer: int) -> None:
+    """The model's fused path (``op`` of ``module`` counted) against the plain module path (a forward hook on
+    each block's ``hooked`` submodules, as a user's would be): same loss and gradients in float64."""
     calls = []
-    fused_op = gpt2_module.linear_gelu
-    monkeypatch.setattr(gpt2_module, "linear_gelu", lambda *a: calls.append(1) or fused_op(*a))
+    fused_op = getattr(module, op)
+    monkeypatch.setattr(module, op, lambda *a: calls.append(1) or fused_op(*a))
     fused = _model().to(float64)
     plain = GPT2(SMALL).to(float64)
     plain.load_state_dict(fused.state_dict())
-    for block in plain.transformer.h:  # a forward hook on c_fc sends the MLP down the module path
-        block.mlp.c_fc.register_forward_hook(lambda module, args, out: None)
+    for block in plain.transformer.h:
+        for name in hooked:
+            sub = block
+            for part in name.split("."):
+                sub = getattr(sub, part)
+            sub.register_forward_hook(lambda module, args, out: None)
     x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
     y = from_numpy(_tokens((2, 16), SMALL.vocab_size, seed=3))
     losses = []
@@ -168,38 +173,25 @@ def test_mlp_fuses_c_fc_and_gelu_with_the_plain_modules_loss_and_gradients(
         assert loss is not None
         loss.backward()
         losses.append(float(loss.item()))
-    assert len(calls) == SMALL.n_layer  # the fused model only
+    assert len(calls) == calls_per_layer * SMALL.n_layer  # the fused model only
     assert losses[0] == pytest.approx(losses[1], rel=1e-13)
     assert max_gradient_error(fused, plain)[0] < 1e-12
     assert sorted(fused.state_dict()) == sorted(plain.state_dict())
 
 
+def test_mlp_fuses_c_fc_and_gelu_with_the_plain_modules_loss_and_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    import blutrain.models.gpt2 as gpt2_module
+
+    _fused_against_plain(monkeypatch, gpt2_module, "linear_gelu", ("mlp.c_fc",), 1)
+
+
 def test_blocks_add_the_residual_in_the_projections_with_the_plain_modules_loss_and_gradients(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each block's two output projections add the residual in their GEMM (linear_add); a hook on attn and
-    mlp (as a user's would be) sends the block down the plain ``x + branch(x)`` path: same loss and gradients."""
+    mlp sends the block down the plain ``x + branch(x)`` path."""
     import blutrain.nn.linear as linear_module
 
-    calls = []
-    fused_op = linear_module.linear_add
-    monkeypatch.setattr(linear_module, "linear_add", lambda *a: calls.append(1) or fused_op(*a))
-    fused = _model().to(float64)
-    plain = GPT2(SMALL).to(float64)
-    plain.load_state_dict(fused.state_dict())
-    for block in plain.transformer.h:
-        block.attn.register_forward_hook(lambda module, args, out: None)
-        block.mlp.register_forward_hook(lambda module, args, out: None)
-    x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
-    y = from_numpy(_tokens((2, 16), SMALL.vocab_size, seed=3))
-    losses = []
-    for m in (fused, plain):
-        _, loss = m(x, y)
-        assert loss is not None
-        loss.backward()
-        losses.append(float(loss.item()))
-    assert len(calls) == 2 * SMALL.n_layer  # the fused model only
-    assert losses[0] == pytest.approx(losses[1], rel=1e-13)
-    assert max_gradient_error(fused, plain)[0] < 1e-12
+    _fused_against_plain(monkeypatch, linear_module, "linear_add", ("attn", "mlp"), 2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

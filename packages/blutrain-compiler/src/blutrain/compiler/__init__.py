@@ -1,16 +1,18 @@
 """blutrain.compiler: whole-step compilation.
 
 ``compile(step)`` traces forward, backward and the optimizer's update into one graph in the
-``blutrain`` MLIR dialect (xDSL), runs passes (DCE, CSE, elementwise fusion, kernel selection,
-in-place analysis, memory planning) and replays the step as a flat list of launches: on the CPU
+``blutrain`` MLIR dialect (xDSL), runs passes (DCE, CSE, GEMM-epilogue and elementwise fusion, kernel
+selection, in-place analysis, memory planning) and replays the step as a flat list of launches: on the CPU
 with generated NumPy for fused regions, on CUDA as one CUDA graph with generated CUDA kernels.
 """
 
 from blutrain.compiler.compile import CompiledFunction, CompileStats, compile, run_pipeline
 from blutrain.compiler.dialect import BLUTRAIN, parse
 from blutrain.compiler.errors import CompilerError, DataDependentError, GraphBreakError, TracingError
+from blutrain.compiler.graph import trace_module
 from blutrain.compiler.passes import DEFAULT_PIPELINE
 from blutrain.compiler.registry import PassRegistry, passes
 
 __all__ = ["BLUTRAIN", "DEFAULT_PIPELINE", "CompileStats", "CompiledFunction", "CompilerError", "DataDependentError",
-           "GraphBreakError", "PassRegistry", "TracingError", "compile", "parse", "passes", "run_pipeline"]
+           "GraphBreakError", "PassRegistry", "TracingError", "compile", "parse", "passes", "run_pipeline",
+           "trace_module"]

@@ -19,6 +19,23 @@ from blutrain.compiler.dialect import AssignOp, KernelOp, ViewOp, encode, kernel
 from blutrain.compiler.trace import Tracer
 
 
+def trace_module(fn: Any, *arrays: Any) -> ModuleOp:
+    """The module of ``fn`` traced with CPU tensors of ``arrays`` (NumPy arrays) as its inputs, before any
+    pass: a small graph to run a pass on (``run_pipeline(trace_module(f, a), ["my-pass"])``) and look at.
+    ``fn`` takes tensors and returns a tensor or a tuple of them."""
+    import blutrain.tensor as bt
+    from blutrain.compiler.trace import tracing
+
+    tracer = Tracer()
+    with tracing(tracer):
+        tensors = [bt.from_numpy(a) for a in arrays]
+        for t in tensors:
+            t._data = tracer.add_input(t._data)
+        out = fn(*tensors)
+    outs = out if isinstance(out, tuple) else (out,)
+    return build_module(tracer, [o._data.vid for o in outs])
+
+
 def build_module(tracer: Tracer, outputs: list[int], dynamic: frozenset[int] = frozenset()) -> ModuleOp:
     """The module of a finished trace; ``outputs`` are the vids the function returns. Ops whose
     uid is in ``dynamic`` carry the ``dynamic`` property (their scalars change between calls)."""

@@ -45,6 +45,23 @@ def _check_bias(op: str, weight: Tensor, bias: Tensor) -> None:
                          f"{list(weight.shape)}), got {list(bias.shape)}")
 
 
+def _linear_operands(op: str, x: Tensor, weight: Tensor, bias: Tensor | None
+                     ) -> tuple[bool, Tensor, Tensor, Tensor | None]:
+    """(narrowed, x, weight, bias) of a linear layer's op: under autocast each floating operand of another
+    dtype rounded to the region's (``_narrow``), then checked (one device and dtype, fitting shapes)."""
+    narrowed = _autocast.dtype is not None and any(
+        isinstance(t, Tensor) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (x, weight, bias))
+    if narrowed:
+        x, weight = _narrow(x), _narrow(weight)
+        bias = None if bias is None else _narrow(bias)
+    _check_pair(op, x, weight, ("input", "weight"))
+    _check_weight(op, x, weight)
+    if bias is not None:
+        _check_pair(op, x, bias, ("input", "bias"))
+        _check_bias(op, weight, bias)
+    return narrowed, x, weight, bias
+
+
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with broadcast batch dims; 1-D operands are vectors, as in PyTorch."""
     if _autocast.dtype is not None:
@@ -81,17 +98,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     backward GEMMs' float32 accumulators in float32, where a cast's backward would receive them
     rounded to the half dtype (one rounding and one cast kernel less per gradient).
     """
-    narrowed = _autocast.dtype is not None and any(
-        isinstance(t, Tensor) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (x, weight, bias))
     originals = (x, weight, bias)
-    if narrowed:
-        x, weight = _narrow(x), _narrow(weight)
-        bias = None if bias is None else _narrow(bias)
-    _check_pair("linear", x, weight, ("input", "weight"))
-    _check_weight("linear", x, weight)
-    if bias is not None:
-        _check_pair("linear", x, bias, ("input", "bias"))
-        _check_bias("linear", weight, bias)
+    narrowed, x, weight, bias = _linear_operands("linear", x, weight, bias)
     out_data = _kernel("linear", x.device.type, x.dtype)(x._data, weight._data,
                                                           None if bias is None else bias._data)
     out = Tensor._make(out_data, x.dtype, x.device)
@@ -119,19 +127,10 @@ def linear_gelu(input: Tensor, weight: Tensor, bias: Tensor | None = None, appro
         from blutrain.tensor.errors import TensorValueError
 
         raise TensorValueError(f"linear_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    narrowed = _autocast.dtype is not None and any(
-        isinstance(t, Tensor) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (input, weight, bias))
     originals = (input, weight, bias)
-    if narrowed:
-        input, weight = _narrow(input), _narrow(weight)
-        bias = None if bias is None else _narrow(bias)
-    _check_pair("linear_gelu", input, weight, ("input", "weight"))
+    _, input, weight, bias = _linear_operands("linear_gelu", input, weight, bias)
     if not input.dtype.is_floating:
         raise TensorTypeError(f"linear_gelu: input must be floating, got {input.dtype.name}")
-    _check_weight("linear_gelu", input, weight)
-    if bias is not None:
-        _check_pair("linear_gelu", input, bias, ("input", "bias"))
-        _check_bias("linear_gelu", weight, bias)
     out_data, pre_data = _kernel("linear_gelu", input.device.type, input.dtype)(
         input._data, weight._data, None if bias is None else bias._data, approximate)
     out = Tensor._make(out_data, input.dtype, input.device)
