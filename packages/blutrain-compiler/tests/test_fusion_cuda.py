@@ -19,7 +19,6 @@ from blutrain.compiler.graph import body
 pytestmark = [pytest.mark.cuda, pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # NumPy on the specials
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _cuda() -> None:
@@ -39,16 +38,6 @@ def _convert(in_type: str, out_type: str, expr: str, x: np.ndarray[Any, Any]) ->
     return cupy.asnumpy(kernel(cupy.asarray(x)))
 
 
-def _bits(a: Any) -> np.ndarray[Any, Any]:
-    a = np.asarray(a)
-    return a.view(_UINT[a.dtype.itemsize])
-
-
-def _assert_same_bits(got: Any, expected: Any) -> None:
-    got, expected = np.asarray(got), np.asarray(expected)
-    assert got.dtype == expected.dtype and got.shape == expected.shape
-    np.testing.assert_array_equal(got.astype(np.float64), expected.astype(np.float64))  # readable first
-    np.testing.assert_array_equal(_bits(got), _bits(expected))
 
 
 def _all_16_bit_patterns() -> np.ndarray[Any, Any]:
@@ -75,11 +64,11 @@ def _f32_samples() -> np.ndarray[Any, Any]:
                           ).view(np.float32)
 
 
-def test_bfloat16_to_float32_is_exact_for_every_bit_pattern() -> None:
+def test_bfloat16_to_float32_is_exact_for_every_bit_pattern(same_bits: Any) -> None:
     _cuda()
     h = _all_16_bit_patterns()
     got = _convert("uint16", "float32", "bt_bf16_to_f32(x)", h)
-    _assert_same_bits(got, h.view(BF16).astype(np.float32))
+    same_bits(got, h.view(BF16).astype(np.float32))
 
 
 def test_float32_to_bfloat16_rounds_to_nearest_even_as_ml_dtypes() -> None:
@@ -94,10 +83,10 @@ def test_float32_to_bfloat16_rounds_to_nearest_even_as_ml_dtypes() -> None:
     assert [hex(v) for v in got[23:27]] == ["0x7fc0", "0xffc0", "0x7fc0", "0xffc0"]  # NaNs: quiet, signed
 
 
-def test_float16_conversions_match_numpy_and_ml_dtypes_for_every_bit_pattern() -> None:
+def test_float16_conversions_match_numpy_and_ml_dtypes_for_every_bit_pattern(same_bits: Any) -> None:
     _cuda()
     h = _all_16_bit_patterns()
-    _assert_same_bits(_convert("uint16", "float32", "bt_f16_to_f32(x)", h), h.view(np.float16).astype(np.float32))
+    same_bits(_convert("uint16", "float32", "bt_f16_to_f32(x)", h), h.view(np.float16).astype(np.float32))
     np.testing.assert_array_equal(_convert("uint16", "uint16", "bt_bf16_to_f16(x)", h),
                                   h.view(BF16).astype(np.float16).view(np.uint16))
     np.testing.assert_array_equal(_convert("uint16", "uint16", "bt_f16_to_bf16(x)", h),
@@ -167,7 +156,7 @@ _UNARY = ("neg", "exp", "log", "sqrt", "tanh", "abs")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-def test_each_elementwise_op_in_each_float_dtype_gives_the_eager_bits_on_cuda(dtype: str) -> None:
+def test_each_elementwise_op_in_each_float_dtype_gives_the_eager_bits_on_cuda(dtype: str, same_bits: Any) -> None:
     """One region: the input cast to ``dtype`` (through the eager cast kernels' own pairs), then every op with
     a tensor (broadcast) and with scalars, results in ``dtype``, NaNs and infinities among the inputs."""
     _cuda()
@@ -185,17 +174,17 @@ def test_each_elementwise_op_in_each_float_dtype_gives_the_eager_bits_on_cuda(dt
     got, expected, fn = _compiled_and_eager(f, _on_cuda(_values((64, 33), 0, src), _values((33,), 1, src)))
     assert "blutrain.fused" in fn.ir()
     for g, e in zip(got, expected, strict=True):
-        _assert_same_bits(g, e)
+        same_bits(g, e)
 
 
-def test_a_float32_region_is_bit_identical_to_its_ops_no_fma_contraction() -> None:
+def test_a_float32_region_is_bit_identical_to_its_ops_no_fma_contraction(same_bits: Any) -> None:
     """``x * y + z`` as two kernels rounds the product; a contracted FMA would not."""
     _cuda()
     rng = np.random.default_rng(0)
     args = _on_cuda(*(rng.standard_normal((256, 129)).astype(np.float32) for _ in range(3)))
     got, expected, fn = _compiled_and_eager(lambda x, y, z: (x * y + z) * y - x, args)
     assert "blutrain.fused" in fn.ir()
-    _assert_same_bits(got[0], expected[0])
+    same_bits(got[0], expected[0])
 
 
 def _bf16_step(x: bt.Tensor, w: bt.Tensor, g: bt.Tensor) -> tuple[bt.Tensor, bt.Tensor]:
@@ -206,14 +195,14 @@ def _bf16_step(x: bt.Tensor, w: bt.Tensor, g: bt.Tensor) -> tuple[bt.Tensor, bt.
     return act, grad
 
 
-def test_a_compiled_bfloat16_and_float32_mix_gives_the_eager_bits_on_cuda() -> None:
+def test_a_compiled_bfloat16_and_float32_mix_gives_the_eager_bits_on_cuda(same_bits: Any) -> None:
     _cuda()
     args = _on_cuda(_values((128, 96), 0, BF16), _values((96,), 1, np.float32), _values((128, 96), 2, BF16))
     got, expected, fn = _compiled_and_eager(_bf16_step, args)
     module = bc.parse(fn.ir())
     assert [kernel_name(o) for o in body(module).ops if is_kernel(o)] == []  # one region holds every op
     for g, e in zip(got, expected, strict=True):
-        _assert_same_bits(g, e)
+        same_bits(g, e)
 
 
 def _four_dtypes(x: bt.Tensor, y: bt.Tensor) -> tuple[bt.Tensor, bt.Tensor, bt.Tensor]:
@@ -224,7 +213,7 @@ def _four_dtypes(x: bt.Tensor, y: bt.Tensor) -> tuple[bt.Tensor, bt.Tensor, bt.T
     return c.float() + a, d, e
 
 
-def test_a_compiled_mix_of_all_four_float_dtypes_gives_the_eager_values_on_cuda() -> None:
+def test_a_compiled_mix_of_all_four_float_dtypes_gives_the_eager_values_on_cuda(as_bits: Any) -> None:
     """Bits for every value but NaNs, which must be NaNs of the same sign: the eager float16 → float64 cast is
     CuPy's astype, whose NaN payload is the hardware's."""
     _cuda()
@@ -235,4 +224,4 @@ def test_a_compiled_mix_of_all_four_float_dtypes_gives_the_eager_values_on_cuda(
         np.testing.assert_array_equal(g.astype(np.float64), e.astype(np.float64))
         np.testing.assert_array_equal(np.signbit(g), np.signbit(e))
         keep = ~np.isnan(e)
-        np.testing.assert_array_equal(_bits(g)[keep], _bits(e)[keep])
+        np.testing.assert_array_equal(as_bits(g)[keep], as_bits(e)[keep])

@@ -25,7 +25,6 @@ from blutrain.compiler.trace import Tracer, tracing
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _fused(fn: Any, *arrays: np.ndarray[Any, Any]) -> ModuleOp:
@@ -51,17 +50,6 @@ def _run_region(region: FusedOp, *arrays: np.ndarray[Any, Any]) -> tuple[Any, ..
     return tuple(codegen_numpy.compile_region(region)(consts, *arrays))
 
 
-def _bits(a: Any) -> np.ndarray[Any, Any]:
-    a = np.asarray(a)
-    return a.view(_UINT[a.dtype.itemsize])
-
-
-def _assert_same_bits(got: Any, expected: Any) -> None:
-    got, expected = np.asarray(got), np.asarray(expected)
-    assert got.dtype == expected.dtype and got.shape == expected.shape
-    # float64 first: a readable report of the values where they differ
-    np.testing.assert_array_equal(got.astype(np.float64), expected.astype(np.float64))
-    np.testing.assert_array_equal(_bits(got), _bits(expected))  # and bit for bit (signed zeros, NaN payloads)
 
 
 def _bf16(shape: tuple[int, ...], seed: int) -> np.ndarray[Any, Any]:
@@ -165,7 +153,7 @@ _ARGS: dict[str, list[tuple[Any, ...]]] = {
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-def test_each_elementwise_op_in_each_float_dtype_gives_the_eager_bits(dtype: str) -> None:
+def test_each_elementwise_op_in_each_float_dtype_gives_the_eager_bits(dtype: str, same_bits: Any) -> None:
     """``x.to(dtype)``, each op with a tensor and with scalars, ``.double()``: every member's result rounded to
     its dtype as its eager kernel rounds it."""
     x = _values((6, 7), 0).astype(np.float32)
@@ -189,7 +177,7 @@ def test_each_elementwise_op_in_each_float_dtype_gives_the_eager_bits(dtype: str
     got = fn(xt, yt)  # the replay runs the fused regions
     assert _outside(bc.parse(fn.ir())) in ([], ["cast"])  # every op is in a region but y's cast (another shape)
     for g, e in zip(got, f(xt, yt), strict=True):
-        _assert_same_bits(g.numpy(), e.numpy())
+        same_bits(g.numpy(), e.numpy())
 
 
 def _mixed(x: bt.Tensor, y: bt.Tensor, z: bt.Tensor) -> tuple[bt.Tensor, bt.Tensor, bt.Tensor]:
@@ -208,7 +196,8 @@ _SHAPES = st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple)
 
 @settings(max_examples=25, deadline=None)
 @given(shape=_SHAPES, seed=st.integers(0, 2**16))
-def test_a_compiled_mix_of_half_float32_and_casts_gives_the_eager_bits(shape: tuple[int, ...], seed: int) -> None:
+def test_a_compiled_mix_of_half_float32_and_casts_gives_the_eager_bits(shape: tuple[int, ...], seed: int,
+                                                                        same_bits: Any) -> None:
     x = _values(shape, seed).astype(BF16)
     y = _values(shape[-1:], seed + 7).astype(np.float32)
     z = _values((1, shape[-1]), seed + 9).astype(BF16)
@@ -218,7 +207,7 @@ def test_a_compiled_mix_of_half_float32_and_casts_gives_the_eager_bits(shape: tu
     got = fn(*args)  # replayed: fused regions
     assert fn.stats.fused_regions >= 1
     for g, e in zip(got, _mixed(*args), strict=True):
-        _assert_same_bits(g.numpy(), e.numpy())
+        same_bits(g.numpy(), e.numpy())
 
 
 def test_the_mix_fuses_into_regions_that_hold_every_dtype() -> None:
@@ -232,7 +221,7 @@ def test_the_mix_fuses_into_regions_that_hold_every_dtype() -> None:
     assert _outside(module) == []
 
 
-def test_the_numpy_code_of_a_half_member_widens_computes_in_float32_and_rounds_once() -> None:
+def test_the_numpy_code_of_a_half_member_widens_computes_in_float32_and_rounds_once(same_bits: Any) -> None:
     module = _fused(lambda a, b: (a + b).exp(), _bf16((4, 5), 0), _bf16((4, 5), 1))
     ((region),) = [o for o in body(module).ops if isinstance(o, FusedOp)]
     src = codegen_numpy.source(region)
@@ -241,7 +230,7 @@ def test_the_numpy_code_of_a_half_member_widens_computes_in_float32_and_rounds_o
     assert "out=" in src  # the float32 temporaries are reused
     (got,) = _run_region(region, _bf16((4, 5), 0), _bf16((4, 5), 1))
     expected = (bt.from_numpy(_bf16((4, 5), 0)) + bt.from_numpy(_bf16((4, 5), 1))).exp().numpy()
-    _assert_same_bits(got, expected)
+    same_bits(got, expected)
 
 
 def test_a_float32_chain_still_allocates_one_array() -> None:
