@@ -1,4 +1,5 @@
-"""Launching a worker script on N ranks with ``blutrain run`` and reading the JSON its rank 0 writes.
+"""Launching a worker script on N ranks with ``blutrain run`` and reading the JSON its rank 0 writes; and
+the check that a compiled parallel run trained as its eager twin (dist_workers/compiled_runs.py reports both).
 
 Shared by the multi-rank integration tests (pytest puts this directory on ``sys.path``: ``pythonpath`` in the
 root pyproject.toml).
@@ -29,3 +30,15 @@ def run_worker(ranks: int, worker: Path, out: Path, *args: str, rank_timeout: in
     found: dict[str, Any] = json.loads(out.read_text())
     assert found["world"] == ranks
     return found
+
+
+def assert_trains_as_eager(got: dict[str, Any]) -> None:
+    """One configuration of a compiled-parallel worker: the compiled run's losses, gradient norms and final
+    parameters are the eager run's (to float32 rounding), from one trace."""
+    import numpy as np
+
+    compiled, eager = got["compiled"], got["eager"]
+    np.testing.assert_allclose(compiled["losses"], eager["losses"], rtol=1e-6, atol=0)
+    np.testing.assert_allclose(compiled["norms"], eager["norms"], rtol=1e-5, atol=0)
+    assert got["param_diff"] < 1e-6
+    assert compiled["traces"] == 1

@@ -18,13 +18,13 @@ numbers of traces, parts and collectives; and the guard's two messages with the 
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from compiled_runs import compiled_stats, finish, versus
 
 import blutrain.dist as dist
 import blutrain.tensor as bt
@@ -88,9 +88,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
     out: dict[str, Any] = {"losses": losses, "norms": norms,
                            "params": {k: v.detach().numpy().copy() for k, v in state.items()}}
     if compiled:
-        graph = fn.last  # type: ignore[attr-defined]
-        out |= {"traces": fn.traces, "parts": len(getattr(graph, "parts", [graph])),  # type: ignore[attr-defined]
-                "collectives": getattr(graph, "collectives", 0)}
+        out |= compiled_stats(fn)
     return out
 
 
@@ -126,15 +124,10 @@ def main() -> int:
     for name, (mode, stage, accum) in RUNS.items():
         eager = train(group, mode, stage, accum, compiled=False)
         compiled = train(group, mode, stage, accum, compiled=True)
-        diff = max(float(np.abs(eager["params"][k] - compiled["params"][k]).max()) for k in eager["params"])
-        results[name] = {"eager": {k: eager[k] for k in ("losses", "norms")},
-                         "compiled": {k: v for k, v in compiled.items() if k != "params"}, "param_diff": diff}
+        results[name] = versus(group, eager, compiled,
+                               ((eager["params"][k], compiled["params"][k]) for k in eager["params"]))
     results["guard"] = guard(group)
-    if group.rank == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f, indent=1)
-    dist.destroy_process_group()
-    return 0
+    return finish(group, results, sys.argv[1])
 
 
 if __name__ == "__main__":

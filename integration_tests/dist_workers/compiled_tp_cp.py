@@ -18,12 +18,12 @@ the compiled graph's numbers of traces, parts and collectives.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from compiled_runs import compiled_stats, finish, versus
 
 import blutrain.dist as dist
 import blutrain.tensor as bt
@@ -87,9 +87,7 @@ def train(world: dist.ProcessGroup, config: str, compiled: bool) -> dict[str, An
     out: dict[str, Any] = {"losses": losses, "norms": norms,
                            "params": [p.detach().numpy().copy() for p in net.parameters()]}
     if compiled:
-        graph = fn.last  # type: ignore[attr-defined]
-        out |= {"traces": fn.traces, "parts": len(getattr(graph, "parts", [graph])),  # type: ignore[attr-defined]
-                "collectives": getattr(graph, "collectives", 0)}
+        out |= compiled_stats(fn)
     return out
 
 
@@ -99,17 +97,8 @@ def main() -> int:
     for config in sys.argv[2:] or CONFIGS:
         eager = train(world, config, compiled=False)
         compiled = train(world, config, compiled=True)
-        mine = max(float(np.abs(a - b).max()) for a, b in zip(eager["params"], compiled["params"], strict=True))
-        diff = bt.tensor([mine])
-        world.all_reduce(diff, op="max")
-        results[config] = {"eager": {k: eager[k] for k in ("losses", "norms")},
-                           "compiled": {k: v for k, v in compiled.items() if k != "params"},
-                           "param_diff": float(diff.item())}
-    if world.rank == 0:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f, indent=1)
-    dist.destroy_process_group()
-    return 0
+        results[config] = versus(world, eager, compiled, zip(eager["params"], compiled["params"], strict=True))
+    return finish(world, results, sys.argv[1])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+"""Shared by the compiled-parallel workers (compiled_dp.py, compiled_tp_cp.py): what a compiled training run
+reports, its comparison with the eager run of the same configuration, and rank 0's results file. A worker
+runs as a script, so this module is found beside it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+import blutrain.dist as dist
+import blutrain.tensor as bt
+
+
+def compiled_stats(fn: Any) -> dict[str, Any]:
+    """Traces, parts (a step cut at its collectives) and collectives of a compiled function's last graph."""
+    graph = fn.last
+    return {"traces": fn.traces, "parts": len(getattr(graph, "parts", [graph])),
+            "collectives": getattr(graph, "collectives", 0)}
+
+
+def versus(group: dist.ProcessGroup, eager: dict[str, Any], compiled: dict[str, Any],
+           pairs: Iterable[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]) -> dict[str, Any]:
+    """The compiled run beside the eager one: their losses and norms, the compiled run's stats, and the
+    largest parameter difference over ``pairs`` (eager, compiled) of every rank (the group's max)."""
+    mine = max((float(np.abs(a - b).max()) for a, b in pairs), default=0.0)
+    diff = bt.tensor([mine])
+    group.all_reduce(diff, op="max")
+    return {"eager": {k: eager[k] for k in ("losses", "norms")},
+            "compiled": {k: v for k, v in compiled.items() if k != "params"}, "param_diff": float(diff.item())}
+
+
+def finish(group: dist.ProcessGroup, results: dict[str, Any], path: str) -> int:
+    """Rank 0 writes ``results`` as JSON to ``path``; every rank leaves the group."""
+    if group.rank == 0:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+    dist.destroy_process_group()
+    return 0
