@@ -96,7 +96,7 @@ class CublasError(RuntimeError):
 
 
 _LIB: dict[str, Any] = {}
-_WORKSPACES: dict[tuple[int, int], Any] = {}  # per (device, thread): the GEMM workspace (kept alive here)
+_WORKSPACES: dict[int, Any] = {}  # per device: the workspace cuBLAS and cuBLASLt are given (kept alive here)
 WORKSPACE_BYTES = 32 * 2**20  # what PyTorch gives cuBLAS on Hopper
 
 
@@ -143,17 +143,14 @@ def _handle(lib: Any) -> int:
 
 
 def _workspace() -> Any:
-    """This thread's GEMM workspace on the current device (a thread has its own cuBLAS handle, as in CuPy),
-    shared by its cuBLAS and cuBLASLt calls: those run in order on the thread's stream, so one buffer
-    serves both."""
-    import threading
-
+    """The current device's GEMM workspace, shared by cuBLAS and cuBLASLt (their calls on a stream run
+    in order, so one buffer serves both)."""
     import cupy as cp
 
-    key = (cp.cuda.runtime.getDevice(), threading.get_ident())
-    space = _WORKSPACES.get(key)
+    dev = cp.cuda.runtime.getDevice()
+    space = _WORKSPACES.get(dev)
     if space is None:
-        space = _WORKSPACES[key] = cp.empty((WORKSPACE_BYTES,), np.uint8)
+        space = _WORKSPACES[dev] = cp.empty((WORKSPACE_BYTES,), np.uint8)
     return space
 
 
