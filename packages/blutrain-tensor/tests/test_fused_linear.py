@@ -83,3 +83,23 @@ def test_bad_arguments_are_refused_naming_them() -> None:
         bt.linear_gelu(x, w, b, "erf")
     with pytest.raises(TensorTypeError, match="linear_add: input must be floating, got int64"):
         bt.linear_add(r, x.to(dtype="int64"), w.to(dtype="int64"), b)
+
+
+@pytest.mark.parametrize("op", ["linear_add", "linear_gelu"])
+def test_under_autocast_float32_operands_get_float32_gradients_close_to_float64(op: str) -> None:
+    """The backward GEMMs read the bf16 operands and write the float32 operands' gradients in float32."""
+    pytest.importorskip("blutrain.autograd")
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal((4, 8)), rng.standard_normal((4, 6)), rng.standard_normal((8, 6)) * 0.3,
+              rng.standard_normal(8)]
+    results = []
+    for dtype, amp in (("float32", True), ("float64", False)):
+        ts = [bt.tensor(a, dtype=dtype, requires_grad=True) for a in arrays]
+        with bt.autocast(enabled=amp):
+            out = bt.linear_add(*ts) if op == "linear_add" else bt.linear_gelu(*ts[1:])
+        (out.to(dtype=dtype) * out.to(dtype=dtype)).sum().backward()
+        used = ts if op == "linear_add" else ts[1:]
+        assert all(t.grad is not None and t.grad.dtype is bt.as_dtype(dtype) for t in used)
+        results.append([np.asarray(t.grad, np.float64) for t in used])  # type: ignore[arg-type]
+    for got, want in zip(*results, strict=True):
+        assert np.linalg.norm(got - want) <= 3e-2 * np.linalg.norm(want)

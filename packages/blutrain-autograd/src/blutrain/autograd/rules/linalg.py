@@ -44,6 +44,27 @@ def _linear(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     return tuple(None if d is None else Tensor._make(d, x.dtype, x.device) for d in (gx, gw, gb))
 
 
+def _in_operand_dtypes(datas: tuple[Any, ...], dtypes: tuple[Any, ...], wides: tuple[bool, ...],
+                       x: Tensor) -> list[Tensor | None]:
+    """linear_backward's gradients (float32 where ``wide``, else x's dtype) as tensors of their operands'
+    ``dtypes`` (a float32 operand narrowed by autocast gets its gradient in float32)."""
+    out: list[Tensor | None] = []
+    for data, dt, wide in zip(datas, dtypes, wides, strict=True):
+        grad = None if data is None else Tensor._make(data, float32 if wide else x.dtype, x.device)
+        out.append(grad if grad is None or grad.dtype is dt else grad.to(dtype=dt))
+    return out
+
+
+def _product_grads(g_data: Any, x: Tensor, w: Tensor, need_x: bool, need_w: bool,
+                   dtypes: tuple[Any, ...]) -> list[Tensor | None]:
+    """The input and weight gradients of ``x Wᵀ`` from the output gradient ``g_data`` (x's dtype), in the
+    dtypes of the operands before autocast narrowed them (``dtypes``: input's and weight's)."""
+    wides = tuple(d is float32 and d is not x.dtype for d in dtypes)
+    gx, gw, _ = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
+        g_data, x._data, w._data, need_x, need_w, False, *wides)
+    return _in_operand_dtypes((gx, gw), dtypes, wides, x)
+
+
 @derivative("linear_autocast", save=save_nothing)
 def _linear_autocast(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     """linear under autocast: the backward GEMMs read the narrow operands the forward kept and write the
@@ -55,14 +76,7 @@ def _linear_autocast(node: Any, grads: list[Any], create_graph: bool) -> tuple[A
     wide_x, wide_w = (d is float32 and d is not x.dtype for d in dtypes[:2])
     gx, gw, gb = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
         g._data, x._data, w._data, node.needs[0], node.needs[1], node.needs[2], wide_x, wide_w)
-    out: list[Tensor | None] = []
-    for data, dt, wide in zip((gx, gw, gb), dtypes, (wide_x, wide_w, wide_w), strict=True):
-        if data is None:
-            out.append(None)
-            continue
-        grad = Tensor._make(data, float32 if wide else x.dtype, x.device)
-        out.append(grad if grad.dtype is dt else grad.to(dtype=dt))
-    return tuple(out)
+    return tuple(_in_operand_dtypes((gx, gw, gb), dtypes, (wide_x, wide_w, wide_w), x))
 
 
 @derivative("linear_add", save=save_nothing)
@@ -77,15 +91,8 @@ def _linear_add(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, .
     need_r, need_x, need_w, need_b = node.needs
     gx = gw = gb = None
     if need_x or need_w:
-        wide_x, wide_w = (d is float32 and d is not x.dtype for d in dtypes[1:3])
         gc = g if g.dtype is x.dtype else g.to(dtype=x.dtype)
-        gx_data, gw_data, _ = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
-            gc._data, x._data, w._data, need_x, need_w, False, wide_x, wide_w)
-        parts = []
-        for data, dt, wide in ((gx_data, dtypes[1], wide_x), (gw_data, dtypes[2], wide_w)):
-            grad = None if data is None else Tensor._make(data, float32 if wide else x.dtype, x.device)
-            parts.append(grad if grad is None or grad.dtype is dt else grad.to(dtype=dt))
-        gx, gw = parts
+        gx, gw = _product_grads(gc._data, x, w, need_x, need_w, dtypes[1:3])
     if need_b:
         gb = g.reshape(-1, g.shape[-1]).sum(dim=0)
     return (g if need_r else None), gx, gw, gb
@@ -113,12 +120,5 @@ def _linear_gelu(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, 
         dpre = dispatch.kernel("gelu_backward", dev, pre.dtype)(g._data, pre._data, approximate)
     gx = gw = None
     if need_x or need_w:
-        wide_x, wide_w = (d is float32 and d is not x.dtype for d in dtypes[:2])
-        gx_data, gw_data, _ = dispatch.kernel("linear_backward", dev, x.dtype)(
-            dpre, x._data, w._data, need_x, need_w, False, wide_x, wide_w)
-        parts = []
-        for data, dt, wide in ((gx_data, dtypes[0], wide_x), (gw_data, dtypes[1], wide_w)):
-            grad = None if data is None else Tensor._make(data, float32 if wide else x.dtype, x.device)
-            parts.append(grad if grad is None or grad.dtype is dt else grad.to(dtype=dt))
-        gx, gw = parts
+        gx, gw = _product_grads(dpre, x, w, need_x, need_w, dtypes[:2])
     return gx, gw, gb
