@@ -25,6 +25,7 @@ from blutrain.models.errors import ModelError, PretrainedError
 from blutrain.nn import GELU, CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
 from blutrain.nn import init as nn_init
 from blutrain.nn.linear import project
+from blutrain.nn.module import is_plain
 from blutrain.tensor import (
     Tensor,
     arange,
@@ -125,8 +126,7 @@ class MLP(Module):
 
     def _fusable(self) -> bool:
         fc, act = self.c_fc, self.gelu
-        return (type(fc) is Linear and type(act) is GELU and not fc._forward_pre_hooks and not fc._forward_hooks
-                and not act._forward_pre_hooks and not act._forward_hooks)
+        return is_plain(fc, Linear) and is_plain(act, GELU)
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """``mlp(x)``, or ``residual + mlp(x)`` with c_proj adding the residual in its GEMM (``project``)."""
@@ -157,7 +157,7 @@ class Block(Module):
 
 def _branch(module: Module, cls: type[Module], h: Tensor, x: Tensor) -> Tensor:
     """``x + module(h)``: the module adds x itself when it is ``cls`` with no hooks."""
-    if type(module) is cls and not module._forward_pre_hooks and not module._forward_hooks:
+    if is_plain(module, cls):
         out: Tensor = module(h, residual=x)
         return out
     return x + module(h)  # type: ignore[no-any-return]

@@ -8,7 +8,7 @@ import math
 from blutrain.nn import init
 from blutrain.nn.activation import Dropout
 from blutrain.nn.errors import ModuleError
-from blutrain.nn.module import Module
+from blutrain.nn.module import Module, is_plain
 from blutrain.nn.parameter import Parameter
 from blutrain.tensor import DType, Tensor, empty, linear, linear_add
 from blutrain.tensor.device import Device
@@ -59,8 +59,7 @@ def project(proj: Module, drop: Module, y: Tensor, residual: Tensor | None) -> T
     if residual is None:
         out: Tensor = drop(proj(y))
         return out
-    if (type(proj) is Linear and type(drop) is Dropout and not proj._forward_pre_hooks and not proj._forward_hooks
-            and not drop._forward_pre_hooks and not drop._forward_hooks and not (drop.training and drop.p > 0.0)):
+    if is_plain(proj, Linear) and is_plain(drop, Dropout) and not (drop.training and drop.p > 0.0):
         return linear_add(residual, y, proj.weight, proj.bias)
     summed: Tensor = residual + drop(proj(y))
     return summed

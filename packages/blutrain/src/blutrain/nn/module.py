@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple, Self, TypeGuard, TypeVar
 
 from blutrain.autograd import no_grad
 from blutrain.nn.errors import ModuleError, StateDictError
@@ -412,4 +412,14 @@ class Module:
         return head + "\n" + "\n".join(lines) + "\n)"
 
 
-__all__ = ["ForwardHook", "ForwardPreHook", "LoadResult", "Module", "RemovableHandle"]
+_M = TypeVar("_M", bound=Module)
+
+
+def is_plain(module: Module, cls: type[_M]) -> TypeGuard[_M]:
+    """Whether ``module`` is exactly a ``cls`` (not a subclass, not a plugin's replacement) with no forward
+    hooks: its call computes ``cls.forward`` and nothing else, so a caller may compute the same another
+    way (a fused op of several such modules)."""
+    return type(module) is cls and not module._forward_pre_hooks and not module._forward_hooks
+
+
+__all__ = ["ForwardHook", "ForwardPreHook", "LoadResult", "Module", "RemovableHandle", "is_plain"]
