@@ -13,6 +13,7 @@ import pytest
 from blutrain.dist import DistError, comm_backends
 from blutrain_backend_cupy import cuda
 from blutrain_comm_nccl import create_group
+from blutrain_comm_nccl.group import communicator, unique_id_bytes
 
 WORKER = Path(__file__).parent / "nccl_worker.py"
 
@@ -24,6 +25,35 @@ def test_the_plugin_registers_nccl_without_needing_a_gpu() -> None:
 def test_a_group_without_a_store_is_an_error_saying_how_to_get_one() -> None:
     with pytest.raises(DistError, match="blutrain run -n N"):
         create_group(rank=0, world_size=2, store=None, timeout=10.0)
+
+
+class _TupleIdNccl:
+    """The part of cupy.cuda.nccl whose unique id is a tuple of signed chars (CuPy before 14)."""
+
+    @staticmethod
+    def NcclCommunicator(size: int, comm_id: object, rank: int) -> tuple[int, object, int]:
+        if not isinstance(comm_id, tuple):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected tuple, got {type(comm_id).__name__})")
+        return size, comm_id, rank
+
+
+class _BytesIdNccl:
+    """The part of cupy.cuda.nccl whose unique id is bytes (CuPy 14)."""
+
+    @staticmethod
+    def NcclCommunicator(size: int, comm_id: object, rank: int) -> tuple[int, object, int]:
+        if not isinstance(comm_id, bytes):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got {type(comm_id).__name__})")
+        return size, comm_id, rank
+
+
+def test_the_unique_id_reaches_other_ranks_in_the_form_their_cupy_takes() -> None:
+    signed = tuple(range(-128, 0)) + tuple(range(128))  # 256 C chars, every value once
+    raw = unique_id_bytes(signed)
+    assert raw == bytes(range(128, 256)) + bytes(range(128))
+    assert communicator(_TupleIdNccl, 2, raw, 1) == (2, signed, 1)
+    assert unique_id_bytes(raw) == raw
+    assert communicator(_BytesIdNccl, 2, raw, 1) == (2, raw, 1)
 
 
 def _gpus() -> int:

@@ -20,12 +20,11 @@ that cannot raise. ``blutrain run`` then stops the other ranks and reports it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from blutrain.dist import CollectiveTimeoutError, DistArgumentError, DistEnv, DistError, ReduceOp, Store, Work
@@ -71,6 +70,21 @@ class NCCLWork:
         return bool(self.done.done)
 
 
+def unique_id_bytes(uid: bytes | Sequence[int]) -> bytes:
+    """The NCCL unique id as its 128 raw bytes: CuPy 14 returns it as bytes, earlier CuPy as a tuple of C
+    ``char`` values (signed on x86), and the store carries bytes either way."""
+    return bytes(uid) if isinstance(uid, bytes) else bytes(value & 0xFF for value in uid)
+
+
+def communicator(nccl: Any, size: int, raw_id: bytes, rank: int) -> Any:
+    """``NcclCommunicator`` from the raw id rank 0 published, in the form this CuPy takes: bytes (CuPy 14), or
+    else the tuple of signed ``char`` values that its ``get_unique_id`` returns."""
+    try:
+        return nccl.NcclCommunicator(size, raw_id, rank)
+    except TypeError:
+        return nccl.NcclCommunicator(size, tuple(b - 256 if b > 127 else b for b in raw_id), rank)
+
+
 class NCCLProcessGroup:
     """``size`` ranks over one NCCL communicator on this process's current CUDA device."""
 
@@ -89,10 +103,10 @@ class NCCLProcessGroup:
         key = f"blutrain/nccl/{name}/id"
         if rank == 0:
             uid = nccl.get_unique_id()
-            store.set(key, json.dumps(list(uid)).encode())
+            store.set(key, unique_id_bytes(uid))
+            self.comm: Any = nccl.NcclCommunicator(size, uid, rank)
         else:
-            uid = tuple(json.loads(store.get(key, timeout=self.timeout)))
-        self.comm: Any = nccl.NcclCommunicator(size, uid, rank)
+            self.comm = communicator(nccl, size, store.get(key, timeout=self.timeout), rank)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._broken: str | None = None
         self._splits = 0
