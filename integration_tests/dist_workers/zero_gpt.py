@@ -9,7 +9,8 @@ and the final parameters (whole, from ``state_dict``: stage 3 gathers them) to `
 prove the initial broadcast. ``--save DIR`` also writes every rank's state shard of the last stage
 (``shard.RANK.npz``, ``shard.RANK.json``); ``--load DIR`` merges the shards found there and loads them
 before training (``--first`` then names the step it resumes at). Stage 0 runs the plain model and
-optimizer: the single-process reference.
+optimizer: the single-process reference. ``--checkpoint-activations`` recomputes every block in backward
+(stage 3 then gathers a block's parameters three times a step: forward, recomputation, backward).
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--save", default=None)
 parser.add_argument("--snapshot", type=int, default=0, help="also write the parameters after this many steps")
 parser.add_argument("--load", default=None)
+parser.add_argument("--checkpoint-activations", action="store_true", help="recompute each block in backward")
 args = parser.parse_args()
 
 group = dist.init_process_group("mpi")
 rank, world = group.rank, group.size
-config = GPT2Config.preset("tiny", n_layer=2, n_head=2, n_embd=32, block_size=16)
+config = GPT2Config.preset("tiny", n_layer=2, n_head=2, n_embd=32, block_size=16,
+                           checkpoint_activations=args.checkpoint_activations)
 
 
 def read_shard(path: Path, r: int) -> dist.StateShard:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import blutrain.tensor as bt
-from blutrain.autograd import checkpoint, grad
+from blutrain.autograd import checkpoint, grad, in_backward
 from blutrain.tensor import AutogradError, Tensor
 
 
@@ -82,3 +82,18 @@ def test_checkpoint_refuses_grad_which_would_accumulate_into_parameters() -> Non
 def test_checkpoint_without_an_input_that_requires_grad_is_an_error() -> None:
     with pytest.raises(AutogradError, match="no input requires grad"):
         checkpoint(lambda t: t * 2, bt.ones(2))
+
+
+def test_in_backward_tells_a_recomputation_from_the_forward() -> None:
+    seen: list[bool] = []
+
+    def segment(t: Tensor) -> Tensor:
+        seen.append(in_backward())
+        return t * 2
+
+    x = bt.tensor([1.0, 2.0], dtype="float64", requires_grad=True)
+    y = checkpoint(segment, x)
+    assert not in_backward()
+    y.sum().backward()
+    assert seen == [False, True]
+    assert not in_backward()  # the pass's entry is gone once backward returns

@@ -15,7 +15,9 @@ final norm, a tied head). A unit's forward pre-hook all-gathers its parameters (
 started earlier when it was prefetched) and starts the gather of the next unit of the previous
 forward's order; its forward hook frees them again (a root stays gathered until its backward). Hooks
 on the unit's outputs gather the parameters again just before backward reaches the unit, and start
-the gather of the unit before it. When every parameter of a unit has its gradient, the unit's
+the gather of the unit before it. A unit recomputed inside backward (activation checkpointing) is
+gathered for its recomputation and stays so for the backward that follows at once; it takes no part
+in the forward order or its prefetch. When every parameter of a unit has its gradient, the unit's
 gradients are reduce-scattered and its parameters freed. The saved tensors of the graph refer to the
 parameters themselves, so a gathered buffer is rebuilt exactly as in forward (same version count).
 
@@ -34,7 +36,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from blutrain.autograd import is_grad_enabled, no_grad
+from blutrain.autograd import in_backward, is_grad_enabled, no_grad
 from blutrain.dist import DistArgumentError, DistError, ProcessGroup, StateShard, Work, traceable
 from blutrain.nn import Module, ModuleList, Sequential
 from blutrain.tensor import Tensor, empty, zeros
@@ -283,6 +285,9 @@ class ZeroModel(Module):
         def hook(module: Module, args: tuple[Any, ...]) -> None:
             if self._pinned:
                 return
+            if in_backward():  # a checkpointed unit recomputed: its backward follows at once
+                self._materialize(unit)
+                return
             if unit.root:
                 self._check_backward_done()
                 self._trace = []
@@ -310,6 +315,8 @@ class ZeroModel(Module):
                 for t in _tensors(output):
                     if t.requires_grad:
                         t.register_hook(self._pre_backward(unit))
+                if in_backward():  # recomputed: kept for the backward that follows, which frees it
+                    return
             self._free(unit)
 
         return hook

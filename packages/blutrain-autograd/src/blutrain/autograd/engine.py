@@ -277,6 +277,12 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Tensor], *, retain_gra
     return captured
 
 
+def in_backward() -> bool:
+    """Whether a backward pass is in progress on this thread: a module's forward that runs now is a
+    recomputation (activation checkpointing), which hooks that track the forward order must tell apart."""
+    return bool(_passes.stack)
+
+
 def partial_pass() -> bool:
     """Whether the innermost backward pass in progress computes only some inputs' gradients."""
     stack = _passes.stack
