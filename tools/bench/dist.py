@@ -25,7 +25,10 @@ of the table and the next configuration starts clean)
    less than the 16 that any replicated AdamW training needs for fp32 weights, gradients and both moments, so
    DDP cannot fit whatever its activations, while ZeRO-3 (``zero`` mode, stage 3) keeps 16/N bytes per
    parameter per rank. Rows: DDP uncapped (what it needs; not with --quick), DDP capped, ZeRO-3 capped; each
-   fits or raises OutOfMemoryError, with its peak allocated memory and step time.
+   fits or raises OutOfMemoryError, with its peak allocated memory and step time. Every row recomputes its
+   blocks in backward (activation checkpointing): under autocast each linear keeps its bf16 weight for
+   backward, 2 more bytes per parameter held across the forward, which recomputation frees; the cap
+   stays below what DDP's state alone needs.
 3. ``cp``: GPT-2 124M's shape (``--cp-layers``, default 12) with ``block_size`` = T = ``--cp-seq-len`` 32768,
    batch 1, trained on N GPUs with each attention of the ``cp`` mode (ring, all-gather, Ulysses), activation
    checkpointing on (ring and all-gather attend chunk pairs through a (T/2N)² score matrix per head: without
@@ -640,8 +643,11 @@ class Bench:
                        default_cap_bytes(param_count(GPT2Config.preset(a.zero_preset))))
             else:
                 self.note("zero: no device-memory cap on the CPU; both modes run uncapped (the plumbing only)")
+            # every row recomputes its blocks: the cap is about parameter state, and under autocast each linear
+            # keeps its bf16 weight for backward (2 B/parameter across the forward), which recomputation frees
             zero = {"preset": a.zero_preset, "batch_size": a.zero_batch_size, "seq_len": a.zero_seq_len,
-                    "steps": a.zero_steps, "warmup": a.zero_warmup, **common}
+                    "steps": a.zero_steps, "warmup": a.zero_warmup, "overrides": {"checkpoint_activations": True},
+                    **common}
             if not a.quick and cap is not None:
                 jobs.append(Job("zero", "zero-ddp-uncapped", "blutrain", "ddp", n, **zero))
             jobs.append(Job("zero", "zero-ddp-capped" if cap else "zero-ddp", "blutrain", "ddp", n, cap_bytes=cap,
@@ -919,8 +925,8 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
         params = next((r.params for r in zero if r.params), None)
         lines += ["", f"2. ZeRO-3 capacity: GPT-2 {j.preset}"
                   + (f" ({params / 1e6:,.1f} M params)" if params else "")
-                  + f", {j.precision}, micro-batch {j.batch_size} × {j.seq_len} per {unit}, {j.gpus} {unit}s; cap = "
-                  f"device memory each rank may allocate",
+                  + f", {j.precision}, micro-batch {j.batch_size} × {j.seq_len} per {unit}, {j.gpus} {unit}s, "
+                  f"activation checkpointing; cap = device memory each rank may allocate",
                   f"{'mode':<7} {'cap GiB':>8} {'alloc GiB':>9} {'step ms':>9} {'loss first → last':>18}  result"]
         for r in zero:
             cap = _gib(r.job.cap_bytes) + ("" if r.cap_applied in (None, True) else " (not applied)")
