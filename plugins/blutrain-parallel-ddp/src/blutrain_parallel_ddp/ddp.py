@@ -5,7 +5,8 @@ reverse parameter order (the order backward produces them). Each parameter's pos
 hook copies its gradient into its bucket; when a bucket is full it is all-reduced (average) with
 ``async_op=True`` while backward goes on, buckets always launched in index order so every rank issues
 the same collectives in the same order. The hook of the last gradient waits for every bucket and
-copies the averages back into ``.grad``: when ``backward()`` returns the gradients are synchronized.
+makes each ``.grad`` a view of its bucket (no copy back): when ``backward()`` returns the gradients
+are synchronized.
 
 ``no_sync()`` skips all of this (gradient accumulation: the sum stays local until the first
 backward outside it). At construction, rank 0's parameters and buffers are broadcast to all ranks.
@@ -45,13 +46,16 @@ class GradBucket:
             total += p.numel()
         first = self.params[0]
         self.buffer = empty(total, dtype=first.dtype, device=first.device)
+        # made once: slicing a view costs more host time than the copy into it, once per parameter per step
+        self.views = [self.buffer[o:o + p.numel()].view(*p.shape) for o, p in zip(self.offsets, self.params,
+                                                                               strict=True)]
         self.ready = [False] * len(self.params)
         self.pending = len(self.params)
         self.work: Work | None = None
 
     def slice(self, i: int) -> Tensor:
-        p = self.params[i]
-        return self.buffer[self.offsets[i]:self.offsets[i] + p.numel()].view(*p.shape)
+        """Parameter ``i``'s gradient in the bucket, shaped as the parameter."""
+        return self.views[i]
 
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
@@ -152,14 +156,14 @@ class DistributedDataParallel(Module):
             self._finish()
 
     def _finish(self) -> None:
-        """Wait for every bucket and write the averaged gradients back."""
+        """Wait for every bucket and make each ``.grad`` its view of the averaged bucket: no copy back (a
+        gradient kept into the next backward accumulates in the bucket, and its hook's copy is then onto
+        itself)."""
         for bucket in self.buckets:
             assert bucket.work is not None
             bucket.work.wait()
             for i, p in enumerate(bucket.params):
-                grad = p.grad
-                assert grad is not None
-                grad.copy_(bucket.slice(i))
+                p.grad = bucket.slice(i)
             bucket.reset()
         self._launched = 0
 
