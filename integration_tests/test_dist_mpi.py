@@ -23,7 +23,7 @@ WORKERS = Path(__file__).parent / "dist_workers"
 CHECKS = ["all_reduce_sum", "all_reduce_avg", "all_reduce_max", "all_reduce_min", "all_reduce_sum_float64",
           "all_reduce_sum_int64", "all_reduce_sum_bfloat16", "all_reduce_strided_view", "reduce_scatter_sum",
           "all_gather_into_tensor", "all_gather_list", "broadcast_bfloat16", "all_to_all", "send_recv_ring",
-          "all_reduce_async_three_in_flight", "barrier", "mesh_groups"]
+          "all_reduce_async_three_in_flight", "all_reduce_coalesced_avg", "barrier", "mesh_groups"]
 
 
 def blutrain_run(n: int, *args: str | Path, timeout: float | None = None,

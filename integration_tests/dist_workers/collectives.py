@@ -114,6 +114,17 @@ def async_ops() -> None:
     check("all_reduce_async_three_in_flight", np.stack([t.numpy() for t in ts]), np.stack(want), 1e-4)
 
 
+def coalesced() -> None:
+    shapes = ((7,), (3, 4), (2, 2, 2))
+    parts = [bt.tensor(data(rank, shape)) for shape in shapes]
+    work = dist.all_reduce_coalesced(group, parts, op="avg", async_op=True)
+    assert work is not None
+    work.wait()
+    want = [np.mean([data(r, shape).astype(np.float64) for r in range(size)], axis=0) for shape in shapes]
+    check("all_reduce_coalesced_avg", np.concatenate([p.numpy().ravel() for p in parts]),
+          np.concatenate([w.ravel() for w in want]), 1e-5)
+
+
 def barrier_and_mesh() -> None:
     group.barrier()
     results["barrier"] = {"ok": True, "err": 0.0}
@@ -132,7 +143,7 @@ def barrier_and_mesh() -> None:
 
 for name, fn in (("all_reduce", all_reduce), ("reduce_scatter", reduce_scatter), ("all_gather", all_gather),
                  ("broadcast", broadcast), ("all_to_all", all_to_all), ("send_recv", send_recv),
-                 ("async", async_ops), ("barrier_mesh", barrier_and_mesh)):
+                 ("async", async_ops), ("coalesced", coalesced), ("barrier_mesh", barrier_and_mesh)):
     run(name, fn)
 with open(f"{out_prefix}.{rank}.json", "w") as f:
     json.dump(results, f)

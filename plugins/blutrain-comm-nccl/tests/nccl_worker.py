@@ -63,6 +63,17 @@ if size > 1:
     check("send_recv_ring", got, data((rank - 1) % size, (6,)))
 else:
     results["send_recv_ring"] = {"ok": True, "err": 0.0}
+# every rank posts its pair at once: the send and the recv must be one NCCL group, or the ring deadlocks
+got = bt.zeros(6, device=dev)
+dist.sendrecv(group, bt.tensor(data(rank, (6,)), device=dev), (rank + 1) % size, got, (rank - 1) % size)
+check("sendrecv_ring", got, data((rank - 1) % size, (6,)))
+parts = [bt.tensor(data(rank, shape), device=dev) for shape in ((7,), (3, 4), (2, 2, 2))]
+work = dist.all_reduce_coalesced(group, parts, op="avg", async_op=True)
+assert work is not None
+work.wait()
+for i, (part, shape) in enumerate(zip(parts, ((7,), (3, 4), (2, 2, 2)), strict=True)):
+    check(f"all_reduce_coalesced_{i}", part, np.mean([data(r, shape).astype(np.float64) for r in range(size)], axis=0),
+          1e-4)
 group.barrier()
 with open(f"{sys.argv[1]}.{rank}.json", "w") as f:
     json.dump(results, f)

@@ -73,4 +73,4 @@ def test_collectives_match_numpy_on_gpus(tmp_path: Path, ranks: int) -> None:
         results = json.loads(Path(f"{out}.{r}.json").read_text())
         bad = {k: v for k, v in results.items() if not v["ok"]}
         assert not bad, f"rank {r}: {bad}"
-        assert len(results) == 9
+        assert len(results) == 13

@@ -193,6 +193,27 @@ class NCCLProcessGroup:
         t._bump_version()
         return self._launch("all_reduce", call, (t,), async_op)
 
+    def all_reduce_coalesced(self, tensors: list[Tensor], op: ReduceOp = "sum",
+                             async_op: bool = False) -> Work | None:
+        """Every tensor all-reduced in place, the reductions grouped into one NCCL launch (no flat copy)."""
+        ts = [self._check("all_reduce_coalesced", f"tensors[{i}]", t) for i, t in enumerate(tensors)]
+        for t in ts:
+            check_op("all_reduce_coalesced", op, t)
+        calls = [(self._dtype("all_reduce_coalesced", t), t.numel(), t.data_ptr()) for t in ts]
+        nccl = self.nccl
+
+        def call(stream: int) -> None:
+            nccl.groupStart()
+            try:
+                for dtype, n, ptr in calls:
+                    self.comm.allReduce(ptr, ptr, n, dtype, _OPS[op], stream)
+            finally:
+                nccl.groupEnd()
+
+        for t in ts:
+            t._bump_version()
+        return self._launch("all_reduce_coalesced", call, tuple(ts), async_op)
+
     def reduce_scatter(self, output: Tensor, input: Tensor, op: ReduceOp = "sum",
                        async_op: bool = False) -> Work | None:
         out, inp = self._check("reduce_scatter", "output", output), self._check("reduce_scatter", "input", input)
@@ -284,6 +305,27 @@ class NCCLProcessGroup:
 
         t._bump_version()
         return self._launch(f"recv from rank {src}", call, (t,), async_op)
+
+    def sendrecv(self, send: Tensor, dst: int, recv: Tensor, src: int, async_op: bool = False) -> Work | None:
+        """Send ``send`` to ``dst`` and receive ``recv`` from ``src`` in one NCCL group
+        (:func:`blutrain.dist.sendrecv`): a recv and a send launched one after the other on this group's
+        stream would each wait for a peer whose matching send is queued behind its own recv."""
+        out, inp = self._check("sendrecv", "recv", recv), self._check("sendrecv", "send", send)
+        check_rank("sendrecv", "dst", dst, self.size)
+        check_rank("sendrecv", "src", src, self.size)
+        n_out, n_in = out.numel() * out.dtype.itemsize, inp.numel() * inp.dtype.itemsize
+        dst_ptr, src_ptr, nccl = out.data_ptr(), inp.data_ptr(), self.nccl
+
+        def call(stream: int) -> None:
+            nccl.groupStart()
+            try:
+                self.comm.send(src_ptr, n_in, _BYTES, dst, stream)
+                self.comm.recv(dst_ptr, n_out, _BYTES, src, stream)
+            finally:
+                nccl.groupEnd()
+
+        out._bump_version()
+        return self._launch(f"sendrecv to rank {dst} from rank {src}", call, (out, inp), async_op)
 
     def barrier(self) -> None:
         """An all-reduce of one element, then the host waits for it (bounded by the watchdog)."""

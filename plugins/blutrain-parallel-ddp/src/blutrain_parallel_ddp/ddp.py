@@ -2,20 +2,21 @@
 
 Gradients are grouped into :class:`GradBucket` s of about ``bucket_cap_mb`` (default 25 MiB), filled in
 reverse parameter order (the order backward produces them). Each parameter's post-accumulate-grad
-hook copies its gradient into its bucket; when a bucket is full it is all-reduced (average) with
-``async_op=True`` while backward goes on, buckets always launched in index order so every rank issues
-the same collectives in the same order. The hook of the last gradient waits for every bucket and
-makes each ``.grad`` a view of its bucket (no copy back): when ``backward()`` returns the gradients
-are synchronized.
+hook marks its gradient ready; when every gradient of a bucket is, they are all-reduced (average) in
+place, as one coalesced operation (:func:`blutrain.dist.all_reduce_coalesced`: one grouped NCCL launch)
+with ``async_op=True`` while backward goes on, buckets always launched in index order so every rank
+issues the same collectives in the same order. No gradient is copied into a flat buffer and back. The
+hook of the last gradient orders the stream after every bucket: when ``backward()`` returns the
+gradients are synchronized.
 
 ``no_sync()`` skips all of this (gradient accumulation: the sum stays local until the first
 backward outside it). At construction, rank 0's parameters and buffers are broadcast to all ranks.
 
 Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist.traceable`, so a
 compiled training step is cut at each bucket's all-reduce and issues it between its compiled parts.
-The hooks hold no value-dependent choices and the buckets are state, so every call issues the same
-all-reduces on the same buffers; in a compiled step each completes where it is issued (the overlap
-with the rest of backward is given up for the graph).
+The hooks hold no value-dependent choices, and the gradients they reduce are made by the step's
+kernels, so every call issues the same all-reduces on the same buffers; in a compiled step each
+completes where it is issued (the overlap with the rest of backward is given up for the graph).
 """
 
 from __future__ import annotations
@@ -25,37 +26,33 @@ from collections.abc import Iterator
 from typing import Any
 
 from blutrain.autograd import no_grad
-from blutrain.dist import DeviceMesh, DistArgumentError, DistError, ProcessGroup, Work, get_process_group, traceable
+from blutrain.dist import (
+    DeviceMesh,
+    DistArgumentError,
+    DistError,
+    ProcessGroup,
+    Work,
+    all_reduce_coalesced,
+    get_process_group,
+    traceable,
+)
 from blutrain.nn import Module
-from blutrain.tensor import Tensor, empty
+from blutrain.tensor import Tensor
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 
 
 class GradBucket:
-    """Parameters of one device and dtype whose gradients are reduced together through one flat buffer."""
+    """Parameters of one device and dtype whose gradients are reduced together, as one coalesced all-reduce
+    of the gradients where they lie."""
 
     def __init__(self, index: int, params: list[tuple[str, Tensor]]) -> None:
         self.index = index
         self.names = [n for n, _ in params]
         self.params = [p for _, p in params]
-        self.offsets: list[int] = []
-        total = 0
-        for p in self.params:
-            self.offsets.append(total)
-            total += p.numel()
-        first = self.params[0]
-        self.buffer = empty(total, dtype=first.dtype, device=first.device)
-        # made once: slicing a view costs more host time than the copy into it, once per parameter per step
-        self.views = [self.buffer[o:o + p.numel()].view(*p.shape) for o, p in zip(self.offsets, self.params,
-                                                                               strict=True)]
         self.ready = [False] * len(self.params)
         self.pending = len(self.params)
         self.work: Work | None = None
-
-    def slice(self, i: int) -> Tensor:
-        """Parameter ``i``'s gradient in the bucket, shaped as the parameter."""
-        return self.views[i]
 
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
@@ -113,19 +110,18 @@ class DistributedDataParallel(Module):
 
     # ----------------------------------------------------------------------------- set-up
     def _broadcast_state(self) -> None:
-        """Rank 0's parameters (through the bucket buffers) and buffers to every rank."""
+        """Rank 0's parameters and buffers to every rank."""
         if self.group.size == 1:
             return
         with no_grad():
-            for bucket in self.buckets:
-                for i, p in enumerate(bucket.params):
-                    bucket.slice(i).copy_(p.detach())
-                self.group.broadcast(bucket.buffer, src=0)
-                for i, p in enumerate(bucket.params):
-                    p.detach().copy_(bucket.slice(i))
-            frozen = [p for p in self.module.parameters() if not p.requires_grad]
-            for t in [*frozen, *self.module.buffers()]:
-                self.group.broadcast(t.detach(), src=0)
+            for t in [*self.module.parameters(), *self.module.buffers()]:
+                data = t.detach()
+                if data.is_contiguous():
+                    self.group.broadcast(data, src=0)
+                else:  # collectives take contiguous memory
+                    whole = data.contiguous()
+                    self.group.broadcast(whole, src=0)
+                    data.copy_(whole)
 
     # ----------------------------------------------------------------------------- backward
     def _hook(self, bucket: GradBucket, i: int) -> Any:
@@ -138,7 +134,8 @@ class DistributedDataParallel(Module):
                                 "last of several backward passes")
             grad = p.grad
             assert grad is not None
-            bucket.slice(i).copy_(grad)
+            if not grad.is_contiguous():  # reduced where it lies, and collectives take contiguous memory
+                p.grad = grad.contiguous()
             bucket.ready[i] = True
             bucket.pending -= 1
             if bucket.pending == 0:
@@ -150,20 +147,17 @@ class DistributedDataParallel(Module):
         buckets = self.buckets
         while self._launched < len(buckets) and buckets[self._launched].pending == 0:
             bucket = buckets[self._launched]
-            bucket.work = self.group.all_reduce(bucket.buffer, op="avg", async_op=True)
+            grads = [p.grad for p in bucket.params]
+            bucket.work = all_reduce_coalesced(self.group, grads, op="avg", async_op=True)  # type: ignore[arg-type]
             self._launched += 1
         if self._launched == len(buckets):
             self._finish()
 
     def _finish(self) -> None:
-        """Wait for every bucket and make each ``.grad`` its view of the averaged bucket: no copy back (a
-        gradient kept into the next backward accumulates in the bucket, and its hook's copy is then onto
-        itself)."""
+        """Order the current stream after every bucket's reduction."""
         for bucket in self.buckets:
             assert bucket.work is not None
             bucket.work.wait()
-            for i, p in enumerate(bucket.params):
-                p.grad = bucket.slice(i)
             bucket.reset()
         self._launched = 0
 

@@ -1,6 +1,7 @@
 """blutrain.dist: distributed execution — process groups, the device mesh, the rendezvous store, the
 ``blutrain run`` launcher, and the hook specifications that comm-backend and parallelism-mode plugins fill."""
 
+from blutrain.dist.coalesced import all_reduce_coalesced
 from blutrain.dist.env import DistEnv, detect
 from blutrain.dist.exchange import WorkList, sendrecv
 from blutrain.dist.errors import (
@@ -32,5 +33,5 @@ from blutrain.dist.traceable import TraceableGroup, traceable
 __all__ = ["REDUCE_OPS", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
            "DistEnv", "DistEnvironmentError", "DistError", "LaunchError", "ParallelMode", "ParallelModeRegistry",
            "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "TraceableGroup",
-           "Work", "WorkList", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
+           "Work", "WorkList", "all_reduce_coalesced", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
            "get_world_size", "init_process_group", "is_initialized", "merge_shards", "parallel_modes", "sendrecv", "traceable"]

@@ -31,6 +31,7 @@ from typing import Any
 
 from blutrain.tensor import Tensor, capture
 
+from blutrain.dist.coalesced import all_reduce_coalesced
 from blutrain.dist.exchange import sendrecv
 from blutrain.dist.process_group import CompletedWork, ProcessGroup, ReduceOp, Work, check_not_captured
 
@@ -56,6 +57,18 @@ class TraceableGroup:
 
     def all_reduce(self, tensor: Tensor, op: ReduceOp = "sum", async_op: bool = False) -> Work | None:
         return self._call("all_reduce", (tensor, op), async_op)
+
+    def all_reduce_coalesced(self, tensors: list[Tensor], op: ReduceOp = "sum",
+                             async_op: bool = False) -> Work | None:
+        """:func:`blutrain.dist.all_reduce_coalesced` over the wrapped group; inside a trace one event."""
+        found = capture.active()
+        if found is None:
+            return all_reduce_coalesced(self.group, tensors, op, async_op)
+        found.host_call(f"{self.group.backend} all_reduce_coalesced", self._all_reduce_coalesced, (list(tensors), op))
+        return CompletedWork() if async_op else None
+
+    def _all_reduce_coalesced(self, tensors: list[Tensor], op: ReduceOp) -> None:
+        all_reduce_coalesced(self.group, tensors, op)
 
     def reduce_scatter(self, output: Tensor, input: Tensor, op: ReduceOp = "sum",
                        async_op: bool = False) -> Work | None:
