@@ -4,8 +4,8 @@ One `blutrain run` per world size runs every configuration in turn (dist_workers
 the ranks start once: tp, async tp, cp with each attention (ring, all-gather, Ulysses), and on 4 ranks
 the 2-D meshes dp × tp (sync and async) and dp × cp. Each must give the single-process losses within
 1e-5 and the same final parameters (gathered from the tensor-parallel shards); async tp must give the
-synchronous tp's losses within 1e-6. The 2-rank run also checks the vocab-parallel cross-entropy, the
-three attentions and async TP's fused Linears, forward and backward, against float64.
+synchronous tp's losses within 1e-6. Both runs also check the vocab-parallel cross-entropy, the three
+attentions (in float64 and float32) and async TP's fused Linears, forward and backward, against float64.
 
 `blutrain train --parallel dp=2,tp=2` and `dp=2,cp=2` under `blutrain run -n 4` (the trainer builds the
 mesh, shards the data by dp rank, clips with the global gradient norm and saves state that merges
@@ -33,8 +33,9 @@ CONFIGS = {
     2: ["tp", "tp-async", "cp-ring", "cp-allgather", "cp-ulysses"],
     4: ["tp", "tp-async", "cp-ring", "cp-ulysses", "dp-tp", "dp-tp-async", "dp-cp-ring", "dp-cp-allgather"],
 }
-UNITS = ["vocab_parallel_cross_entropy_float64", "vocab_parallel_cross_entropy_float32", "attention_ring_float64",
-         "attention_allgather_float64", "attention_ulysses_float64",
+UNITS = ["vocab_parallel_cross_entropy_float64", "vocab_parallel_cross_entropy_float32",
+         *(f"attention_{kind}_{dtype}" for kind in ("ring", "allgather", "ulysses")
+           for dtype in ("float64", "float32")),
          *(f"async_{kind}_linear_{chunks}_chunks_float64" for kind in ("row", "column") for chunks in (1, 3, 16))]
 
 
@@ -60,8 +61,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], tuple[Path,
     def run(n: int) -> tuple[Path, list[Any]]:
         if n not in done:
             prefix = tmp_path_factory.mktemp(f"tpcp{n}") / "out"
-            units = ["--units"] if n == 2 else []
-            launch(n, WORKER, "--out", prefix, *units, "--configs", *CONFIGS[n], timeout=240)
+            launch(n, WORKER, "--out", prefix, "--units", "--configs", *CONFIGS[n], timeout=240)
             done[n] = prefix, [json.loads(Path(f"{prefix}.{r}.json").read_text()) for r in range(n)]
         return done[n]
 
@@ -105,10 +105,11 @@ def test_async_tp_matches_the_synchronous_layers(job: Callable[[int], tuple[Path
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-5, err_msg=f"{sync}-async: {name}")
 
 
+@pytest.mark.parametrize("ranks", [2, 4], ids=["2ranks", "4ranks"])
 @pytest.mark.parametrize("check", UNITS)
 def test_unit_check_matches_the_float64_reference_on_every_rank(job: Callable[[int], tuple[Path, list[Any]]],
-                                                                check: str) -> None:
-    _, results = job(2)
+                                                                check: str, ranks: int) -> None:
+    _, results = job(ranks)
     for rank, result in enumerate(results):
         assert result["units"][check]["ok"], f"rank {rank}: {check}: {result['units'][check]}"
 

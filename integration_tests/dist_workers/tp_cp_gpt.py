@@ -2,7 +2,8 @@
 the single-process run.
 
 Under ``blutrain run -n N`` each rank runs, in order, the unit checks (``units``: the vocab-parallel
-cross-entropy and the three context-parallel attentions, forward and backward, against NumPy float64)
+cross-entropy and the three context-parallel attentions in float64 and float32, forward and backward, against
+NumPy float64)
 and a few AdamW steps of a tiny GPT-2 under each configuration named by ``--configs``:
 ``tp`` (tp = N), ``tp-async`` (tp = N, async TP in ``ASYNC_CHUNKS`` row blocks), ``cp-ring`` /
 ``cp-allgather`` / ``cp-ulysses`` (cp = N), ``dp-tp``, ``dp-tp-async`` and ``dp-cp-<attn>`` (dp = 2 × the
@@ -134,7 +135,7 @@ def _reference_attention(q: Any, k: Any, v: Any, w: Any) -> tuple[Any, ...]:
     return out, ds @ k, np.swapaxes(ds, -1, -2) @ q, dv
 
 
-def check_context_parallel_attention(group: Any, kind: str, tol: float) -> dict[str, Any]:
+def check_context_parallel_attention(group: Any, kind: str, dtype: str, tol: float) -> dict[str, Any]:
     from blutrain_parallel_cp import ChunkLayout, context_parallel_attention
 
     W, r = group.size, group.rank
@@ -144,9 +145,9 @@ def check_context_parallel_attention(group: Any, kind: str, tol: float) -> dict[
     out, dq, dk, dv = _reference_attention(q, k, v, w)
     layout = ChunkLayout(T, W)
     pos = layout.positions(r)
-    mine = [bt.tensor(a[:, :, pos], dtype="float64", requires_grad=True) for a in (q, k, v)]
+    mine = [bt.tensor(a[:, :, pos], dtype=dtype, requires_grad=True) for a in (q, k, v)]
     got = context_parallel_attention(*mine, group, layout, kind)
-    (got * bt.tensor(w[:, :, pos], dtype="float64")).sum().backward()
+    (got * bt.tensor(w[:, :, pos], dtype=dtype)).sum().backward()
     errs = [_close(got.detach().numpy(), out[:, :, pos], tol)]
     errs += [_close(t.grad.numpy(), ref[:, :, pos], tol) for t, ref in zip(mine, (dq, dk, dv), strict=True)
              if t.grad is not None]
@@ -193,7 +194,8 @@ def units(group: Any) -> dict[str, Any]:
     out = {"vocab_parallel_cross_entropy_float64": check_vocab_parallel_cross_entropy(group, "float64", 1e-12),
            "vocab_parallel_cross_entropy_float32": check_vocab_parallel_cross_entropy(group, "float32", 1e-6)}
     for kind in ("ring", "allgather", "ulysses"):
-        out[f"attention_{kind}_float64"] = check_context_parallel_attention(group, kind, 1e-12)
+        for dtype, tol in (("float64", 1e-12), ("float32", 1e-5)):
+            out[f"attention_{kind}_{dtype}"] = check_context_parallel_attention(group, kind, dtype, tol)
     for kind in ("row", "column"):
         for chunks in (1, 3, 16):  # one block; blocks of 4, 3 and 3 rows; more blocks than the 10 rows
             out[f"async_{kind}_linear_{chunks}_chunks_float64"] = check_async_linear(group, kind, chunks, 1e-12)

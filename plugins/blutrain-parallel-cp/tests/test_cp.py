@@ -1,6 +1,6 @@
-"""Context parallelism in one process (an MPI singleton): the chunk layout, the log-sum-exp merge of
-partial attentions against float64, each attention kind on a GPT-2 equal to the plain one, and
-argument errors. Multi-rank runs: integration_tests/test_dist_tp_cp.py."""
+"""Context parallelism in one process (an MPI singleton): the chunk layout, each attention kind on a GPT-2
+equal to the plain one, and argument errors. The attentions themselves: test_attention.py; multi-rank
+runs: integration_tests/test_dist_tp_cp.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import blutrain.tensor as bt
 from blutrain.dist import DistArgumentError, parallel_modes
 from blutrain.models import GPT2, GPT2Config
 from blutrain_comm_mpi import create_group
-from blutrain_parallel_cp import CP, ChunkLayout, ContextParallelGPT2, attend, merge_partials
+from blutrain_parallel_cp import CP, ChunkLayout, ContextParallelGPT2
 
 
 @pytest.fixture(scope="module")
@@ -55,38 +55,6 @@ def test_the_gathered_sequence_is_put_in_natural_order_and_back_by_slices(world:
 def test_a_sequence_that_does_not_split_in_two_chunks_per_rank_is_an_error() -> None:
     with pytest.raises(DistArgumentError, match=r"sequence length 10 must be a multiple of 2·cp = 4"):
         ChunkLayout(10, 2)
-
-
-def _softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, ...]:  # type: ignore[type-arg]
-    s = q @ k.T / np.sqrt(q.shape[-1])
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    dp = w @ v.T
-    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(q.shape[-1])
-    return p @ v, ds @ k, ds.T @ q, p.T @ w
-
-
-def test_merging_partials_over_key_blocks_equals_attention_over_all_keys_in_float64() -> None:
-    rng = np.random.default_rng(3)
-    q, k, v, w = rng.standard_normal((5, 4)), rng.standard_normal((9, 4)) * 3, rng.standard_normal((9, 4)), \
-        rng.standard_normal((5, 4))
-    want, dq, dk, dv = _softmax_attention(q, k, v, w)
-    tq, tk, tv = (bt.tensor(a, dtype="float64", requires_grad=True) for a in (q, k, v))
-    blocks = [(0, 2), (2, 7), (7, 9)]
-    parts = [attend(tq, tk[a:b], tv[a:b], False, 0.5) for a, b in blocks]
-    out, lse = merge_partials(parts)
-    (out * bt.tensor(w, dtype="float64")).sum().backward()
-    s = q @ k.T * 0.5
-    np.testing.assert_allclose(lse.detach().numpy()[:, 0], np.log(np.exp(s).sum(-1)), rtol=1e-14)
-    np.testing.assert_allclose(out.detach().numpy(), want, atol=1e-14)
-    for t, ref in ((tq, dq), (tk, dk), (tv, dv)):
-        assert t.grad is not None
-        np.testing.assert_allclose(t.grad.numpy(), ref, atol=1e-13)
-
-
-def test_merging_nothing_is_an_error() -> None:
-    with pytest.raises(DistArgumentError, match="at least one"):
-        merge_partials([])
 
 
 @pytest.mark.parametrize("attn", ["ring", "allgather", "ulysses"])

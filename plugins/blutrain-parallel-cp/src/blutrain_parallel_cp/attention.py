@@ -2,101 +2,226 @@
 
 Every function takes this rank's ``q``, ``k``, ``v`` (B, H, T_local, D) in :class:`ChunkLayout` order
 and returns its attention output in the same layout, equal to full causal attention restricted to
-this rank's queries. Each is built from differentiable ops (tensor ops and the collectives of
-:mod:`blutrain_parallel_cp.comm`), so backward is autograd's: correct by construction, and the
-collectives run in reverse with the gradients.
+this rank's queries.
 
 - ``ring``: K/V travel round the ring peer to peer (``world - 1`` shifts, each started before the
-  current block is computed, so the transfer overlaps the compute). Each (query chunk, key chunk)
-  pair is attended on its own: skipped when the key chunk is later (fully masked), causal on the
-  diagonal, full when earlier. Partial results carry their per-query log-sum-exp and are merged by
-  :func:`merge_partials` (online softmax): never a row of probabilities over the whole sequence.
-- ``allgather``: K/V of every rank gathered at once (memory O(T) per rank), then the same chunk pairs.
+  current block is computed, so the transfer overlaps the compute).
+- ``allgather``: K/V of every rank gathered at once (memory O(T) per rank), then the same blocks.
 - ``ulysses``: all-to-all from sequence-sharded to head-sharded (each rank: H / world heads over the
-  whole sequence), plain causal attention, all-to-all back. Needs H divisible by world.
+  whole sequence), plain causal attention, all-to-all back. Needs H divisible by world. Built from
+  differentiable ops (the collectives of :mod:`blutrain_parallel_cp.comm`), so backward is autograd's.
+
+Ring and all-gather never form a score matrix. Rank r holding the K/V of rank s attends one block with
+the flash-attention kernel (``sdpa``: the block's output and each query's log-sum-exp): s == r, its
+whole local sequence, causal (its early chunk r precedes its late chunk 2W-1-r, so the top-left mask
+of the two is the global one); s < r, all its queries over s's early chunk, unmasked (s's late chunk
+comes after both of r's); s > r, its late chunk over s's whole local sequence, unmasked (its early
+chunk precedes neither of s's). The blocks of a query chunk are merged by online softmax in float32
+(float64 for float64 inputs; :func:`merge_partials`). Each attention is one autograd op
+(``RING_ATTENTION``, ``ALLGATHER_ATTENTION``) whose backward is exact without a gradient through the
+log-sum-exp: every block's ``sdpa_backward`` is given the merged output and log-sum-exp of its queries,
+so the probabilities it recomputes, exp(S - lse), are the global softmax restricted to the block and its
+rowsum(dO · O) the global one, and the blocks' dq, dk, dv sum to the whole attention's. dq accumulates
+on the rank; dk/dv of a block accumulate in float32 and go back to the block's owner: round the ring
+with the block (each shift overlapping the next block's compute, plus one shift at the end), or by one
+reduce-scatter after a second all-gather. Saved for backward: q, k, v, the output and the float32
+log-sum-exp; nothing of size T_local², nor the gathered K/V.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from blutrain.dist import DistArgumentError, ProcessGroup
-from blutrain.tensor import Tensor, arange, cat, scaled_dot_product_attention, stack
-from blutrain_parallel_cp.comm import all_gather, all_to_all, start_ring_shift
+from blutrain.autograd import derivative, no_grad, record
+from blutrain.autograd.rules import no_double_backward
+from blutrain.dist import DistArgumentError, ProcessGroup, Work
+from blutrain.tensor import Tensor, cat, dispatch, float32, float64, scaled_dot_product_attention, stack, zeros_like
+from blutrain.tensor.autocast import lower
+from blutrain.tensor.dtype import DType, from_numpy_dtype
+from blutrain_parallel_cp.comm import _exchange, _gather, _grad, _reduce_scatter, all_to_all
 from blutrain_parallel_cp.layout import ChunkLayout
 
 AttentionKind = Literal["ring", "allgather", "ulysses"]
 ATTENTION_KINDS: tuple[str, ...] = ("ring", "allgather", "ulysses")
+RING_ATTENTION = "cp_ring_attention"
+ALLGATHER_ATTENTION = "cp_allgather_attention"
 
-Partial = tuple[Tensor, Tensor]  # (output (..., L, D), log-sum-exp (..., L, 1))
+Partial = tuple[Tensor, Tensor]  # (output (..., L, D), log-sum-exp (..., L))
+Block = tuple[int, int, bool]  # (first query row, key rows from the start, causal)
+
+
+def _wide(dtype: DType) -> DType:
+    """The dtype partials merge and gradients accumulate in."""
+    return float64 if dtype is float64 else float32
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Partial:
-    """Softmax attention of ``q`` over ``k``/``v`` and each query's log-sum-exp of scores.
-
-    ``causal``: query i sees keys 0..i (q and k of one chunk). Every query sees at least one key,
-    so the log-sum-exp is finite and the masked scores (-inf) get weight exactly zero.
-    """
-    s = q.matmul(k.transpose(-2, -1)) * scale
-    if causal:
-        n = s.shape[-1]
-        i = arange(n, dtype="int64", device=s.device)
-        above = i.reshape(n, 1) < i.reshape(1, n)  # key after query
-        s = s.masked_fill(above, float("-inf"))
-    lse = s.logsumexp(-1, keepdim=True)
-    return (s - lse).exp().matmul(v), lse
+    """The attention of ``q`` (..., L, D) over ``k``/``v`` (..., S, D) and each query's log-sum-exp of
+    scores (..., L), by the flash-attention kernel ("sdpa"; ``causal``: query i sees keys 0..i). Values
+    only, not recorded: the ring and all-gather ops differentiate their merged result as a whole."""
+    out, lse = dispatch.kernel("sdpa", q.device.type, q.dtype)(q._data, k._data, v._data, None, causal, scale)
+    return Tensor._make(out, q.dtype, q.device), Tensor._make(lse, from_numpy_dtype(lse.dtype), q.device)
 
 
 def merge_partials(parts: list[Partial]) -> Partial:
-    """The attention over the union of the partials' keys: ``lse = log Σ exp(lse_i)`` and
-    ``out = Σ exp(lse_i - lse) · out_i`` (each partial re-weighted by its share of the softmax mass)."""
+    """The attention over the union of the partials' keys, in float32 (float64 for float64 outputs):
+    ``lse = log Σ exp(lse_i)`` and ``out = Σ exp(lse_i - lse) · out_i`` (each partial re-weighted by its
+    share of the softmax mass)."""
     if not parts:
         raise DistArgumentError("merge_partials: parts must hold at least one (output, lse) pair, got none")
+    wide = _wide(parts[0][0].dtype)
+    lses = [p[1].to(dtype=wide) for p in parts]
     if len(parts) == 1:
-        return parts[0]
-    lse = stack([p[1] for p in parts]).logsumexp(0)
-    out = parts[0][0] * (parts[0][1] - lse).exp()
-    for o, l in parts[1:]:
-        out = out + o * (l - lse).exp()
+        return parts[0][0].to(dtype=wide), lses[0]
+    lse = stack(lses).logsumexp(0)
+    out = parts[0][0].to(dtype=wide) * (lses[0] - lse).exp().unsqueeze(-1)
+    for (o, _), l in zip(parts[1:], lses[1:], strict=True):
+        out = out + o.to(dtype=wide) * (l - lse).exp().unsqueeze(-1)
     return out, lse
 
 
-def _chunk_pairs(q: Tensor, k: Tensor, v: Tensor, q_ids: tuple[int, int], kv_ids: tuple[int, int],
-                 parts: list[list[Partial]], scale: float) -> None:
-    """Append to ``parts[i]`` the partial of query chunk i over each key chunk it may see."""
+def _block(rank: int, src: int, chunk: int) -> Block:
+    """The part of the causal mask between ``rank``'s queries and ``src``'s keys (see the module doc)."""
+    if src == rank:
+        return 0, 2 * chunk, True
+    return (0, chunk, False) if src < rank else (chunk, 2 * chunk, False)
+
+
+def _rows(x: Tensor, start: int) -> Tensor:
+    return x.narrow(-2, start, x.shape[-2] - start)
+
+
+def _merge_block(acc: list[Partial | None], q: Tensor, k: Tensor, v: Tensor, block: Block, scale: float) -> None:
+    """Merge the block's partial into the accumulators of the query chunks it covers."""
+    q0, keys, causal = block
+    out, lse = attend(_rows(q, q0), k.narrow(-2, 0, keys), v.narrow(-2, 0, keys), causal, scale)
     n = q.shape[-2] // 2
-    for i, a in enumerate(q_ids):
-        qa = q.narrow(-2, i * n, n)
-        for j, b in enumerate(kv_ids):
-            if b <= a:
-                parts[i].append(attend(qa, k.narrow(-2, j * n, n), v.narrow(-2, j * n, n), b == a, scale))
+    for i in range(q0 // n, 2):
+        piece = out.narrow(-2, i * n - q0, n), lse.narrow(-1, i * n - q0, n)
+        prev = acc[i]
+        acc[i] = piece if prev is None else merge_partials([prev, piece])
 
 
-def _finish(parts: list[list[Partial]]) -> Tensor:
-    return cat([merge_partials(p)[0] for p in parts], dim=-2)
+def _merged(acc: list[Partial | None], dtype: DType) -> Partial:
+    """The whole local sequence's output (in ``dtype``) and float32 log-sum-exp from the chunks' merges."""
+    parts = [p for p in acc if p is not None]
+    out = cat([p[0] for p in parts], dim=-2)
+    lse = cat([p[1] for p in parts], dim=-1)
+    return out.to(dtype=dtype), lse.to(dtype=_wide(dtype))
+
+
+def _block_grads(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block: Block,
+                 scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The block's share of dq (its query rows), dk and dv (its key rows), given the merged ``out`` and
+    ``lse`` of the queries."""
+    q0, keys, causal = block
+    grads = dispatch.kernel("sdpa_backward", q.device.type, q.dtype)(
+        _rows(dout, q0)._data, _rows(q, q0)._data, k.narrow(-2, 0, keys)._data, v.narrow(-2, 0, keys)._data,
+        _rows(out, q0)._data, lse.narrow(-1, q0, lse.shape[-1] - q0)._data, None, causal, scale)
+    dq, dk, dv = (Tensor._make(g, q.dtype, q.device) for g in grads)
+    return dq, dk, dv
+
+
+def _add_block(dq: Tensor, dkv: Tensor, grads: tuple[Tensor, Tensor, Tensor], block: Block) -> None:
+    """Add a block's gradients into the float32 accumulators of the queries (dq) and of its K/V (dkv:
+    dk and dv stacked)."""
+    q0, keys, _ = block
+    _rows(dq, q0).add_(grads[0])
+    dkv.select(0, 0).narrow(-2, 0, keys).add_(grads[1])
+    dkv.select(0, 1).narrow(-2, 0, keys).add_(grads[2])
+
+
+def _received(transfer: tuple[Tensor, Work | None]) -> Tensor:
+    out, work = transfer
+    if work is not None:
+        work.wait()
+    return out
+
+
+def _save(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
+    q, k, v = inputs
+    return (q, k, v, outputs[0].detach(), attrs["lse"])
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, layout: ChunkLayout,
                    scale: float) -> Tensor:
+    """Ring attention (see the module doc): one ``RING_ATTENTION`` op."""
+    q, k, v = lower(q), lower(k), lower(v)
     r, n = group.rank, group.size
-    parts: list[list[Partial]] = [[], []]
+    with no_grad():
+        acc: list[Partial | None] = [None, None]
+        kv = stack([k, v])
+        for step in range(n):
+            # the next shift is in flight while this block is computed
+            transfer = _exchange(kv, group, (r + 1) % n, (r - 1) % n) if step < n - 1 else None
+            _merge_block(acc, q, kv[0], kv[1], _block(r, (r - step) % n, layout.chunk), scale)
+            if transfer is not None:
+                kv = _received(transfer)
+        out, lse = _merged(acc, q.dtype)
+    record(RING_ATTENTION, (q, k, v), out, {"group": group, "chunk": layout.chunk, "scale": scale, "lse": lse})
+    return out
+
+
+@derivative(RING_ATTENTION, save=_save)
+def _ring_attention_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor, Tensor, Tensor]:
+    no_double_backward("ring attention", create_graph)
+    q, k, v, out, lse = node.saved
+    group: ProcessGroup = node.attrs["group"]
+    r, n = group.rank, group.size
+    dout = _grad(node, grads)
+    dq = None
     kv = stack([k, v])
+    moving: tuple[Tensor, Work | None] | None = None  # the dk/dv of the K/V block held, on its way round
     for step in range(n):
-        transfer = start_ring_shift(kv, group) if step < n - 1 else None
-        src = (r - step) % n
-        _chunk_pairs(q, kv[0], kv[1], layout.chunks(r), layout.chunks(src), parts, scale)
+        transfer = _exchange(kv, group, (r + 1) % n, (r - 1) % n) if step < n - 1 else None
+        block = _block(r, (r - step) % n, node.attrs["chunk"])
+        g = _block_grads(dout, q, kv[0], kv[1], out, lse, block, node.attrs["scale"])
+        if moving is None:  # step 0: the whole local block, causal, covers every row
+            dq, dkv = g[0].to(dtype=lse.dtype), stack([g[1], g[2]]).to(dtype=lse.dtype)
+        else:
+            assert dq is not None
+            dkv = _received(moving)  # sent by the previous rank while this block was computed
+            _add_block(dq, dkv, g, block)
+        # to the next rank, with the K/V it belongs to; the last shift brings every rank its own
+        moving = _exchange(dkv, group, (r + 1) % n, (r - 1) % n) if n > 1 else (dkv, None)
         if transfer is not None:
-            kv = transfer.finish()
-    return _finish(parts)
+            kv = _received(transfer)
+    assert dq is not None and moving is not None
+    dkv = _received(moving)
+    return dq.to(dtype=q.dtype), dkv[0].to(dtype=k.dtype), dkv[1].to(dtype=v.dtype)
 
 
 def allgather_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, layout: ChunkLayout,
                         scale: float) -> Tensor:
-    kv = all_gather(stack([k, v]), group)  # (world, 2, B, H, T_local, D)
-    parts: list[list[Partial]] = [[], []]
+    """All-gather attention (see the module doc): one ``ALLGATHER_ATTENTION`` op."""
+    q, k, v = lower(q), lower(k), lower(v)
+    with no_grad():
+        kv = _gather(stack([k, v]), group)  # (world, 2, B, H, T_local, D)
+        acc: list[Partial | None] = [None, None]
+        for src in range(group.size):
+            _merge_block(acc, q, kv[src, 0], kv[src, 1], _block(group.rank, src, layout.chunk), scale)
+        out, lse = _merged(acc, q.dtype)
+    record(ALLGATHER_ATTENTION, (q, k, v), out,
+           {"group": group, "chunk": layout.chunk, "scale": scale, "lse": lse})
+    return out
+
+
+@derivative(ALLGATHER_ATTENTION, save=_save)
+def _allgather_attention_backward(node: Any, grads: list[Any],
+                                  create_graph: bool) -> tuple[Tensor, Tensor, Tensor]:
+    no_double_backward("all-gather attention", create_graph)
+    q, k, v, out, lse = node.saved
+    group: ProcessGroup = node.attrs["group"]
+    dout = _grad(node, grads)
+    kv = _gather(stack([k, v]), group)  # gathered again rather than kept: O(T) memory per layer
+    dq = zeros_like(q, dtype=lse.dtype)
+    dkv = zeros_like(kv, dtype=lse.dtype)
     for src in range(group.size):
-        _chunk_pairs(q, kv[src, 0], kv[src, 1], layout.chunks(group.rank), layout.chunks(src), parts, scale)
-    return _finish(parts)
+        block = _block(group.rank, src, node.attrs["chunk"])
+        g = _block_grads(dout, q, kv[src, 0], kv[src, 1], out, lse, block, node.attrs["scale"])
+        _add_block(dq, dkv.select(0, src), g, block)
+    mine = _reduce_scatter(dkv, group)  # every rank's gradient of my K/V, summed
+    return dq.to(dtype=q.dtype), mine[0].to(dtype=k.dtype), mine[1].to(dtype=v.dtype)
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, layout: ChunkLayout,
@@ -136,5 +261,6 @@ def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGr
     return fn(q, k, v, group, layout, sc)
 
 
-__all__ = ["ATTENTION_KINDS", "AttentionKind", "Partial", "allgather_attention", "attend",
-           "context_parallel_attention", "merge_partials", "ring_attention", "ulysses_attention"]
+__all__ = ["ALLGATHER_ATTENTION", "ATTENTION_KINDS", "RING_ATTENTION", "AttentionKind", "Partial",
+           "allgather_attention", "attend", "context_parallel_attention", "merge_partials", "ring_attention",
+           "ulysses_attention"]

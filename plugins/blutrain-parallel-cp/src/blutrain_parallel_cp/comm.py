@@ -85,23 +85,32 @@ def _ring_shift_backward(node: Any, grads: list[Any], create_graph: bool) -> tup
     return (out,)
 
 
+def _gather(x: Tensor, group: ProcessGroup) -> Tensor:
+    """(size, *x.shape): rank s's ``x`` at index s (not recorded)."""
+    with no_grad():
+        out = zeros(group.size, *x.shape, dtype=x.dtype, device=x.device)
+        group.all_gather_into_tensor(out, x.detach().contiguous().unsqueeze(0))
+    return out
+
+
+def _reduce_scatter(x: Tensor, group: ProcessGroup) -> Tensor:
+    """The sum over ranks of ``x`` (size, ...) at index ``rank``: x.shape[1:] (not recorded)."""
+    with no_grad():
+        out = zeros(1, *x.shape[1:], dtype=x.dtype, device=x.device)
+        group.reduce_scatter(out, x.contiguous(), op="sum")
+    return out.squeeze(0)
+
+
 def all_gather(x: Tensor, group: ProcessGroup) -> Tensor:
     """(size, *x.shape): rank s's ``x`` at index s."""
-    with no_grad():
-        src = x.detach().contiguous().unsqueeze(0)
-        out = zeros(group.size, *x.shape, dtype=x.dtype, device=x.device)
-        group.all_gather_into_tensor(out, src)
+    out = _gather(x, group)
     record(ALL_GATHER, (x,), out, {"group": group})
     return out
 
 
 @derivative(ALL_GATHER, save=save_nothing)
 def _all_gather_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
-    group: ProcessGroup = node.attrs["group"]
-    g = _grad(node, grads)
-    out = zeros(1, *g.shape[1:], dtype=g.dtype, device=g.device)
-    group.reduce_scatter(out, g, op="sum")
-    return (out.squeeze(0),)
+    return (_reduce_scatter(_grad(node, grads), node.attrs["group"]),)
 
 
 def all_to_all(x: Tensor, group: ProcessGroup) -> Tensor:

@@ -16,12 +16,13 @@ in :class:`~blutrain_parallel_ddp.DistributedDataParallel` over the cp group, or
 
 Compile (``blutrain.compiler``): the cp group and the attention's communicator are declared with
 :func:`blutrain.dist.traceable`, so a compiled training step is cut at each attention collective (ring:
-each step's transfer is one ``sendrecv``, send and recv posted and waited for together; all-gather: one
-all-gather forward, one reduce-scatter backward per layer; Ulysses: two all-to-alls each way), at the
+each step's transfer is one ``sendrecv``, send and recv posted and waited for together, K/V forward and
+K/V and their gradients backward; all-gather: one all-gather forward, one all-gather and one
+reduce-scatter backward per layer; Ulysses: two all-to-alls each way), at the
 loss's all-reduce and at the gradient averaging's, and issues them between its compiled parts. The loss
 keeps its sums and counts on the device, the positions are made by kernels, and every buffer a
 collective writes is made by a kernel (``zeros``), so each call repeats the traced collectives. In a
-compiled step each transfer completes where it is issued: ring attention's overlap of the transfer with
+compiled step each transfer completes where it is issued: ring attention's overlap of the transfers with
 the current block is given up.
 """
 
