@@ -30,9 +30,9 @@ of the table and the next configuration starts clean)
    backward, 2 more bytes per parameter held across the forward, which recomputation frees; the cap
    stays below what DDP's state alone needs.
 3. ``cp``: GPT-2 124M's shape (``--cp-layers``, default 12) with ``block_size`` = T = ``--cp-seq-len`` 32768,
-   batch 1, trained on N GPUs with each attention of the ``cp`` mode (ring, all-gather, Ulysses), activation
-   checkpointing on (ring and all-gather attend chunk pairs through a (T/2N)² score matrix per head: without
-   recomputation their saved scores alone would exceed the GPU). Step time, peak memory, and whether the loss
+   batch 1, trained on N GPUs with each attention of the ``cp`` mode (ring, all-gather, Ulysses; every one on
+   the flash-attention kernels, no score matrix), activation checkpointing off (``--cp-checkpoint`` turns it
+   on: then every block is recomputed in backward). Step time, peak memory, and whether the loss
    is finite and falls over the steps (the data is the byte-level stdlib corpus, so a working model learns
    at once which 256 of its 50304 tokens occur).
 
@@ -655,7 +655,8 @@ class Bench:
             jobs.append(Job("zero", "zero-zero3-capped" if cap else "zero-zero3", "blutrain", "zero3", n,
                             cap_bytes=cap, **zero))
         if "cp" in a.stages:
-            overrides = {"block_size": a.cp_seq_len, "n_layer": a.cp_layers, "checkpoint_activations": True}
+            overrides = {"block_size": a.cp_seq_len, "n_layer": a.cp_layers,
+                         "checkpoint_activations": a.cp_checkpoint}
             for attn in a.cp_attn:
                 jobs.append(Job("cp", f"cp-{attn}", "blutrain", "cp", n, preset=a.cp_preset, batch_size=1,
                                 seq_len=a.cp_seq_len, steps=a.cp_steps, warmup=1, overrides=overrides, attn=attn,
@@ -936,8 +937,8 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
     if cp:
         j = cp[0].job
         lines += ["", f"3. Context parallelism: GPT-2 {j.preset} shape with {j.overrides.get('n_layer')} layers, "
-                  f"T {j.seq_len} over {j.gpus} {unit}s ({j.seq_len // max(j.gpus, 1)} each), batch 1, {j.precision}, "
-                  "activation checkpointing",
+                  f"T {j.seq_len} over {j.gpus} {unit}s ({j.seq_len // max(j.gpus, 1)} each), batch 1, {j.precision}"
+                  + (", activation checkpointing" if j.overrides.get("checkpoint_activations") else ""),
                   f"{'attn':<10} {'step ms':>9} {'tokens/s':>10} {'alloc GiB':>9} {'loss first → last':>18} "
                   f"{'falls':>5}  result"]
         for r in cp:
@@ -1050,6 +1051,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--cp-layers", type=int, help="default 12 (4 with --quick) on cuda, 2 on cpu")
     g.add_argument("--cp-attn", type=_csv(ATTENTIONS), default=list(ATTENTIONS), help="default ring,allgather,ulysses")
     g.add_argument("--cp-steps", type=int, help="timed steps after one warm-up (default 4, 3 with --quick)")
+    g.add_argument("--cp-checkpoint", action="store_true", help="recompute every block in backward")
     ap.add_argument("--time-limit", type=float,
                     help="seconds the whole run may take (default 480 on cuda, none on cpu; 0: none)")
     ap.add_argument("--config-timeout", type=float,
