@@ -44,6 +44,11 @@ from blutrain_parallel_zero.flat import FlatBucket
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 STAGES = (1, 2, 3)
+# reduce-scatters left in flight during backward: each holds its bucket's whole gradient, so an older one is
+# finished (waited for and added into the shard) as a newer one starts; finishing them all only at the end
+# kept every bucket's whole gradient to the end of backward: in stage 3 the whole model's fp32 gradient
+# (2.9 GiB for GPT-2 774M), where it should hold a unit's or two
+REDUCTIONS_IN_FLIGHT = 2
 
 
 def _buckets(params: list[tuple[str, Tensor]], cap_bytes: int, rank: int, world: int,
@@ -215,12 +220,18 @@ class ZeroModel(Module):
         buf = self._grad_bufs.pop(b.index)
         out = zeros(b.shard_numel, dtype=b.dtype, device=b.device)  # made by a kernel: see FlatBucket.full_buffer
         self._reductions.append((b, out, self.group.reduce_scatter(out, buf, op="avg", async_op=True)))
+        while len(self._reductions) > REDUCTIONS_IN_FLIGHT:
+            self._finish_reduction(*self._reductions.pop(0))
+
+    @staticmethod
+    def _finish_reduction(b: FlatBucket, out: Tensor, work: Work | None) -> None:
+        if work is not None:
+            work.wait()  # the stream waits; the whole-bucket gradient the collective read is let go
+        b.shard_grad.add_(out)
 
     def _finish_reductions(self) -> None:
-        for b, out, work in self._reductions:
-            if work is not None:
-                work.wait()
-            b.shard_grad.add_(out)
+        for item in self._reductions:
+            self._finish_reduction(*item)
         self._reductions = []
 
     def _stage2_hook(self, b: FlatBucket, i: int) -> Any:
