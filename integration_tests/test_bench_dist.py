@@ -35,6 +35,18 @@ def test_scaling_efficiency_is_tokens_per_second_on_n_over_n_times_one() -> None
     assert bench.scaling_efficiency(196_000.0, None, 2) is None
 
 
+def test_the_nccl_summary_names_the_version_and_counts_each_transport() -> None:
+    log = "\n".join([
+        "[rank0]: host:1:1 [0] NCCL INFO NCCL version 2.27.3+cuda12.9",
+        "[rank0]: host:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+        "[rank0]: host:1:1 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
+        "[rank1]: host:2:2 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via SHM/direct/direct",
+        "step 3: loss 9.1",
+    ])
+    assert bench.nccl_summary(log) == "NCCL 2.27.3+cuda12.9: 2 × P2P/CUMEM/read, 1 × SHM/direct/direct"
+    assert bench.nccl_summary("no nccl here\n") is None
+
+
 def test_a_step_takes_as_long_as_its_slowest_rank() -> None:
     assert bench.slowest_rank_steps([[1.0, 5.0, 3.0], [2.0, 4.0, 3.0, 9.0]]) == [2.0, 5.0, 3.0]
     assert bench.slowest_rank_steps([]) == []

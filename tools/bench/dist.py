@@ -70,6 +70,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import signal
 import statistics
@@ -78,6 +79,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -160,6 +162,7 @@ class Row:
     losses: list[float] = field(default_factory=list)
     cap_applied: bool | None = None
     wall_s: float | None = None
+    nccl: str | None = None  # the NCCL version and transports the ranks' communicators chose (from the log)
 
     @property
     def as_expected(self) -> bool:
@@ -493,13 +496,28 @@ def _leave(why: str | None, code: int) -> None:
 # -- the launches ------------------------------------------------------------------------------------------
 def child_env() -> dict[str, str]:
     """The launches' environment: this process's import path as PYTHONPATH (the workspace's sources and what
-    .pth files added), so every rank imports what this process imports, whatever set the path up."""
+    .pth files added), so every rank imports what this process imports, whatever set the path up; and NCCL's
+    set-up log (unless NCCL_DEBUG is set), so that each row can say which transport its communicators took:
+    BluTrain's NCCL (CuPy's) and PyTorch's are separate libraries that may choose differently."""
     env = dict(os.environ)
     paths = [p for p in sys.path if p and Path(p).is_dir()]
     paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["PYTHONUNBUFFERED"] = "1"
+    if "NCCL_DEBUG" not in env:
+        env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"] = "INFO", "INIT,GRAPH"
     return env
+
+
+def nccl_summary(log: str) -> str | None:
+    """``NCCL <version>: <n> × <transport>, ...`` from NCCL's INFO lines in a launch's log (the channel
+    connections, e.g. ``Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read``); None when NCCL logged nothing."""
+    versions = sorted(set(re.findall(r"NCCL version (\S+)", log)))
+    transports = Counter(re.findall(r"Channel \d+/\d+ : .* via (\S+)", log))
+    if not versions and not transports:
+        return None
+    via = ", ".join(f"{count} × {name}" for name, count in transports.most_common()) or "no channel lines"
+    return f"NCCL {' and '.join(versions) or '(version not logged)'}: {via}"
 
 
 def launch_command(job: Job, job_path: Path) -> list[str]:
@@ -713,6 +731,9 @@ class Bench:
             with contextlib.suppress(OSError, ValueError):
                 ranks.append(json.loads(path.read_text()))
         collect(row, ranks, rc, log)
+        if job.device == "cuda" and job.gpus > 1:
+            with contextlib.suppress(OSError):
+                row.nccl = nccl_summary(log.read_text(errors="replace"))
         self.efficiencies()
         self.report(row, log)
         return row
@@ -729,6 +750,8 @@ class Bench:
         if row.losses:
             parts.append(f"loss {row.losses[0]:.3f} → {row.losses[-1]:.3f}")
         print(", ".join(parts), flush=True)
+        if row.nccl:
+            print(f"   {row.nccl}", flush=True)
         if row.error:
             print(f"   {row.error}", flush=True)
         if not row.as_expected:
@@ -920,6 +943,7 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
             lines.append(f"{r.job.framework:<10} {r.job.gpus:>5} {r.job.mode:<7} {_num(r.step_ms, '9.2f'):>9} "
                          f"{_num(r.tokens_per_s, '12,.0f'):>12} {_num(r.efficiency, '10.1%'):>10} "
                          f"{_gib(r.peak_allocated):>9}  {_result(r)}")
+        lines += [f"  {r.job.framework} on {r.job.gpus}: {r.nccl}" for r in scaling if r.nccl]
     zero = [r for r in rows if r.job.stage == "zero"]
     if zero:
         j = zero[0].job
