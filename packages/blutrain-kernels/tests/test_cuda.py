@@ -130,6 +130,33 @@ def test_layer_norm_backward_matches_float64(dtype: Any, shape: tuple[int, ...],
         check(res[2], rgb, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize(("shape", "k"), LN_SHAPES)
+def test_layer_norm_backward_adds_the_addend_to_dx(dtype: Any, shape: tuple[int, ...], k: int) -> None:
+    """dx + addend as dx is stored: in float32 the bits of the kernel's dx followed by a float32 add; in bf16
+    within its tolerance of the float64 sum (one rounding less than a separate add)."""
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    r = rng(9)
+    ns = shape[len(shape) - k:]
+    x, g = f64(r.standard_normal(shape), dtype), f64(r.standard_normal(shape), dtype)
+    w, addend = f64(r.standard_normal(ns), dtype), f64(r.standard_normal(shape) * 3, dtype)
+    _, mean, rstd = cpu_nn.layer_norm(x, w, None, 1e-5, k)
+    args = (dev(g, dtype), dev(x, dtype), dev(w, dtype), dev(f64(mean, np.float32), np.float32),
+            dev(f64(rstd, np.float32), np.float32), k, True, True)
+    plain = cuda.layer_norm_backward(*args)
+    fused = cuda.layer_norm_backward(*args, dev(addend, dtype))
+    assert plain is not None and fused is not None
+    if np.dtype(dtype) == np.float32:
+        assert cp.array_equal(fused[0], plain[0] + dev(addend, dtype))
+    else:
+        check(fused[0], host(plain[0]) + addend, dtype)
+    for a, b in zip(fused[1:], plain[1:], strict=True):  # the parameter gradients do not see the addend
+        assert cp.array_equal(a, b)
+
+
 # ------------------------------------------------------------------------------------------- GELU
 
 

@@ -14,8 +14,8 @@ from blutrain.tensor.plugins import hookimpl
 if TYPE_CHECKING:
     from blutrain.compiler.registry import PassRegistry
 
-DEFAULT_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue", "elementwise-fusion",
-                                     "kernel-selection", "memory-plan")
+DEFAULT_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue", "layernorm-grad-add",
+                                     "elementwise-fusion", "kernel-selection", "memory-plan")
 
 
 @hookimpl
@@ -27,10 +27,11 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.epilogue import GemmEpilogueFusion
     from blutrain.compiler.passes.fusion import ElementwiseFusion
     from blutrain.compiler.passes.memory import MemoryPlan
+    from blutrain.compiler.passes.norm_grad import LayerNormGradAdd
     from blutrain.compiler.passes.select import KernelSelection
 
     for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
-              ElementwiseFusion, KernelSelection, MemoryPlan):
+              LayerNormGradAdd, ElementwiseFusion, KernelSelection, MemoryPlan):
         registry.register(p.name, p)
     registry.register("codegen-numpy", codegen_numpy.TARGET)
     registry.register("codegen-cuda", codegen_cuda.TARGET)

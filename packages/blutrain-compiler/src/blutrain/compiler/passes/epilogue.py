@@ -19,53 +19,31 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from blutrain.compiler.dialect import Operand, decode, encode, is_kernel, kernel_name, kernel_op_class, type_info
+from blutrain.compiler.dialect import Operand, encode, kernel_op_class, type_info
 from blutrain.compiler.graph import body
-from blutrain.compiler.passes.aliasing import AliasInfo, analyse, root_of
+from blutrain.compiler.passes.aliasing import analyse
+from blutrain.compiler.passes.patterns import kernel_values, only_use, plain_kernel, written_between
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
-def _only_use(v: SSAValue) -> Operation | None:
-    uses = list(v.uses)
-    return uses[0].operation if len(uses) == 1 else None
-
-
-def _plain(op: Operation, name: str) -> bool:
-    return (is_kernel(op) and kernel_name(op) == name and "dynamic" not in op.properties
-            and "writes" not in op.properties and len(op.results) == 1)
-
-
-def _values(op: Operation) -> list[SSAValue | None] | None:
-    """The op's kernel arguments as values (None for a None argument), or None if one is not a value."""
-    out: list[SSAValue | None] = []
-    for a in decode(op.properties["args"]):
-        if isinstance(a, Operand):
-            out.append(op.operands[a.index])
-        elif a is None:
-            out.append(None)
-        else:
-            return None
-    return out
-
-
 def match(linear: Operation) -> tuple[Operation, SSAValue, list[Operation]] | None:
     """(the add, the residual, the ops the fused op replaces) for a ``linear`` that feeds a residual add."""
-    if not _plain(linear, "linear") or linear.properties["dtype"].data not in FLOATS:  # type: ignore[attr-defined]
+    if not plain_kernel(linear, "linear") or linear.properties["dtype"].data not in FLOATS:  # type: ignore[attr-defined]
         return None
-    args = _values(linear)
+    args = kernel_values(linear)
     if args is None or len(args) != 3 or args[0] is None or args[1] is None:
         return None
     chain = [linear]
     value = linear.results[0]
-    user = _only_use(value)
-    if user is not None and _plain(user, "cast"):
+    user = only_use(value)
+    if user is not None and plain_kernel(user, "cast"):
         chain.append(user)
         value = user.results[0]
-        user = _only_use(value)
-    if user is None or not _plain(user, "add"):
+        user = only_use(value)
+    if user is None or not plain_kernel(user, "add"):
         return None
-    operands = _values(user)
+    operands = kernel_values(user)
     if operands is None or len(operands) != 2 or operands.count(value) != 1:
         return None
     residual = operands[1] if operands[0] is value else operands[0]
@@ -75,12 +53,6 @@ def match(linear: Operation) -> tuple[Operation, SSAValue, list[Operation]] | No
     if type_info(out_type)[1].name not in FLOATS:
         return None
     return user, residual, [*chain, user]
-
-
-def _written_between(info: AliasInfo, ops: list[Operation], start: int, stop: int,
-                     values: list[SSAValue | None]) -> bool:
-    roots = {root_of(v) for v in values if v is not None}
-    return any(roots & info.writes.get(o, set()) for o in ops[start + 1:stop])
 
 
 class GemmEpilogueFusion(ModulePass):
@@ -96,8 +68,8 @@ class GemmEpilogueFusion(ModulePass):
             if found is None:
                 continue
             add, residual, replaced = found
-            x, w, b = _values(linear)  # type: ignore[misc]
-            if x is None or w is None or _written_between(info, ops, pos[linear], pos[add], [x, w, b]):
+            x, w, b = kernel_values(linear)  # type: ignore[misc]
+            if x is None or w is None or written_between(info, ops, pos[linear], pos[add], [x, w, b]):
                 continue
             operands: list[SSAValue] = [residual, x, w] + ([b] if b is not None else [])
             args = (Operand(0), Operand(1), Operand(2), Operand(3) if b is not None else None)

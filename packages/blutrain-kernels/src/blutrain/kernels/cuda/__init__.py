@@ -224,19 +224,23 @@ def _ln_bwd_shape(nv: int, vec: int) -> tuple[int, int] | None:
 
 
 def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rstd: Array, k: int, need_w: bool,
-                        need_b: bool) -> tuple[Array, Array | None, Array | None] | None:
-    """(dx, dweight, dbias); dweight/dbias are None unless asked for."""
+                        need_b: bool, addend: Array | None = None) -> tuple[Array, Array | None, Array | None] | None:
+    """(dx, dweight, dbias); dweight/dbias are None unless asked for. ``addend`` (x's dtype, broadcastable to
+    x): dx + addend, added to each float32 dx before it is stored (one rounding, as a separate float32 add)."""
     suffix = _suffix(x.dtype)
     C = _numel(x.shape[x.ndim - k:])
     N = x.size // C if C else 0
     if suffix is None or N == 0 or C == 0 or C >= 2**31:
         return None
+    if addend is not None and addend.dtype != x.dtype:
+        return None
     accumulate = need_w or need_b
     cp = _cp()
     gc, xc, wc = _contig(grad), _contig(x), _contig(w)
+    ac = None if addend is None else cp.ascontiguousarray(cp.broadcast_to(addend, x.shape))
     mc, rc = (cp.ascontiguousarray(s, dtype=np.float32) for s in (mean, rstd))
     dx = cp.empty(x.shape, x.dtype)
-    name, vec = _variant(suffix, C, gc, xc, wc, dx)
+    name, vec = _variant(suffix, C, gc, xc, wc, dx, ac)
     shape = _ln_bwd_shape(C // vec, vec)
     if shape is not None:
         tg, nper = shape
@@ -256,7 +260,8 @@ def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rst
         block = (_row_threads(C // vec, hi=1024),)
     partial = cp.empty((2, G, C), np.float32) if accumulate else None
     _launch("layernorm", kname, (G,), block,
-            (gc, xc, _ptr(wc), mc, rc, dx, _ptr(partial), np.int32(N), np.int32(C), np.int32(accumulate)), smem)
+            (gc, xc, _ptr(wc), mc, rc, _ptr(ac), dx, _ptr(partial), np.int32(N), np.int32(C), np.int32(accumulate)),
+            smem)
     ns = x.shape[x.ndim - k:]
     dw = cp.empty(ns, x.dtype) if need_w else None
     db = cp.empty(ns, x.dtype) if need_b else None

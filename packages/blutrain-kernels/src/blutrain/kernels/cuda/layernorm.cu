@@ -17,6 +17,10 @@
 //                    groups then add into shared memory in a fixed order and the block writes
 //                    partial[2, G, C] (float32). Dynamic shared memory: (128 RG + 2C) floats.
 //                    Bytes: read 2*N*C (+C), write N*C + 2*G*C.
+//                    addend (nullable, x's dtype, [N, C]): dx + addend, added to the float32 dx before it
+//                    is stored (+N*C read): the input's other gradient (a residual stream's), which the
+//                    compiler's layernorm-grad-add pass folds in instead of a separate add. In float32 the
+//                    same rounding as that add; in bf16 one rounding less.
 // layernorm_bwd_*:   the fallback for wider rows: grid G blocks striding over rows, re-reading each row
 //                    once from L1/L2, dweight/dbias sums in shared memory (dynamic (72 + 2C) floats).
 // layernorm_bwd_reduce_*: block (32, 16), one column of the 2*C partial columns per x-thread, the 16
@@ -81,10 +85,21 @@ __device__ __forceinline__ void layernorm_fwd(const T* __restrict__ x, const T* 
     }
 }
 
+// dx += addend as dx is stored: __fadd_rn, so that no multiply-add contraction gives the sum another rounding
+// than a separate float32 add of the stored dx would
+template <int VEC, typename T>
+__device__ __forceinline__ void add_addend(const T* __restrict__ addend, float* o) {
+    float av[VEC];
+    load_vec<VEC>(addend, av);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o[k] = __fadd_rn(o[k], av[k]);
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void layernorm_bwd(const T* __restrict__ g, const T* __restrict__ x,
                                               const T* __restrict__ w, const float* __restrict__ mean,
-                                              const float* __restrict__ rstd, T* __restrict__ dx,
+                                              const float* __restrict__ rstd, const T* __restrict__ addend,
+                                              T* __restrict__ dx,
                                               float* __restrict__ partial, int N, int C, int accumulate) {
     extern __shared__ float smem[];
     float* red = smem;             // 66 floats of reduction scratch (64 reserved + pad)
@@ -146,6 +161,7 @@ __device__ __forceinline__ void layernorm_bwd(const T* __restrict__ g, const T* 
                     acc_b[k * nv + i] += gv[k];
                 }
             }
+            if (addend != nullptr) add_addend<VEC>(addend + row * C + (long long)i * VEC, o);
             store_vec<VEC>(dxr + (long long)i * VEC, o);
         }
     }
@@ -164,7 +180,8 @@ __device__ __forceinline__ void layernorm_bwd(const T* __restrict__ g, const T* 
 template <typename T, int VEC, int NPER>
 __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, const T* __restrict__ x,
                                                    const T* __restrict__ w, const float* __restrict__ mean,
-                                                   const float* __restrict__ rstd, T* __restrict__ dx,
+                                                   const float* __restrict__ rstd, const T* __restrict__ addend,
+                                                   T* __restrict__ dx,
                                                    float* __restrict__ partial, int N, int C, int accumulate) {
     extern __shared__ float smem[];
     const int TG = blockDim.x, RG = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
@@ -256,7 +273,10 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
                     aw[k][e] += gv[k][e] * xv[k][e];
                     ab[k][e] += gv[k][e];
                 }
-                if (i < nv) store_vec<VEC>(dx + row * C + (long long)i * VEC, o);
+                if (i < nv) {
+                    if (addend != nullptr) add_addend<VEC>(addend + row * C + (long long)i * VEC, o);
+                    store_vec<VEC>(dx + row * C + (long long)i * VEC, o);
+                }
             }
         }
     }
@@ -312,8 +332,8 @@ LN_FWD(layernorm_fwd_bf16_v1, bf16, 1)
 
 #define LN_BWD(NAME, T, VEC)                                                                          \
     extern "C" __global__ void NAME(const T* g, const T* x, const T* w, const float* mean, const float* rstd, \
-                                    T* dx, float* partial, int N, int C, int accumulate) {            \
-        layernorm_bwd<T, VEC>(g, x, w, mean, rstd, dx, partial, N, C, accumulate);                    \
+                                    const T* addend, T* dx, float* partial, int N, int C, int accumulate) { \
+        layernorm_bwd<T, VEC>(g, x, w, mean, rstd, addend, dx, partial, N, C, accumulate);            \
     }
 LN_BWD(layernorm_bwd_f32_v4, float, 4)
 LN_BWD(layernorm_bwd_f32_v1, float, 1)
@@ -322,8 +342,9 @@ LN_BWD(layernorm_bwd_bf16_v1, bf16, 1)
 
 #define LN_BWD_ROWS(NAME, T, VEC, NPER)                                                               \
     extern "C" __global__ void __launch_bounds__(256) NAME(const T* g, const T* x, const T* w, const float* mean, \
-                                    const float* rstd, T* dx, float* partial, int N, int C, int accumulate) { \
-        layernorm_bwd_rows<T, VEC, NPER>(g, x, w, mean, rstd, dx, partial, N, C, accumulate);         \
+                                    const float* rstd, const T* addend, T* dx, float* partial, int N, int C, \
+                                    int accumulate) {                                                   \
+        layernorm_bwd_rows<T, VEC, NPER>(g, x, w, mean, rstd, addend, dx, partial, N, C, accumulate); \
     }
 LN_BWD_ROWS(layernorm_bwd_f32_v4_n1, float, 4, 1)
 LN_BWD_ROWS(layernorm_bwd_f32_v4_n2, float, 4, 2)

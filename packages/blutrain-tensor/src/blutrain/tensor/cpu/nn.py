@@ -49,8 +49,11 @@ def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int) -
 
 
 def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rstd: Array, k: int,
-                        need_w: bool, need_b: bool) -> tuple[Array, Array | None, Array | None]:
-    """dx = rstd · (ĝ − mean(ĝ) − x̂ · mean(ĝ ∘ x̂)) with ĝ = dy ∘ w; dw = Σ dy ∘ x̂; db = Σ dy."""
+                        need_w: bool, need_b: bool, addend: Array | None = None
+                        ) -> tuple[Array, Array | None, Array | None]:
+    """dx = rstd · (ĝ − mean(ĝ) − x̂ · mean(ĝ ∘ x̂)) with ĝ = dy ∘ w; dw = Σ dy ∘ x̂; db = Σ dy. With ``addend``
+    (broadcastable to x) dx + addend: the input's other gradient added as it is produced (the compiler's
+    ``layernorm-grad-add`` pass), in x's dtype as a separate add would round it."""
     rows, g = _rows(x, k), _rows(grad, k)
     m, r = mean.reshape(-1, 1), rstd.reshape(-1, 1)
     xhat = (rows - m) * r
@@ -59,7 +62,10 @@ def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rst
     gxhat = g * w.reshape(1, -1) if w is not None else g
     with _quiet():
         gx = r * (gxhat - _row_mean(gxhat) - xhat * _row_mean(gxhat * xhat))
-    return gx.reshape(x.shape), gw, gb
+    gx = gx.reshape(x.shape)
+    if addend is not None:
+        gx = (addend + gx).astype(x.dtype, copy=False)
+    return gx, gw, gb
 
 
 def rms_norm(x: Array, w: Array | None, eps: float, k: int) -> tuple[Array, Array]:
