@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from blutrain.compiler.registry import PassRegistry
 
 DEFAULT_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue", "layernorm-grad-add",
-                                     "elementwise-fusion", "kernel-selection", "memory-plan")
+                                     "layernorm-cast", "elementwise-fusion", "kernel-selection", "memory-plan")
 
 
 @hookimpl
@@ -27,11 +27,12 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.epilogue import GemmEpilogueFusion
     from blutrain.compiler.passes.fusion import ElementwiseFusion
     from blutrain.compiler.passes.memory import MemoryPlan
+    from blutrain.compiler.passes.norm_cast import LayerNormCast
     from blutrain.compiler.passes.norm_grad import LayerNormGradAdd
     from blutrain.compiler.passes.select import KernelSelection
 
     for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
-              LayerNormGradAdd, ElementwiseFusion, KernelSelection, MemoryPlan):
+              LayerNormGradAdd, LayerNormCast, ElementwiseFusion, KernelSelection, MemoryPlan):
         registry.register(p.name, p)
     registry.register("codegen-numpy", codegen_numpy.TARGET)
     registry.register("codegen-cuda", codegen_cuda.TARGET)

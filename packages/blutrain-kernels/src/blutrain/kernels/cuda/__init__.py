@@ -185,21 +185,28 @@ def _numel(shape: Sequence[int]) -> int:
 # ---------------------------------------------------------------------------------------------- LayerNorm
 
 
-def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int) -> tuple[Array, Array, Array] | None:
-    """(y, mean, rstd) of LayerNorm over the trailing ``k`` dims; mean and rstd in float32."""
+def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int,
+               out_dtype: Any = None) -> tuple[Array, Array, Array] | None:
+    """(y, mean, rstd) of LayerNorm over the trailing ``k`` dims; mean and rstd in float32. ``out_dtype``: y in
+    that dtype (float32 x to bfloat16 y here: the compiler's ``layernorm-cast`` pass), rounded once."""
     suffix = _suffix(x.dtype)
     C = _numel(x.shape[x.ndim - k:])
     N = x.size // C if C else 0
     if suffix is None or N == 0 or C == 0 or C >= 2**31:
         return None
+    to = x.dtype if out_dtype is None else np.dtype(out_dtype)
+    if to != x.dtype and (suffix != "f32" or _suffix(to) != "bf16"):
+        return None
     cp = _cp()
     xc = _contig(x)
     wc, bc = _contig(w), _contig(b)
-    y = cp.empty(x.shape, x.dtype)
+    y = cp.empty(x.shape, to)
     lead = x.shape[: x.ndim - k]
     mean = cp.empty(lead, np.float32)
     rstd = cp.empty(lead, np.float32)
     name, vec = _variant(suffix, C, xc, wc, bc, y)
+    if to != x.dtype:
+        name = name.replace("f32", "f32_to_bf16", 1)
     _launch("layernorm", f"layernorm_fwd_{name}", (N,), (_row_threads(C // vec),),
             (xc, _ptr(wc), _ptr(bc), y, mean, rstd, np.int32(C), np.float32(eps)))
     return y, mean, rstd

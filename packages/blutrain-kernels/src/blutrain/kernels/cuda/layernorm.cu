@@ -6,6 +6,9 @@
 //                    y = (x - mean) * rstd * w + b; writes y and float32 mean[N], rstd[N] (statistics stay
 //                    float32 for bf16 input, as PyTorch keeps them).
 //                    Bytes: read N*C (+2C for w, b), write N*C (+2N). FLOPs ~ 7 N*C.
+//                    *_f32_to_bf16_*: float32 x, w, b and a bf16 y, each element rounded once from the
+//                    float32 result (the compiler's layernorm-cast pass: autocast's cast of y for the next
+//                    GEMM folded in; write N*C bf16 instead of N*C float32 plus a cast's 6 bytes/element).
 // layernorm_bwd_*_n{NPER}: the backward for C <= 16 * 1024 elements. A row group of TG = blockDim.x
 //                    threads (a power of two >= 32) owns one row at a time; thread t holds vectors
 //                    t, t + TG, ... (NPER of them, VEC elements each) of g, x and w in registers, so each
@@ -28,15 +31,15 @@
 //                    Bytes: read 2*G*C, write 2*C.
 #include "common.cuh"
 
-template <typename T, int VEC>
+template <typename T, typename TO, int VEC>
 __device__ __forceinline__ void layernorm_fwd(const T* __restrict__ x, const T* __restrict__ w,
-                                              const T* __restrict__ b, T* __restrict__ y,
+                                              const T* __restrict__ b, TO* __restrict__ y,
                                               float* __restrict__ mean_out, float* __restrict__ rstd_out, int C,
                                               float eps) {
     __shared__ float red[66];
     const long long row = blockIdx.x;
     const T* xr = x + row * C;
-    T* yr = y + row * C;
+    TO* yr = y + row * C;
     const int nv = C / VEC;
 
     float s = 0.f;
@@ -320,15 +323,17 @@ __device__ __forceinline__ void layernorm_bwd_reduce(const float* __restrict__ p
     if (threadIdx.y == 0 && j < 2LL * C && out != nullptr) out[col] = from_float<T>(s);
 }
 
-#define LN_FWD(NAME, T, VEC)                                                                        \
-    extern "C" __global__ void NAME(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, int C, \
+#define LN_FWD(NAME, T, TO, VEC)                                                                    \
+    extern "C" __global__ void NAME(const T* x, const T* w, const T* b, TO* y, float* mean, float* rstd, int C, \
                                     float eps) {                                                    \
-        layernorm_fwd<T, VEC>(x, w, b, y, mean, rstd, C, eps);                                      \
+        layernorm_fwd<T, TO, VEC>(x, w, b, y, mean, rstd, C, eps);                                  \
     }
-LN_FWD(layernorm_fwd_f32_v4, float, 4)
-LN_FWD(layernorm_fwd_f32_v1, float, 1)
-LN_FWD(layernorm_fwd_bf16_v8, bf16, 8)
-LN_FWD(layernorm_fwd_bf16_v1, bf16, 1)
+LN_FWD(layernorm_fwd_f32_v4, float, float, 4)
+LN_FWD(layernorm_fwd_f32_v1, float, float, 1)
+LN_FWD(layernorm_fwd_bf16_v8, bf16, bf16, 8)
+LN_FWD(layernorm_fwd_bf16_v1, bf16, bf16, 1)
+LN_FWD(layernorm_fwd_f32_to_bf16_v4, float, bf16, 4)
+LN_FWD(layernorm_fwd_f32_to_bf16_v1, float, bf16, 1)
 
 #define LN_BWD(NAME, T, VEC)                                                                          \
     extern "C" __global__ void NAME(const T* g, const T* x, const T* w, const float* mean, const float* rstd, \

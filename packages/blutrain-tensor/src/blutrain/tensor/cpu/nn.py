@@ -32,7 +32,10 @@ def _row_mean(a: Array) -> Array:
     return a.sum(axis=1, keepdims=True, dtype=a.dtype) / a.shape[1]
 
 
-def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int) -> tuple[Array, Array, Array]:
+def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int,
+               out_dtype: Any = None) -> tuple[Array, Array, Array]:
+    """(y, mean, rstd); with ``out_dtype`` y is written in that dtype, rounded once from x's (the compiler's
+    ``layernorm-cast`` pass: autocast's cast of the output to the GEMM's dtype, folded in)."""
     xp = array_module(x)
     rows = _rows(x, k)
     with _quiet():
@@ -44,6 +47,8 @@ def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int) -
         y = y * w
     if b is not None:
         y = y + b
+    if out_dtype is not None:
+        y = y.astype(out_dtype)
     lead = x.shape[: x.ndim - k]
     return y, mean.reshape(lead), rstd.reshape(lead)
 

@@ -1,0 +1,73 @@
+"""LayerNorm-output cast: ``cast(layer_norm(x).y, dtype)`` becomes one ``layer_norm`` that writes ``y`` in
+``dtype``.
+
+Under autocast LayerNorm runs in float32 and the GEMM after it in bf16, so each LayerNorm output is written
+in float32 only for a cast to read it and write it again in bf16 (GPT-2: three passes over a tensor of the
+residual stream's size per LayerNorm, 25 LayerNorms a step). The forward kernel takes the output dtype and
+rounds each float32 result once on its way out (``blutrain.tensor.cpu.nn`` and ``blutrain.kernels.cuda``),
+as the cast did: the result is eager's bit for bit.
+
+The pattern: a ``layer_norm`` whose output ``y`` has one use, a ``cast`` to another floating dtype. Its
+backward reads x and the saved statistics, never ``y``, so nothing else needs the float32 output.
+"""
+
+from __future__ import annotations
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation
+from xdsl.passes import ModulePass
+from xdsl.rewriter import InsertPoint, Rewriter
+
+from blutrain.compiler.dialect import Operand, decode, encode, is_kernel, kernel_name, kernel_op_class, type_info
+from blutrain.compiler.graph import body
+from blutrain.compiler.passes.patterns import only_use, plain_kernel
+
+FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def match(op: Operation) -> Operation | None:
+    """The cast that is the one reader of a ``layer_norm``'s output, or None."""
+    if (not is_kernel(op) or kernel_name(op) != "layer_norm" or "dynamic" in op.properties
+            or "writes" in op.properties):
+        return None
+    args = decode(op.properties["args"])
+    ret = decode(op.properties["ret"])
+    if len(args) != 5 or not isinstance(ret, (list, tuple)) or not isinstance(ret[0], Operand):
+        return None
+    cast = only_use(op.results[ret[0].index])
+    if cast is None or not plain_kernel(cast, "cast"):
+        return None
+    if type_info(cast.results[0].type)[1].name not in FLOATS:
+        return None
+    return cast
+
+
+class LayerNormCast(ModulePass):
+    name = "layernorm-cast"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for norm in list(body(op).ops):
+            cast = match(norm) if norm.parent is not None else None
+            if cast is None:
+                continue
+            ret = decode(norm.properties["ret"])
+            y_index = ret[0].index
+            to = decode(cast.properties["args"])[1]
+            args = (*decode(norm.properties["args"]), to)
+            types = [r.type for r in norm.results]
+            types[y_index] = cast.results[0].type
+            fused = kernel_op_class("layer_norm").create(
+                operands=list(norm.operands), result_types=types,
+                properties={"args": encode(args), "ret": norm.properties["ret"], "device": norm.properties["device"],
+                            "dtype": norm.properties["dtype"]})
+            Rewriter.insert_op(fused, InsertPoint.before(norm))
+            cast.results[0].replace_all_uses_with(fused.results[y_index])
+            Rewriter.erase_op(cast)
+            for i, (old, new) in enumerate(zip(norm.results, fused.results, strict=True)):
+                if i != y_index:
+                    old.replace_all_uses_with(new)
+            Rewriter.erase_op(norm)
+
+
+__all__ = ["LayerNormCast", "match"]
