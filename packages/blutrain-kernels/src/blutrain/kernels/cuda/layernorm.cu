@@ -79,7 +79,14 @@ __device__ __forceinline__ void layernorm_fwd(const T* __restrict__ x, const T* 
             for (int k = 0; k < VEC; ++k) bv[k] = 0.f;
         }
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] = (v[k] - mean) * rstd * wv[k] + bv[k];
+        for (int k = 0; k < VEC; ++k) {
+            o[k] = (v[k] - mean) * rstd * wv[k] + bv[k];
+            // narrowed on the way out: a NaN becomes the quiet NaN of its sign, as casts.cu's float32 ->
+            // bfloat16 makes it (the store keeps a payload), so the output is the cast kernel's bits
+            if constexpr (sizeof(TO) < sizeof(T)) {
+                if (o[k] != o[k]) o[k] = copysignf(__int_as_float(0x7fc00000), o[k]);
+            }
+        }
         store_vec<VEC>(yr + (long long)i * VEC, o);
     }
     if (threadIdx.x == 0) {
