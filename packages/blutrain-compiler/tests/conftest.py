@@ -34,3 +34,39 @@ def same_bits() -> Callable[[Any, Any], None]:
 @pytest.fixture(scope="session")
 def as_bits() -> Callable[[Any], np.ndarray[Any, Any]]:
     return bits
+
+
+def sgd_runs(loss: Callable[..., Any], params: list[np.ndarray[Any, Any] | None], x: np.ndarray[Any, Any],
+             steps: int = 4) -> tuple[list[np.ndarray[Any, Any]], list[np.ndarray[Any, Any]], str]:
+    """``loss(x, *params)`` trained by SGD for ``steps`` steps, eagerly and compiled from the same starting
+    values (a None parameter stays None): (eager's losses and final parameters, the compiled ones, the
+    compiled IR). The passes' tests compare the two bit for bit and look for their op in the IR."""
+    import blutrain.compiler as bc
+    import blutrain.tensor as bt
+    from blutrain.optim import create
+
+    runs: list[list[np.ndarray[Any, Any]]] = []
+    ir = ""
+    for compiled in (False, True):
+        ps = [None if p is None else bt.from_numpy(p.copy()).requires_grad_() for p in params]
+        opt = create("sgd", [p for p in ps if p is not None], lr=0.01)
+
+        def step(xt: Any, ps: list[Any] = ps, opt: Any = opt) -> Any:
+            value = loss(xt, *ps)
+            value.backward()
+            opt.step()
+            opt.zero_grad()
+            return value
+
+        fn: Any = bc.compile(step) if compiled else step
+        losses = [fn(bt.from_numpy(x)).detach().numpy().copy() for _ in range(steps)]
+        if compiled:
+            ir = fn.ir()
+        runs.append([*losses, *(p.detach().numpy().copy() for p in ps if p is not None)])
+    return runs[0], runs[1], ir
+
+
+@pytest.fixture(scope="session")
+def sgd_eager_and_compiled() -> Callable[..., tuple[list[Any], list[Any], str]]:
+    """``sgd_eager_and_compiled(loss, params, x, steps=4)``: see :func:`sgd_runs`."""
+    return sgd_runs

@@ -69,40 +69,23 @@ def test_no_fusion_where_dx_is_read_twice_broadcast_or_in_a_half_dtype() -> None
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 9), st.integers(1, 12), st.booleans(), st.sampled_from(["float32", "float64"]),
        st.integers(0, 2**16))
-def test_compiled_residual_layernorm_trains_as_eager_bit_for_bit(rows: int, cols: int, affine: bool, dtype: str,
+def test_compiled_residual_layernorm_trains_as_eager_bit_for_bit(sgd_eager_and_compiled: Any, same_bits: Any,
+                                                                 rows: int, cols: int, affine: bool, dtype: str,
                                                                  seed: int) -> None:
     """The fused kernel rounds dx + addend once, as the add did: four SGD steps through it (the input's
     gradient reaches the parameters of a linear before the LayerNorm) are eager's bit for bit."""
-    from blutrain.optim import create
-
     rng = np.random.default_rng(seed)
-    x0 = rng.standard_normal((rows, cols)).astype(dtype)
-    m0 = rng.standard_normal((cols, cols)).astype(dtype)
-    w0, b0 = rng.standard_normal(cols).astype(dtype), rng.standard_normal(cols).astype(dtype)
-    results = []
-    for compiled in (False, True):
-        m = bt.from_numpy(m0.copy()).requires_grad_()
-        w = bt.from_numpy(w0.copy()).requires_grad_() if affine else None
-        b = bt.from_numpy(b0.copy()).requires_grad_() if affine else None
-        opt = create("sgd", [m] + ([w, b] if affine else []), lr=0.01)  # type: ignore[list-item]
+    x, m, w, b = (rng.standard_normal(s).astype(dtype) for s in ((rows, cols), (cols, cols), cols, cols))
 
-        def step(xt: bt.Tensor, m: bt.Tensor = m, w: Any = w, b: Any = b, opt: Any = opt) -> bt.Tensor:
-            h = bt.linear(xt, m)
-            y = h + bt.layer_norm(h, cols, w, b).tanh()
-            loss = (y * y).sum()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
+    def loss(xt: bt.Tensor, m: bt.Tensor, w: Any, b: Any) -> bt.Tensor:
+        h = bt.linear(xt, m)
+        y = h + bt.layer_norm(h, cols, w, b).tanh()
+        return (y * y).sum()
 
-        fn = bc.compile(step) if compiled else step
-        losses = [fn(bt.from_numpy(x0)).detach().numpy().copy() for _ in range(4)]
-        if compiled:  # the layer_norm_backward call ends with an operand after need_w and need_b: the addend
-            assert FUSED.search(fn.ir()), fn.ir()  # type: ignore[attr-defined]
-        params = [m, *([w, b] if affine else [])]
-        results.append([*losses, *(p.detach().numpy().copy() for p in params)])
-    for a, c in zip(*results, strict=True):
-        np.testing.assert_array_equal(a, c)
+    eager, compiled, ir = sgd_eager_and_compiled(loss, [m, w if affine else None, b if affine else None], x)
+    assert FUSED.search(ir), ir  # the layer_norm_backward call ends with an operand after need_w and need_b
+    for a, c in zip(eager, compiled, strict=True):
+        same_bits(c, a)
 
 
 @pytest.mark.cuda

@@ -20,9 +20,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import Operand, encode, kernel_op_class, type_info
-from blutrain.compiler.graph import body
-from blutrain.compiler.passes.aliasing import analyse
-from blutrain.compiler.passes.patterns import kernel_values, only_use, plain_kernel, written_between
+from blutrain.compiler.passes.patterns import Scan, kernel_values, only_use, plain_kernel, same_type_add
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
@@ -36,40 +34,25 @@ def match(linear: Operation) -> tuple[Operation, SSAValue, list[Operation]] | No
         return None
     chain = [linear]
     value = linear.results[0]
-    user = only_use(value)
-    if user is not None and plain_kernel(user, "cast"):
-        chain.append(user)
-        value = user.results[0]
-        user = only_use(value)
-    if user is None or not plain_kernel(user, "add"):
+    cast = only_use(value)
+    if cast is not None and plain_kernel(cast, "cast"):
+        chain.append(cast)
+        value = cast.results[0]
+    found = same_type_add(value)
+    if found is None or type_info(value.type)[1].name not in FLOATS:
         return None
-    operands = kernel_values(user)
-    if operands is None or len(operands) != 2 or operands.count(value) != 1:
-        return None
-    residual = operands[1] if operands[0] is value else operands[0]
-    out_type = user.results[0].type
-    if residual is None or residual.type != out_type or value.type != out_type:
-        return None
-    if type_info(out_type)[1].name not in FLOATS:
-        return None
-    return user, residual, [*chain, user]
+    add, residual = found
+    return add, residual, [*chain, add]
 
 
 class GemmEpilogueFusion(ModulePass):
     name = "gemm-epilogue"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        block = body(op)
-        info = analyse(block)
-        ops = list(block.ops)
-        pos = {o: i for i, o in enumerate(ops)}
-        for linear in ops:
-            found = match(linear) if linear.parent is not None else None
-            if found is None:
-                continue
-            add, residual, replaced = found
+        scan = Scan(op)
+        for linear, (add, residual, replaced) in scan.matches(match):
             x, w, b = kernel_values(linear)  # type: ignore[misc]
-            if x is None or w is None or written_between(info, ops, pos[linear], pos[add], [x, w, b]):
+            if x is None or w is None or scan.written_between(linear, add, [x, w, b]):
                 continue
             operands: list[SSAValue] = [residual, x, w] + ([b] if b is not None else [])
             args = (Operand(0), Operand(1), Operand(2), Operand(3) if b is not None else None)

@@ -20,8 +20,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import Operand, decode, encode, is_kernel, kernel_name, kernel_op_class, type_info
-from blutrain.compiler.graph import body
-from blutrain.compiler.passes.patterns import only_use, plain_kernel
+from blutrain.compiler.passes.patterns import Scan, only_use, plain_kernel
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
@@ -47,10 +46,7 @@ class LayerNormCast(ModulePass):
     name = "layernorm-cast"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        for norm in list(body(op).ops):
-            cast = match(norm) if norm.parent is not None else None
-            if cast is None:
-                continue
+        for norm, cast in Scan(op).matches(match):
             ret = decode(norm.properties["ret"])
             y_index = ret[0].index
             to = decode(cast.properties["args"])[1]

@@ -22,9 +22,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import Operand, decode, encode, is_kernel, kernel_name, kernel_op_class
-from blutrain.compiler.graph import body
-from blutrain.compiler.passes.aliasing import analyse
-from blutrain.compiler.passes.patterns import kernel_values, only_use, plain_kernel, written_between
+from blutrain.compiler.passes.patterns import Scan, same_type_add
 
 DTYPES = frozenset({"float32", "float64"})
 
@@ -38,17 +36,7 @@ def match(op: Operation) -> tuple[Operation, SSAValue] | None:
     ret = decode(op.properties["ret"])
     if len(args) != 8 or not isinstance(ret, (list, tuple)) or not isinstance(ret[0], Operand):
         return None
-    dx = op.results[ret[0].index]
-    add = only_use(dx)
-    if add is None or not plain_kernel(add, "add"):
-        return None
-    operands = kernel_values(add)
-    if operands is None or len(operands) != 2 or operands.count(dx) != 1:
-        return None
-    other = operands[1] if operands[0] is dx else operands[0]
-    if other is None or other.type != dx.type or add.results[0].type != dx.type:
-        return None
-    return add, other
+    return same_type_add(op.results[ret[0].index])
 
 
 def _defined_before(value: SSAValue, op: Operation, pos: dict[Operation, int]) -> bool:
@@ -60,22 +48,14 @@ class LayerNormGradAdd(ModulePass):
     name = "layernorm-grad-add"
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        block = body(op)
-        info = analyse(block)
-        ops = list(block.ops)
-        pos = {o: i for i, o in enumerate(ops)}
-        for norm in ops:
-            found = match(norm) if norm.parent is not None else None
-            if found is None:
-                continue
-            add, other = found
-            start, stop = pos[norm], pos[add]
-            inputs: list[SSAValue | None] = [*norm.operands, other]
-            if written_between(info, ops, start, stop, inputs):
+        scan = Scan(op)
+        pos = scan.pos
+        for norm, (add, other) in scan.matches(match):
+            if scan.written_between(norm, add, [*norm.operands, other]):
                 continue
             if _defined_before(other, norm, pos):
                 where = InsertPoint.before(norm)
-            elif all(pos.get(u.operation, stop) >= stop for r in norm.results for u in r.uses):
+            elif all(pos.get(u.operation, pos[add]) >= pos[add] for r in norm.results for u in r.uses):
                 where = InsertPoint.before(add)  # nothing reads dw or db before the add
             else:
                 continue
