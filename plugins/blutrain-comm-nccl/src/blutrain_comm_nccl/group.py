@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from blutrain.dist import CollectiveTimeoutError, DistArgumentError, DistEnv, DistError, ReduceOp, Store, Work
@@ -110,11 +110,11 @@ class NCCLProcessGroup:
         self.device: int = cp.cuda.Device().id
         key = f"blutrain/nccl/{name}/id"
         if rank == 0:
-            uid = nccl.get_unique_id()
-            store.set(key, unique_id_bytes(uid))
-            self.comm: Any = nccl.NcclCommunicator(size, uid, rank)
+            raw = unique_id_bytes(nccl.get_unique_id())
+            store.set(key, raw)
         else:
-            self.comm = communicator(nccl, size, store.get(key, timeout=self.timeout), rank)
+            raw = store.get(key, timeout=self.timeout)
+        self.comm: Any = communicator(nccl, size, raw, rank)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._broken: str | None = None
         self._splits = 0
@@ -189,6 +189,15 @@ class NCCLProcessGroup:
         work.wait()
         return None
 
+    @contextlib.contextmanager
+    def _grouped(self) -> Iterator[None]:
+        """NCCL calls launched as one group (one kernel; a send and a recv with peers posted together)."""
+        self.nccl.groupStart()
+        try:
+            yield
+        finally:
+            self.nccl.groupEnd()
+
     # ------------------------------------------------------------------------------ collectives
     def all_reduce(self, tensor: Tensor, op: ReduceOp = "sum", async_op: bool = False) -> Work | None:
         t = self._check("all_reduce", "tensor", tensor)
@@ -208,15 +217,11 @@ class NCCLProcessGroup:
         for t in ts:
             check_op("all_reduce_coalesced", op, t)
         calls = [(self._dtype("all_reduce_coalesced", t), t.numel(), t.data_ptr()) for t in ts]
-        nccl = self.nccl
 
         def call(stream: int) -> None:
-            nccl.groupStart()
-            try:
+            with self._grouped():
                 for dtype, n, ptr in calls:
                     self.comm.allReduce(ptr, ptr, n, dtype, _OPS[op], stream)
-            finally:
-                nccl.groupEnd()
 
         for t in ts:
             t._bump_version()
@@ -281,14 +286,13 @@ class NCCLProcessGroup:
         scattered_shape("all_to_all", inp, self.size)
         check_same("all_to_all", out, inp, tuple(inp.shape))
         block = inp.numel() * inp.dtype.itemsize // self.size
-        src, dst, nccl = inp.data_ptr(), out.data_ptr(), self.nccl
+        src, dst = inp.data_ptr(), out.data_ptr()
 
         def call(stream: int) -> None:
-            nccl.groupStart()
-            for peer in range(self.size):
-                self.comm.send(src + peer * block, block, _BYTES, peer, stream)
-                self.comm.recv(dst + peer * block, block, _BYTES, peer, stream)
-            nccl.groupEnd()
+            with self._grouped():
+                for peer in range(self.size):
+                    self.comm.send(src + peer * block, block, _BYTES, peer, stream)
+                    self.comm.recv(dst + peer * block, block, _BYTES, peer, stream)
 
         out._bump_version()
         return self._launch("all_to_all", call, (out, inp), async_op)
@@ -322,15 +326,12 @@ class NCCLProcessGroup:
         check_rank("sendrecv", "dst", dst, self.size)
         check_rank("sendrecv", "src", src, self.size)
         n_out, n_in = out.numel() * out.dtype.itemsize, inp.numel() * inp.dtype.itemsize
-        dst_ptr, src_ptr, nccl = out.data_ptr(), inp.data_ptr(), self.nccl
+        dst_ptr, src_ptr = out.data_ptr(), inp.data_ptr()
 
         def call(stream: int) -> None:
-            nccl.groupStart()
-            try:
+            with self._grouped():
                 self.comm.send(src_ptr, n_in, _BYTES, dst, stream)
                 self.comm.recv(dst_ptr, n_out, _BYTES, src, stream)
-            finally:
-                nccl.groupEnd()
 
         out._bump_version()
         return self._launch(f"sendrecv to rank {dst} from rank {src}", call, (out, inp), async_op)
