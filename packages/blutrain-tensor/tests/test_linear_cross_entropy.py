@@ -64,6 +64,45 @@ def test_the_chunk_size_changes_nothing_but_memory_in_float32() -> None:
             np.testing.assert_allclose(g, r, rtol=2e-6, atol=1e-7)
 
 
+def test_the_default_chunks_of_a_gpt2_batch_are_six_equal_ones() -> None:
+    """16384 rows of 50304 bf16 logits: 256 MiB holds 2668 rows, which left a seventh chunk of 376 rows
+    (paying a whole pass over the float32 weight gradient); equal chunks of 2731 rows leave none."""
+    from blutrain.tensor.ops.nn import default_chunk_rows
+
+    assert default_chunk_rows(16384, 50304, 2) == 2731
+    assert default_chunk_rows(16384, 50304, 4) == 1366  # float32 logits: 12 chunks of 1365-1366 rows
+    assert default_chunk_rows(1, 50304, 4) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 10**6), vocab=st.integers(1, 2**17), itemsize=st.sampled_from((2, 4, 8)))
+def test_default_chunks_are_balanced_and_near_the_budget(n: int, vocab: int, itemsize: int) -> None:
+    from blutrain.tensor.ops.nn import LOGITS_CHUNK_BYTES, default_chunk_rows
+
+    rows = default_chunk_rows(n, vocab, itemsize)
+    budget = max(1, LOGITS_CHUNK_BYTES // (vocab * itemsize))
+    chunks = -(-n // rows)
+    assert 1 <= rows <= n
+    assert n - (chunks - 1) * rows > rows - chunks  # the last chunk is short by less than one row per chunk
+    assert rows <= budget * (1 + 1 / (2 * chunks)) + 1 and rows <= 1.5 * budget + 1
+    if n >= 2 * budget:
+        assert rows > budget * 2 / 3  # no needless extra chunk either
+
+
+def test_the_default_chunking_is_the_explicit_one_of_default_chunk_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An explicit chunk_size is exact; the default one is default_chunk_rows: with a budget of 12 rows, 37 rows
+    run as 13 + 13 + 11 (not 12 + 12 + 12 + 1), so float32's chunk-order rounding of dw is that of chunk_size=13."""
+    from blutrain.tensor.ops import nn
+
+    x, w, target = _case(1, (37,), 16, 50)
+    monkeypatch.setattr(nn, "LOGITS_CHUNK_BYTES", 12 * 50 * 4)
+    assert nn.default_chunk_rows(37, 50, 4) == 13
+    default = _loss_and_grads(True, x, w, target, "float32")
+    explicit = _loss_and_grads(True, x, w, target, "float32", chunk_size=13)
+    for g, r in zip(default, explicit, strict=True):
+        np.testing.assert_array_equal(g.view(np.uint32), r.view(np.uint32))
+
+
 def test_without_grad_only_the_loss_is_computed() -> None:
     x, w, target = _case(2, (4, 3), 5, 7)
     with blutrain.autograd.no_grad():

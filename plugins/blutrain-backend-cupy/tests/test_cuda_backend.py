@@ -339,6 +339,58 @@ def test_linear_cross_entropy_matches_float64_on_the_cpu(autocast: bool, chunk: 
         assert rel(got, want) < tol
 
 
+def test_linear_cross_entropy_casts_its_operands_with_the_cast_kernel_bit_for_bit() -> None:
+    """Under autocast the op's float32 x and weight become bf16 through BluTrain's cast kernel: the CPU's
+    astype bits, NaNs as the quiet NaN of their sign, ties to even; an F-order operand comes back C-order, a
+    bf16 one is not copied."""
+    import cupy as cp
+
+    from blutrain_backend_cupy.gemm import _compute_operand
+
+    bf16 = np.dtype(bt.bfloat16.np)
+    special = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00001,
+                        0xFFA00000, 0x00000001, 0x80000000], np.uint32).view(np.float32)
+    a = np.random.default_rng(11).standard_normal((257, 96)).astype(np.float32)
+    a.reshape(-1)[:special.size] = special
+    for host_a in (a, np.asfortranarray(a)):
+        got = _compute_operand(cp.asarray(host_a), bf16)
+        assert got.dtype == bf16 and got.flags.c_contiguous
+        np.testing.assert_array_equal(cp.asnumpy(got).view(np.uint16), a.astype(bf16).view(np.uint16))
+    already = cp.asarray(a.astype(bf16))
+    assert _compute_operand(already, bf16).data.ptr == already.data.ptr
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_linear_cross_entropy_default_chunks_are_the_balanced_ones(monkeypatch: pytest.MonkeyPatch,
+                                                                   autocast: bool) -> None:
+    """With a logits budget of 120 rows, 300 rows run as three chunks of 100 (default_chunk_rows), not 120 +
+    120 + 60: the default call's loss and gradients are chunk_size=100's bit for bit, and the float64 op's
+    to the usual tolerance."""
+    from blutrain.tensor.ops import nn
+
+    r = np.random.default_rng(6)
+    n, c, v = 300, 64, 1000
+    x, w = r.standard_normal((n, c)).astype(np.float32), (r.standard_normal((v, c)) * 0.2).astype(np.float32)
+    target = r.integers(0, v, n)
+    target[r.random(n) < 0.1] = -1
+    itemsize = 2 if autocast else 4
+    monkeypatch.setattr(nn, "LOGITS_CHUNK_BYTES", 120 * v * itemsize)
+    assert nn.default_chunk_rows(n, v, itemsize) == 100
+    results = []
+    for device, dtype, chunk in (("cuda", "float32", None), ("cuda", "float32", 100), ("cpu", "float64", 7)):
+        xt = bt.tensor(x, device=device, dtype=dtype, requires_grad=True)
+        wt = bt.tensor(w, device=device, dtype=dtype, requires_grad=True)
+        with bt.autocast(enabled=autocast and device == "cuda"):
+            loss = bt.linear_cross_entropy(xt, wt, bt.tensor(target, device=device), ignore_index=-1,
+                                           chunk_size=chunk)
+        loss.backward()
+        assert xt.grad is not None and wt.grad is not None
+        results.append([host(t) for t in (loss, xt.grad, wt.grad)])
+    for default, explicit, want in zip(*results, strict=True):
+        np.testing.assert_array_equal(default, explicit)  # float32 widened exactly: equal bits
+        assert rel(default, want) < (1e-2 if autocast else 1e-5)
+
+
 # ------------------------------------------------------------------------------------------- ops against the CPU
 
 
