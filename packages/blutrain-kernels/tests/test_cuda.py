@@ -490,7 +490,7 @@ def test_adamw_multi_tensor_matches_float64(max_norm: float | None, grad_dtype: 
     wds = [0.1, 0.1, 0.0, 0.01]
     dp, dm, dv = ([dev(a, np.float32) for a in xs] for xs in (p, m, v))
     norm = cuda.adamw_multi_tensor(dp, [dev(a, grad_dtype) for a in g], dm, dv, _step_scalars(1e-3, 0.9, 0.95, 7),
-                                   0.9, 0.95, 1e-8, wds, max_norm)
+                                   0.9, 0.95, 1e-8, wds, max_grad_norm=max_norm)
     rp, rm, rv, rnorm = _adamw_reference(p, g, m, v, 1e-3, 0.9, 0.95, 1e-8, wds, 7, max_norm)
     for got, ref in zip(dp + dm + dv, rp + rm + rv, strict=True):
         check(got, ref, np.float32)
@@ -663,7 +663,7 @@ def test_a_captured_adamw_graph_replays_with_the_step_scalars_written_since() ->
     with cp.cuda.using_allocator(pool.malloc), stream:
         stream.begin_capture()
         try:
-            norm = cuda.adamw_multi_tensor(dp, dg, dm, dv, scalars, 0.9, 0.95, 1e-8, 0.1, 1.0)
+            norm = cuda.adamw_multi_tensor(dp, dg, dm, dv, scalars, 0.9, 0.95, 1e-8, 0.1, max_grad_norm=1.0)
         finally:
             graph = stream.end_capture()
     for step, lr in ((1, 1e-3), (2, 3e-3), (3, 2e-3)):
@@ -678,6 +678,112 @@ def test_a_captured_adamw_graph_replays_with_the_step_scalars_written_since() ->
         for got, ref in zip(dp + dm + dv, p + m + v, strict=True):
             check(got, ref, np.float32)
         check(norm, np.asarray(rnorm), np.float32)
+
+
+def _adamw_case(seed: int, grad_dtype: Any) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """Host arrays (p, g, m, v) for the grad_scale tests: one tensor over several 2048-element tiles, an n % 4
+    tail, one element; the device copies get an unaligned param and grad too (see _adamw_device)."""
+    r = rng(seed)
+    shapes = [(5000,), (2049,), (1,), (40, 100)]
+    p = [r.standard_normal(s).astype(np.float32) for s in shapes]
+    g = [(r.standard_normal(s) * 0.5).astype(grad_dtype) for s in shapes]
+    m = [(r.standard_normal(s) * 0.01).astype(np.float32) for s in shapes]
+    v = [(np.abs(r.standard_normal(s)) * 1e-3).astype(np.float32) for s in shapes]
+    return p, g, m, v
+
+
+def _adamw_device(host_arrays: list[Any]) -> list[Any]:
+    """Device copies; the first one 4 bytes past a 16-byte boundary (the kernels' element-wise path)."""
+    import cupy as cp
+
+    first = host_arrays[0]
+    shifted = cp.asarray(np.concatenate([np.zeros(1, first.dtype), first.ravel()]))[1:].reshape(first.shape)
+    return [shifted, *(cp.asarray(a) for a in host_arrays[1:])]
+
+
+def _bits_equal(got: Any, want: Any) -> None:
+    import cupy as cp
+
+    g, w = cp.asnumpy(got), cp.asnumpy(want)
+    assert g.dtype == w.dtype and g.shape == w.shape
+    np.testing.assert_array_equal(g.view(f"u{g.dtype.itemsize}"), w.view(f"u{w.dtype.itemsize}"))
+
+
+@pytest.mark.parametrize("coef", [0.3, 1.0, 2.5e-3, 0.7071067811865476])
+@pytest.mark.parametrize("grad_dtype", DTYPES, ids=lambda d: d.name)
+def test_adamw_grad_scale_equals_scaling_the_grads_in_place_first_bit_for_bit(grad_dtype: Any, coef: float) -> None:
+    """What the compiler's adamw-grad-scale pass relies on: adamw_multi_tensor(..., grad_scale=c) gives the bits of
+    scale_multi_tensor(grads, c) followed by adamw_multi_tensor without it (each product rounded once, to the
+    gradient's dtype; never contracted into the update's FMAs), and leaves the gradients unchanged."""
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    p, g, m, v = _adamw_case(20, grad_dtype)
+    wds = [0.1, 0.0, 0.1, 0.01]
+    c = cp.asarray(np.asarray(coef, grad_dtype))
+    # in place first, as eager clip_grad_norm_ does, then the update
+    pa, ga, ma, va = (_adamw_device(xs) for xs in (p, g, m, v))
+    cuda.scale_multi_tensor(ga, c)
+    cuda.adamw_multi_tensor(pa, ga, ma, va, _step_scalars(1e-3, 0.9, 0.95, 3), 0.9, 0.95, 1e-8, wds)
+    # the scale inside the update
+    pb, gb, mb, vb = (_adamw_device(xs) for xs in (p, g, m, v))
+    cuda.adamw_multi_tensor(pb, gb, mb, vb, _step_scalars(1e-3, 0.9, 0.95, 3), 0.9, 0.95, 1e-8, wds, c)
+    for got, want in zip(pb + mb + vb, pa + ma + va, strict=True):
+        _bits_equal(got, want)
+    for got, want in zip(gb, g, strict=True):
+        _bits_equal(got, cp.asarray(want))  # read, not written
+
+
+def test_a_captured_adamw_graph_reads_each_replays_grad_scale() -> None:
+    """One capture with grad_scale; each replay's coefficient (written into its device scalar since) gives the
+    bits of an eager in-place scale and update on copies of the same buffers."""
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    p, g, m, v = _adamw_case(21, np.float32)
+    pg, gg, mg, vg = ([cp.asarray(a) for a in xs] for xs in (p, g, m, v))  # capture needs contiguous grads
+    pe, me, ve = ([cp.asarray(a) for a in xs] for xs in (p, m, v))
+    scalars = _step_scalars(1e-3, 0.9, 0.95, 1)
+    coef = cp.asarray(np.float32(1.0))
+    cuda.function("adamw", "adamw_update")  # compiled and loaded before the capture
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            cuda.adamw_multi_tensor(pg, gg, mg, vg, scalars, 0.9, 0.95, 1e-8, 0.1, coef)
+        finally:
+            graph = stream.end_capture()
+    for step, c in ((1, 0.25), (2, 1.0), (3, 0.0625)):
+        scalars[...] = _step_scalars(1e-3, 0.9, 0.95, step)
+        coef[...] = cp.asarray(np.float32(c))
+        cp.cuda.get_current_stream().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        ge = [cp.asarray(a) for a in g]
+        cuda.scale_multi_tensor(ge, cp.asarray(np.float32(c)))
+        cuda.adamw_multi_tensor(pe, ge, me, ve, _step_scalars(1e-3, 0.9, 0.95, step), 0.9, 0.95, 1e-8, 0.1)
+        cp.cuda.get_current_stream().synchronize()
+        for got, want in zip(pg + mg + vg, pe + me + ve, strict=True):
+            _bits_equal(got, want)
+
+
+def test_adamw_grad_scale_of_another_dtype_than_the_grads_or_with_max_grad_norm_is_refused() -> None:
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+    from blutrain.tensor.errors import TensorTypeError
+
+    x = dev(np.ones(4, np.float32))
+    s = _step_scalars(1e-3, 0.9, 0.999, 1)
+    with pytest.raises(TensorTypeError, match="grad 0 has dtype float32, grad_scale bfloat16"):
+        cuda.adamw_multi_tensor([x], [x], [x], [x], s, 0.9, 0.999, 1e-8, 0.0, cp.asarray(np.asarray(0.5, BF16)))
+    with pytest.raises(TensorTypeError, match="grad_scale must be a 0-d float32 or bfloat16 CuPy array"):
+        cuda.adamw_multi_tensor([x], [x], [x], [x], s, 0.9, 0.999, 1e-8, 0.0, cp.ones(1, np.float32))
+    with pytest.raises(TensorTypeError, match="grad_scale and max_grad_norm both given"):
+        cuda.adamw_multi_tensor([x], [x], [x], [x], s, 0.9, 0.999, 1e-8, 0.0, cp.asarray(np.float32(0.5)),
+                                max_grad_norm=1.0)
 
 
 # ------------------------------------------------------------------------------------------- attention

@@ -26,13 +26,19 @@ def adamw_step_scalars(lr: float, beta1: float, beta2: float, step: int) -> tupl
 
 def adamw_multi_tensor(params: list[Array], grads: list[Array], exp_avgs: list[Array],
                        exp_avg_sqs: list[Array], step_scalars: Array, beta1: float, beta2: float, eps: float,
-                       weight_decay: float) -> None:
+                       weight_decay: float, grad_scale: Array | None = None) -> None:
     """AdamW (Loshchilov & Hutter) as PyTorch computes it, for tensors that have all taken t steps:
 
     p ← p·(1 − lr·wd);  m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;
     p ← p − lr/(1−β1ᵗ) · m / (√v / √(1−β2ᵗ) + eps)
 
     ``step_scalars``: float64 [3] on the parameters' device, (lr, 1 − β1ᵗ, √(1 − β2ᵗ)).
+
+    ``grad_scale``: None, or a 0-d array of the parameters' dtype on their device, read when the kernel runs:
+    g is ``grad · grad_scale``, the product rounded to that dtype, as ``scale_multi_tensor`` stores it (the same
+    ufunc on the same operands), so the step equals scaling the gradients in place first and updating after,
+    bit for bit, and leaves the gradients as they were. The compiler's ``adamw-grad-scale`` pass hands the
+    global-norm clip's coefficient over this way when nothing else reads the scaled gradients.
     """
     if step_scalars.dtype != "float64" or step_scalars.shape != (3,):
         raise ValueError(f"adamw_multi_tensor: step_scalars must be a float64 array of shape (3,) (lr, 1 - beta1**t, "
@@ -40,6 +46,11 @@ def adamw_multi_tensor(params: list[Array], grads: list[Array], exp_avgs: list[A
     if not params:
         return
     dtype = params[0].dtype
+    if grad_scale is not None and (getattr(grad_scale, "shape", None) != () or grad_scale.dtype != dtype):
+        # another dtype would round the product differently from the in-place scale this stands for
+        raise ValueError(f"adamw_multi_tensor: grad_scale must be a 0-d array of the parameters' dtype {dtype}, got "
+                         f"{getattr(grad_scale, 'dtype', type(grad_scale).__name__)} "
+                         f"{tuple(getattr(grad_scale, 'shape', ()))}")
     # The host computed these in float64 and the ufuncs took them as Python floats, rounded to the
     # parameters' dtype: the same float64 arithmetic and one rounding here give the same bits.
     lr, bias_correction1, bias_correction2_sqrt = step_scalars[0], step_scalars[1], step_scalars[2]
@@ -50,6 +61,8 @@ def adamw_multi_tensor(params: list[Array], grads: list[Array], exp_avgs: list[A
         xp = array_module(p)
         if weight_decay != 0.0:
             p *= decay
+        if grad_scale is not None:
+            g = xp.multiply(g, grad_scale)  # a new array: the caller's gradient stays unscaled
         tmp = xp.multiply(g, 1.0 - beta1)
         m *= beta1
         m += tmp

@@ -181,7 +181,9 @@ class Program:
             launch.template[self.member_of[uid]] = template
             launch.ret = codegen_numpy.region_consts(launch.template)
         else:
-            launch.template = template
+            # ``template`` is the traced call's; a pass that handed the kernel a trailing operand (the
+            # adamw-grad-scale pass's clip coefficient) made the launch's longer: keep that tail
+            launch.template = (*template, *launch.template[len(template):])
         return True
 
     def drop_results(self) -> None:

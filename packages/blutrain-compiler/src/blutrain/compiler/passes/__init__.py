@@ -14,8 +14,9 @@ from blutrain.tensor.plugins import hookimpl
 if TYPE_CHECKING:
     from blutrain.compiler.registry import PassRegistry
 
-DEFAULT_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue", "layernorm-grad-add",
-                                     "layernorm-cast", "elementwise-fusion", "kernel-selection", "memory-plan")
+DEFAULT_PIPELINE: tuple[str, ...] = ("adamw-grad-scale", "inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue",
+                                     "layernorm-grad-add", "layernorm-cast", "elementwise-fusion", "kernel-selection",
+                                     "memory-plan")
 
 
 @hookimpl
@@ -26,13 +27,14 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.dce import DeadCodeElimination
     from blutrain.compiler.passes.epilogue import GemmEpilogueFusion
     from blutrain.compiler.passes.fusion import ElementwiseFusion
+    from blutrain.compiler.passes.grad_scale import AdamWGradScale
     from blutrain.compiler.passes.memory import MemoryPlan
     from blutrain.compiler.passes.norm_cast import LayerNormCast
     from blutrain.compiler.passes.norm_grad import LayerNormGradAdd
     from blutrain.compiler.passes.select import KernelSelection
 
     for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
-              LayerNormGradAdd, LayerNormCast, ElementwiseFusion, KernelSelection, MemoryPlan):
+              LayerNormGradAdd, LayerNormCast, ElementwiseFusion, KernelSelection, MemoryPlan, AdamWGradScale):
         registry.register(p.name, p)
     registry.register("codegen-numpy", codegen_numpy.TARGET)
     registry.register("codegen-cuda", codegen_cuda.TARGET)

@@ -812,18 +812,48 @@ def _adamw_plan(params: Sequence[Array], grads: Sequence[Array], exp_avgs: Seque
     return _upload(table, capturing), _upload(tiles, capturing), K, keep
 
 
+def _adamw_grad_scale(grad_scale: Array | None, grads: Sequence[Array], max_grad_norm: float | None) -> bool:
+    """Check ``grad_scale`` (None, or a 0-d CuPy array of every gradient's dtype) before any launch; whether it
+    is bfloat16 (the kernel reads it as such)."""
+    if grad_scale is None:
+        return False
+    cp = _cp()
+    if max_grad_norm is not None:
+        raise TensorTypeError("adamw_multi_tensor: grad_scale and max_grad_norm both given; pass one (the clip's "
+                              f"coefficient, or the norm to clip to), got max_grad_norm={max_grad_norm!r}")
+    if type(grad_scale) is not cp.ndarray or grad_scale.shape != () or _suffix(grad_scale.dtype) is None:
+        raise TensorTypeError(f"adamw_multi_tensor: grad_scale must be a 0-d float32 or bfloat16 CuPy array, got "
+                              f"{type(grad_scale).__name__} {getattr(grad_scale, 'dtype', '')} "
+                              f"{getattr(grad_scale, 'shape', '')}")
+    for i, g in enumerate(grads):
+        if g.dtype != grad_scale.dtype:
+            # the in-place scale it stands for takes one dtype: grads and coefficient alike
+            raise TensorTypeError(f"adamw_multi_tensor: grad {i} has dtype {g.dtype}, grad_scale {grad_scale.dtype}; "
+                                  "grad_scale must have every gradient's dtype")
+    return _suffix(grad_scale.dtype) == "bf16"
+
+
 def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs: Sequence[Array],
                        exp_avg_sqs: Sequence[Array], step_scalars: Array, beta1: float, beta2: float, eps: float,
-                       weight_decay: float | Sequence[float], max_grad_norm: float | None = None) -> Array | None:
+                       weight_decay: float | Sequence[float], grad_scale: Array | None = None,
+                       max_grad_norm: float | None = None) -> Array | None:
     """One AdamW step over every tensor in one launch (two with clipping), updating params, exp_avgs
     and exp_avg_sqs in place.
 
     params, exp_avgs, exp_avg_sqs: contiguous float32 arrays; grads: float32 or bfloat16, same shapes
     (not modified). ``step_scalars``: float64 [3] on the device, (lr, 1 - beta1**t, sqrt(1 - beta2**t))
     for step t (from 1); the kernel reads it when it runs, so a captured CUDA graph replays with the
-    values written into it since. ``weight_decay`` is one value or one per tensor. With
-    ``max_grad_norm`` the gradients are scaled by min(1, max_norm / (norm + 1e-6)), norm being the
-    2-norm over all gradients, and the norm (float32, 0-d, before clipping) is returned; else None.
+    values written into it since. ``weight_decay`` is one value or one per tensor.
+
+    ``grad_scale``: a 0-d CuPy array of the gradients' dtype (every grad must have it), read when the kernel
+    runs; each gradient element is multiplied by it as it is read and rounded to the gradient's dtype, so the
+    step equals ``scale_multi_tensor(grads, grad_scale)`` followed by this kernel without it, bit for bit (the
+    compiler's ``adamw-grad-scale`` pass hands it the global-norm clip's coefficient). The 10th positional
+    argument, as on the CPU, where the compiled IR puts it.
+
+    With ``max_grad_norm`` (not together with ``grad_scale``) the gradients are scaled by min(1, max_norm /
+    (norm + 1e-6)), norm being the 2-norm over all gradients, and the norm (float32, 0-d, before clipping) is
+    returned; else None.
     """
     n = len(params)
     if not (len(grads) == len(exp_avgs) == len(exp_avg_sqs) == n):
@@ -836,6 +866,7 @@ def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs
             type(step_scalars).__name__
         raise TensorTypeError(f"adamw_multi_tensor: step_scalars must be a contiguous float64 CuPy array of shape (3,) "
                               f"(lr, 1 - beta1**t, sqrt(1 - beta2**t)), got {got}")
+    gscale_bf16 = _adamw_grad_scale(grad_scale, grads, max_grad_norm)
     wds = [float(weight_decay)] * n if isinstance(weight_decay, (int, float)) else [float(w) for w in weight_decay]
     if len(wds) != n:
         raise ShapeError(f"adamw_multi_tensor: {len(wds)} weight decays for {n} params")
@@ -864,7 +895,8 @@ def adamw_multi_tensor(params: Sequence[Array], grads: Sequence[Array], exp_avgs
     grid = (min(K, _resident_blocks("adamw", "adamw_update", _ADAMW_THREADS)),)
     _launch("adamw", "adamw_update", grid, (_ADAMW_THREADS,),
             (dtable, dtiles, np.int32(K), _ptr(partial), np.int32(npartial), np.float32(max_grad_norm or 0.0),
-             step_scalars, np.float32(beta1), np.float32(beta2), np.float32(eps), _ptr(norm)))
+             step_scalars, np.float32(beta1), np.float32(beta2), np.float32(eps), _ptr(norm), _ptr(grad_scale),
+             np.int32(gscale_bf16)))
     keep.clear()  # the grad copies the tables point at, alive until the launch
     return norm
 

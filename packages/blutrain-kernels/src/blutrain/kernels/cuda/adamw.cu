@@ -15,6 +15,12 @@
 //                clip = min(1, max_norm / (norm + 1e-6)); then per element
 //                  g = clip * grad;  p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //                  p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
+//                With gscale != nullptr (a 0-d device scalar of the gradients' dtype, float32 or bf16; the
+//                compiler hands the global-norm clip's coefficient over instead of scaling every gradient in
+//                place first) g = grad * c rounded to the gradient's dtype, exactly what scale_multi_tensor
+//                stores (__fmul_rn: one rounding, never contracted into the update's FMAs), so the update sees
+//                the bits it would read after the in-place scale, and that kernel's read and write of every
+//                gradient (8 bytes per float32 element) are gone.
 //                lr, bc1 = 1 - b1^t and sqrt(bc2) = sqrt(1 - b2^t) change every step, so they are read from
 //                device memory (scalars: float64 [3], written by the host before the launch) when the kernel
 //                runs, not passed as launch parameters: a CUDA graph captured once replays every step.
@@ -104,6 +110,14 @@ adamw_sqnorm(const long long* __restrict__ table, const int* __restrict__ tiles,
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+// The gradient the update uses: grad * c as one rounded multiply (__fmul_rn, so no FMA takes the product in
+// unrounded). round_to_grad (a gscale operand): rounded again to the gradient's own dtype, as the in-place
+// scale stores it; c = 1 and a clip factor need no second rounding (the first is exact or the clip's own).
+__device__ __forceinline__ float grad_in(float g, float c, bool round_to_grad, int flags) {
+    const float s = __fmul_rn(g, c);
+    return (round_to_grad && (flags & ADAMW_GRAD_BF16)) ? to_float(from_float<bf16>(s)) : s;
+}
+
 __device__ __forceinline__ void adamw_step(float& p, float& m, float& v, float g, float wd, float lr, float beta1,
                                            float beta2, float eps, float step_size, float bc2_sqrt) {
     p -= lr * wd * p;
@@ -115,7 +129,8 @@ __device__ __forceinline__ void adamw_step(float& p, float& m, float& v, float g
 extern "C" __global__ void __launch_bounds__(ADAMW_THREADS)
 adamw_update(const long long* __restrict__ table, const int* __restrict__ tiles, int ntiles,
              const float* __restrict__ partial, int npartial, float max_norm, const double* __restrict__ scalars,
-             float beta1, float beta2, float eps, float* __restrict__ norm_out) {
+             float beta1, float beta2, float eps, float* __restrict__ norm_out, const void* __restrict__ gscale,
+             int gscale_bf16) {
     __shared__ float red[66];
     // Rounded to float as the host rounded them for launch parameters (round to nearest even): same bits.
     const float lr = (float)scalars[0];
@@ -129,6 +144,10 @@ adamw_update(const long long* __restrict__ table, const int* __restrict__ tiles,
         const float c = max_norm / (norm + 1e-6f);
         clip = c < 1.f ? c : (c != c ? c : 1.f);  // a NaN norm poisons the step visibly, as PyTorch's clip
         if (blockIdx.x == 0 && threadIdx.x == 0) norm_out[0] = norm;
+    }
+    const bool scaled = gscale != nullptr;  // the host never passes both partial and gscale
+    if (scaled) {
+        clip = gscale_bf16 ? to_float(*reinterpret_cast<const bf16*>(gscale)) : *reinterpret_cast<const float*>(gscale);
     }
     const float step_size = lr / bc1;
     for (int k = blockIdx.x; k < ntiles; k += gridDim.x) {
@@ -158,8 +177,8 @@ adamw_update(const long long* __restrict__ table, const int* __restrict__ tiles,
                     const long long j = start + 4 * i;
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        adamw_step(p[u][e], m[u][e], v[u][e], clip * g[u][e], t.wd, lr, beta1, beta2, eps, step_size,
-                                   bc2_sqrt);
+                        adamw_step(p[u][e], m[u][e], v[u][e], grad_in(g[u][e], clip, scaled, t.flags), t.wd, lr, beta1,
+                                   beta2, eps, step_size, bc2_sqrt);
                     store_vec<4>(t.p + j, p[u]);
                     store_vec<4>(t.m + j, m[u]);
                     store_vec<4>(t.v + j, v[u]);
@@ -170,7 +189,8 @@ adamw_update(const long long* __restrict__ table, const int* __restrict__ tiles,
         for (long long i = done + threadIdx.x; i < n; i += ADAMW_THREADS) {
             const long long j = start + i;
             float p = t.p[j], m = t.m[j], v = t.v[j];
-            adamw_step(p, m, v, clip * grad_at(t, j), t.wd, lr, beta1, beta2, eps, step_size, bc2_sqrt);
+            adamw_step(p, m, v, grad_in(grad_at(t, j), clip, scaled, t.flags), t.wd, lr, beta1, beta2, eps, step_size,
+                       bc2_sqrt);
             t.p[j] = p;
             t.m[j] = m;
             t.v[j] = v;
