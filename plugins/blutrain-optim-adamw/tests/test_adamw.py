@@ -6,11 +6,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blutrain import nn
 from blutrain.optim import OptimizerError, create, optimizers
 from blutrain.tensor import DType, float32, float64, from_numpy, kernels
-from blutrain_optim_adamw import AdamW, adamw_step_scalars
+from blutrain_optim_adamw import AdamW, adamw_multi_tensor, adamw_step_scalars
 
 
 def reference_adamw(p: np.ndarray, grads: list[np.ndarray], lrs: list[float], betas: tuple[float, float],
@@ -158,3 +160,36 @@ def test_registered_by_name() -> None:
 def test_invalid_hyperparameters_are_named(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(OptimizerError, match=message):
         AdamW([nn.Parameter(from_numpy(np.ones(2)))], **kw)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([np.float32, np.float64]), st.lists(st.integers(0, 40), min_size=1, max_size=4),
+       st.floats(1e-4, 1.0), st.sampled_from([0.0, 0.1]), st.integers(0, 2**16))
+def test_grad_scale_equals_scaling_the_grads_in_place_first_bit_for_bit(dtype: Any, sizes: list[int], coef: float,
+                                                                         weight_decay: float, seed: int) -> None:
+    """What the compiler's adamw-grad-scale pass relies on: the kernel with ``grad_scale`` is the clip's in-place
+    scale_multi_tensor followed by the kernel without it, bit for bit, and leaves the gradients as they were."""
+    from blutrain.tensor.cpu.kernels import scale_multi_tensor
+
+    rng = np.random.default_rng(seed)
+    p, g, m, v = ([rng.standard_normal(n).astype(dtype) * s for n in sizes] for s in (1.0, 0.5, 0.01, 1.0))
+    v = [np.abs(x) for x in v]
+    c = np.asarray(coef, dtype)
+    scalars = np.array(adamw_step_scalars(1e-2, 0.9, 0.95, 3), np.float64)
+    first = [[x.copy() for x in xs] for xs in (p, g, m, v)]
+    scale_multi_tensor(first[1], c)
+    adamw_multi_tensor(*first, scalars, 0.9, 0.95, 1e-8, weight_decay)
+    fused = [[x.copy() for x in xs] for xs in (p, g, m, v)]
+    adamw_multi_tensor(*fused, scalars, 0.9, 0.95, 1e-8, weight_decay, c)
+    for got, want in zip([*fused[0], *fused[2], *fused[3]], [*first[0], *first[2], *first[3]], strict=True):
+        np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
+    for got, want in zip(fused[1], g, strict=True):
+        np.testing.assert_array_equal(got, want)  # read, not written
+
+
+def test_a_grad_scale_not_of_the_parameters_dtype_or_not_0d_is_refused() -> None:
+    x = [np.ones(3, np.float32)]
+    scalars = np.array(adamw_step_scalars(1e-2, 0.9, 0.95, 1), np.float64)
+    for bad in (np.asarray(0.5, np.float64), np.ones(1, np.float32), 0.5):
+        with pytest.raises(ValueError, match="grad_scale must be a 0-d array of the parameters' dtype float32"):
+            adamw_multi_tensor(x, x, x, x, scalars, 0.9, 0.95, 1e-8, 0.0, bad)
