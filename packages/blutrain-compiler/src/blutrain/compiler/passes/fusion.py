@@ -8,7 +8,8 @@ f32)``, ``add(f32, f32)`` and ``cast(f32 → bf16)`` are one kernel, and so is `
 Each member keeps its eager semantics inside the region: its result is rounded to its own dtype as its
 eager kernel rounds it (float16/bfloat16 members compute in float32 and round once), so a region is
 bit-identical to its ops run one by one. The fused op takes the place of the region's last op, so a
-region may not grow past an op that writes memory, nor past a non-member that reads one of its values.
+region may not grow past an op that writes memory, nor past a non-member that reads one of its values;
+a member written in place later (after the region) is fused like any other.
 Values read outside the region are its results. Ops whose scalars change between calls (``dynamic``)
 are not fused: their constants are baked into the generated code.
 """
@@ -98,7 +99,12 @@ def regions(block: Block) -> list[list[Operation]]:
                        for m in members for u in m.results[0].uses)
 
     for i, o in enumerate(ops):
-        if not fusible(o) or o.results[0] in info.mutated:
+        # A member whose buffer some later op writes in place (clip_grad_norm_ scaling a gradient, say) is
+        # fused too: the write-position check below keeps every write after the region's end, where the
+        # fused op has made the value, so the write finds it in the fused op's result as it found it in the
+        # member's. Refusing such ops left GPT-2's tied-weight gradient sum (dw · scale + the embedding's
+        # gradient, then clipped) as two float32 passes over [V, C] where one suffices.
+        if not fusible(o):
             continue
         candidates: list[_Region] = []
         for v in o.operands:
