@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from blutrain.compiler.registry import PassRegistry
 
 DEFAULT_PIPELINE: tuple[str, ...] = ("adamw-grad-scale", "inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue",
-                                     "layernorm-grad-add", "layernorm-cast", "elementwise-fusion", "kernel-selection",
-                                     "memory-plan")
+                                     "layernorm-grad-add", "layernorm-cast", "elementwise-fusion", "multi-tensor-cast",
+                                     "kernel-selection", "memory-plan")
 
 
 @hookimpl
@@ -29,12 +29,14 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.fusion import ElementwiseFusion
     from blutrain.compiler.passes.grad_scale import AdamWGradScale
     from blutrain.compiler.passes.memory import MemoryPlan
+    from blutrain.compiler.passes.multi_cast import MultiTensorCast
     from blutrain.compiler.passes.norm_cast import LayerNormCast
     from blutrain.compiler.passes.norm_grad import LayerNormGradAdd
     from blutrain.compiler.passes.select import KernelSelection
 
     for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
-              LayerNormGradAdd, LayerNormCast, ElementwiseFusion, KernelSelection, MemoryPlan, AdamWGradScale):
+              LayerNormGradAdd, LayerNormCast, ElementwiseFusion, KernelSelection, MemoryPlan, AdamWGradScale,
+              MultiTensorCast):
         registry.register(p.name, p)
     registry.register("codegen-numpy", codegen_numpy.TARGET)
     registry.register("codegen-cuda", codegen_cuda.TARGET)

@@ -393,6 +393,67 @@ def cast(a: Array, dtype: Any) -> Array | None:
     return out
 
 
+CAST_TILE = 4096  # elements per block of the multi-tensor casts (casts.cu's CAST_TILE)
+_MULTI_CASTS = {pair: v8.replace("_v8", "_multi_tensor") for pair, (v8, _) in _CASTS.items()}
+# Launch plans of cast_multi_tensor (device table, tensors, blocks), keyed by device, dtypes and the buffers'
+# pointers and sizes; those a captured graph reads are kept for good (see _cached_plan).
+_cast_plans: dict[tuple[Any, ...], tuple[Any, int, int]] = {}
+_cast_graph_plans: dict[tuple[Any, ...], tuple[Any, int, int]] = {}
+
+
+def _cast_plan(pairs: Sequence[tuple[Array, Array]]) -> tuple[Any, int, int]:
+    """(device table, tensors, blocks) of casts.cu's multi-tensor kernels over non-empty contiguous (source,
+    result) pairs: one row per tensor (source pointer, result pointer, numel, first block), CAST_TILE elements
+    per block; cached by buffers."""
+    cp = _cp()
+    key = (cp.cuda.Device().id, tuple([s.data.ptr for s, _ in pairs]), tuple([d.data.ptr for _, d in pairs]),
+           tuple([s.size for s, _ in pairs]), pairs[0][0].dtype, pairs[0][1].dtype)
+
+    def build(capturing: bool) -> tuple[Any, int, int]:
+        table = np.zeros((len(pairs), 4), np.int64)
+        blocks = [(s.size + CAST_TILE - 1) // CAST_TILE for s, _ in pairs]
+        table[:, 0] = [s.data.ptr for s, _ in pairs]
+        table[:, 1] = [d.data.ptr for _, d in pairs]
+        table[:, 2] = [s.size for s, _ in pairs]
+        table[:, 3] = np.cumsum(blocks) - blocks
+        return _upload(table, capturing), len(pairs), int(table[-1, 3]) + blocks[-1]
+
+    plan: tuple[Any, int, int] = _cached_plan(key, True, build, _cast_plans, _cast_graph_plans)
+    return plan
+
+
+def cast_multi_tensor(arrays: Sequence[Array], dtype: Any) -> list[Array]:
+    """``[a.astype(dtype) for a in arrays]`` (one source dtype for all), bit for bit as :func:`cast` converts
+    each array: the C-contiguous arrays of a float32/bfloat16/float16 pair in one launch, whatever their
+    number and sizes (under autocast a step's weights become bf16 together instead of one small launch
+    each); another array (an F-ordered or strided view) or another pair goes through :func:`cast` or CuPy's
+    astype, as the single cast would, so each result has the single cast's memory order too."""
+    cp = _cp()
+    if not arrays:
+        return []
+    src = arrays[0].dtype
+    for i, a in enumerate(arrays):
+        if type(a) is not cp.ndarray or a.dtype != src:
+            raise TensorTypeError(f"cast_multi_tensor: array {i} must be a CuPy array of dtype {src} like array 0, "
+                                  f"got {type(a).__name__} {getattr(a, 'dtype', '')}")
+    dt = np.dtype(dtype)
+    kernel = _MULTI_CASTS.get((src, dt))
+    outs: list[Array] = []
+    pairs: list[tuple[Array, Array]] = []
+    for a in arrays:
+        if kernel is not None and a.flags.c_contiguous and a.size:
+            out = cp.empty(a.shape, dt)
+            pairs.append((a, out))
+        else:
+            single = cast(a, dt)
+            out = a.astype(dt) if single is None else single
+        outs.append(out)
+    if kernel is not None and pairs:
+        table, n, K = _cast_plan(pairs)
+        _launch("casts", kernel, (K,), _CAST_THREADS, (table, np.int32(n)))
+    return outs
+
+
 # ---------------------------------------------------------------------------------------------- cross-entropy
 
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
@@ -1376,10 +1437,12 @@ STANDALONE: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "adamw_multi_tensor": (adamw_multi_tensor, ("float32",)),
     "scale_multi_tensor": (scale_multi_tensor, ("float32", "bfloat16")),
     "norm_multi_tensor": (norm_multi_tensor, ("float32", "bfloat16")),
+    "cast_multi_tensor": (cast_multi_tensor, ("float32", "bfloat16", "float16")),
 }
 
 __all__ = [
     "ADAMW_TILE",
+    "CAST_TILE",
     "FAMILIES",
     "GEMM_3XTF32_MIN_FLOPS",
     "KERNELS",
@@ -1390,6 +1453,7 @@ __all__ = [
     "bias_gelu",
     "bias_gelu_backward",
     "cast",
+    "cast_multi_tensor",
     "cross_entropy",
     "cross_entropy_backward",
     "cross_entropy_rows",

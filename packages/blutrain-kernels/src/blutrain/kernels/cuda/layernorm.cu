@@ -24,11 +24,20 @@
 //                    is stored (+N*C read): the input's other gradient (a residual stream's), which the
 //                    compiler's layernorm-grad-add pass folds in instead of a separate add. In float32 the
 //                    same rounding as that add; in bf16 one rounding less.
+//                    *_out (float32 only): dx's other forms that the compiler's layernorm-grad-outputs
+//                    pass folds in, for its readers under autocast. dx_bf16 (nullable): dx also stored as
+//                    bf16, each stored float32 dx rounded once as the cast kernel rounds it (+N*C*2 bytes
+//                    written, 8-byte stores), for the next bf16 GEMM, instead of a cast kernel's read and
+//                    write of dx. accumulate & 2: each thread also sums the stored dx of its columns and
+//                    partial is [3, G, C] (+G*C floats written): the column sums of dx, a bias gradient,
+//                    instead of a sum kernel's read of dx. Kernels of their own, so that the plain ones
+//                    keep their registers (occupancy) without these accumulators.
 // layernorm_bwd_*:   the fallback for wider rows: grid G blocks striding over rows, re-reading each row
-//                    once from L1/L2, dweight/dbias sums in shared memory (dynamic (72 + 2C) floats).
-// layernorm_bwd_reduce_*: block (32, 16), one column of the 2*C partial columns per x-thread, the 16
-//                    y-lanes split the G rows and add in a fixed order (deterministic).
-//                    Bytes: read 2*G*C, write 2*C.
+//                    once from L1/L2, dweight/dbias (and *_out's dx) sums in shared memory (dynamic
+//                    (72 + 2C) floats, (72 + 3C) for *_out).
+// layernorm_bwd_reduce_*: block (32, 16), one column of the tables*C partial columns (tables: 2, or 3 with
+//                    the dx sums) per x-thread, the 16 y-lanes split the G rows and add in a fixed order
+//                    (deterministic). Bytes: read tables*G*C, write tables*C.
 #include "common.cuh"
 
 template <typename T, typename TO, int VEC>
@@ -105,21 +114,41 @@ __device__ __forceinline__ void add_addend(const T* __restrict__ addend, float* 
     for (int k = 0; k < VEC; ++k) o[k] = __fadd_rn(o[k], av[k]);
 }
 
-template <typename T, int VEC>
+// dx's bf16 copy from the float32 values just stored: round to nearest even, and a NaN becomes the quiet NaN
+// of its sign, as casts.cu's float32 -> bfloat16 makes it (the shared bf16 store keeps a payload), so the
+// copy is the cast kernel's bits of the stored dx. Four elements go as one 8-byte store.
+template <int VEC>
+__device__ __forceinline__ void store_bf16_copy(bf16* __restrict__ p, const float* o) {
+    float c[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) c[k] = o[k] != o[k] ? copysignf(__int_as_float(0x7fc00000), o[k]) : o[k];
+    if constexpr (VEC == 4) {
+        uint2 u;
+        u.x = pack_bf16x2(c[0], c[1]);
+        u.y = pack_bf16x2(c[2], c[3]);
+        *reinterpret_cast<uint2*>(p) = u;
+    } else {
+        store_vec<VEC>(p, c);
+    }
+}
+
+template <typename T, int VEC, bool OUT>
 __device__ __forceinline__ void layernorm_bwd(const T* __restrict__ g, const T* __restrict__ x,
                                               const T* __restrict__ w, const float* __restrict__ mean,
                                               const float* __restrict__ rstd, const T* __restrict__ addend,
-                                              T* __restrict__ dx,
+                                              T* __restrict__ dx, bf16* __restrict__ dx_bf16,
                                               float* __restrict__ partial, int N, int C, int accumulate) {
     extern __shared__ float smem[];
     float* red = smem;             // 66 floats of reduction scratch (64 reserved + pad)
     float* acc_w = smem + 72;      // [VEC][nv]: vector-major so that a warp's adds hit distinct banks
     float* acc_b = acc_w + C;
+    float* acc_d = acc_b + C;      // OUT only
     const int nv = C / VEC;
     if (accumulate) {
         for (int j = threadIdx.x; j < C; j += blockDim.x) {
             acc_w[j] = 0.f;
             acc_b[j] = 0.f;
+            if constexpr (OUT) acc_d[j] = 0.f;
         }
     }
     __syncthreads();
@@ -173,35 +202,47 @@ __device__ __forceinline__ void layernorm_bwd(const T* __restrict__ g, const T* 
             }
             if (addend != nullptr) add_addend<VEC>(addend + row * C + (long long)i * VEC, o);
             store_vec<VEC>(dxr + (long long)i * VEC, o);
+            if constexpr (OUT) {
+                if (dx_bf16 != nullptr) store_bf16_copy<VEC>(dx_bf16 + row * C + (long long)i * VEC, o);
+                if (accumulate & 2) {
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) acc_d[k * nv + i] += o[k];
+                }
+            }
         }
     }
     if (accumulate) {
         __syncthreads();
         float* pw = partial + (long long)blockIdx.x * C;
         float* pb = partial + (long long)gridDim.x * C + (long long)blockIdx.x * C;
+        float* pd = partial + 2LL * gridDim.x * C + (long long)blockIdx.x * C;
         for (int j = threadIdx.x; j < C; j += blockDim.x) {
             const int i = j / VEC, k = j - i * VEC;
             pw[j] = acc_w[k * nv + i];
             pb[j] = acc_b[k * nv + i];
+            if constexpr (OUT) {
+                if (accumulate & 2) pd[j] = acc_d[k * nv + i];
+            }
         }
     }
 }
 
-template <typename T, int VEC, int NPER>
+template <typename T, int VEC, int NPER, bool OUT>
 __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, const T* __restrict__ x,
                                                    const T* __restrict__ w, const float* __restrict__ mean,
                                                    const float* __restrict__ rstd, const T* __restrict__ addend,
-                                                   T* __restrict__ dx,
+                                                   T* __restrict__ dx, bf16* __restrict__ dx_bf16,
                                                    float* __restrict__ partial, int N, int C, int accumulate) {
     extern __shared__ float smem[];
     const int TG = blockDim.x, RG = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
     const int lane = tx & 31, wig = tx >> 5, nwg = TG >> 5;
     const int nv = C / VEC;
     float* red = smem;               // [2 buffers][RG][32 warps][2 sums]
-    float* acc = smem + 128 * RG;    // [2][C]: dweight, dbias sums of the block
+    float* acc = smem + 128 * RG;    // [2][C]: dweight, dbias sums of the block ([3][C] for OUT: dx's too)
     const float inv_c = 1.f / (float)C;
 
     float wv[NPER][VEC], aw[NPER][VEC], ab[NPER][VEC];
+    float ad[OUT ? NPER : 1][VEC];   // dx's column sums (OUT only)
 #pragma unroll
     for (int k = 0; k < NPER; ++k) {
         const int i = tx + k * TG;
@@ -215,6 +256,7 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
         for (int e = 0; e < VEC; ++e) {
             aw[k][e] = 0.f;
             ab[k][e] = 0.f;
+            if constexpr (OUT) ad[k][e] = 0.f;
         }
     }
 
@@ -286,6 +328,11 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
                 if (i < nv) {
                     if (addend != nullptr) add_addend<VEC>(addend + row * C + (long long)i * VEC, o);
                     store_vec<VEC>(dx + row * C + (long long)i * VEC, o);
+                    if constexpr (OUT) {
+                        if (dx_bf16 != nullptr) store_bf16_copy<VEC>(dx_bf16 + row * C + (long long)i * VEC, o);
+#pragma unroll
+                        for (int e = 0; e < VEC; ++e) ad[k][e] += o[e];  // the stored value
+                    }
                 }
             }
         }
@@ -302,6 +349,7 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
                         const int col = i * VEC + e;
                         acc[col] = r == 0 ? aw[k][e] : acc[col] + aw[k][e];
                         acc[C + col] = r == 0 ? ab[k][e] : acc[C + col] + ab[k][e];
+                        if constexpr (OUT) acc[2 * C + col] = r == 0 ? ad[k][e] : acc[2 * C + col] + ad[k][e];
                     }
                 }
             }
@@ -310,24 +358,30 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
     }
     float* pw = partial + (long long)blockIdx.x * C;
     float* pb = partial + (long long)gridDim.x * C + (long long)blockIdx.x * C;
+    float* pd = partial + 2LL * gridDim.x * C + (long long)blockIdx.x * C;
     for (int j = ty * TG + tx; j < C; j += TG * RG) {
         pw[j] = acc[j];
         pb[j] = acc[C + j];
+        if constexpr (OUT) {
+            if (accumulate & 2) pd[j] = acc[2 * C + j];
+        }
     }
 }
 
 template <typename T>
 __device__ __forceinline__ void layernorm_bwd_reduce(const float* __restrict__ partial, T* __restrict__ dw,
-                                                     T* __restrict__ db, int G, int C) {
-    // Columns [0, C) are dweight's, [C, 2C) dbias's: partial[2, G, C] read as G rows of ... per half.
+                                                     T* __restrict__ db, T* __restrict__ ds, int G, int C,
+                                                     int tables) {
+    // Columns [0, C) are dweight's, [C, 2C) dbias's, [2C, 3C) dx's (tables == 3): partial[tables, G, C].
     const long long j = (long long)blockIdx.x * 32 + threadIdx.x;
-    const bool is_b = j >= C;
-    const long long col = is_b ? j - C : j;
-    T* out = is_b ? db : dw;
-    const float* src = partial + (is_b ? (long long)G * C : 0LL);
-    // Both halves are [G, C] tables; a warp straddling the boundary reads two tables, which is fine.
-    const float s = partial_column_sum(src, G, C, j < 2LL * C ? col : (long long)C);
-    if (threadIdx.y == 0 && j < 2LL * C && out != nullptr) out[col] = from_float<T>(s);
+    const int t = j < C ? 0 : j < 2LL * C ? 1 : 2;
+    const long long col = j - (long long)t * C;
+    T* out = t == 0 ? dw : t == 1 ? db : ds;
+    const float* src = partial + (long long)t * G * C;
+    const bool in = j < (long long)tables * C;
+    // Each table is [G, C]; a warp straddling a boundary reads two tables, which is fine.
+    const float s = partial_column_sum(src, G, C, in ? col : (long long)C);
+    if (threadIdx.y == 0 && in && out != nullptr) out[col] = from_float<T>(s);
 }
 
 #define LN_FWD(NAME, T, TO, VEC)                                                                    \
@@ -342,42 +396,58 @@ LN_FWD(layernorm_fwd_bf16_v1, bf16, bf16, 1)
 LN_FWD(layernorm_fwd_f32_to_bf16_v4, float, bf16, 4)
 LN_FWD(layernorm_fwd_f32_to_bf16_v1, float, bf16, 1)
 
-#define LN_BWD(NAME, T, VEC)                                                                          \
+#define LN_BWD(NAME, T, VEC, OUT)                                                                     \
     extern "C" __global__ void NAME(const T* g, const T* x, const T* w, const float* mean, const float* rstd, \
-                                    const T* addend, T* dx, float* partial, int N, int C, int accumulate) { \
-        layernorm_bwd<T, VEC>(g, x, w, mean, rstd, addend, dx, partial, N, C, accumulate);            \
-    }
-LN_BWD(layernorm_bwd_f32_v4, float, 4)
-LN_BWD(layernorm_bwd_f32_v1, float, 1)
-LN_BWD(layernorm_bwd_bf16_v8, bf16, 8)
-LN_BWD(layernorm_bwd_bf16_v1, bf16, 1)
-
-#define LN_BWD_ROWS(NAME, T, VEC, NPER)                                                               \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const T* g, const T* x, const T* w, const float* mean, \
-                                    const float* rstd, const T* addend, T* dx, float* partial, int N, int C, \
+                                    const T* addend, T* dx, bf16* dx_bf16, float* partial, int N, int C, \
                                     int accumulate) {                                                   \
-        layernorm_bwd_rows<T, VEC, NPER>(g, x, w, mean, rstd, addend, dx, partial, N, C, accumulate); \
+        layernorm_bwd<T, VEC, OUT>(g, x, w, mean, rstd, addend, dx, dx_bf16, partial, N, C, accumulate); \
     }
-LN_BWD_ROWS(layernorm_bwd_f32_v4_n1, float, 4, 1)
-LN_BWD_ROWS(layernorm_bwd_f32_v4_n2, float, 4, 2)
-LN_BWD_ROWS(layernorm_bwd_f32_v4_n3, float, 4, 3)
-LN_BWD_ROWS(layernorm_bwd_f32_v4_n4, float, 4, 4)
-LN_BWD_ROWS(layernorm_bwd_bf16_v8_n1, bf16, 8, 1)
-LN_BWD_ROWS(layernorm_bwd_bf16_v8_n2, bf16, 8, 2)
-LN_BWD_ROWS(layernorm_bwd_f32_v1_n1, float, 1, 1)
-LN_BWD_ROWS(layernorm_bwd_f32_v1_n2, float, 1, 2)
-LN_BWD_ROWS(layernorm_bwd_f32_v1_n4, float, 1, 4)
-LN_BWD_ROWS(layernorm_bwd_f32_v1_n8, float, 1, 8)
-LN_BWD_ROWS(layernorm_bwd_f32_v1_n16, float, 1, 16)
-LN_BWD_ROWS(layernorm_bwd_bf16_v1_n1, bf16, 1, 1)
-LN_BWD_ROWS(layernorm_bwd_bf16_v1_n2, bf16, 1, 2)
-LN_BWD_ROWS(layernorm_bwd_bf16_v1_n4, bf16, 1, 4)
-LN_BWD_ROWS(layernorm_bwd_bf16_v1_n8, bf16, 1, 8)
-LN_BWD_ROWS(layernorm_bwd_bf16_v1_n16, bf16, 1, 16)
+LN_BWD(layernorm_bwd_f32_v4, float, 4, false)
+LN_BWD(layernorm_bwd_f32_v1, float, 1, false)
+LN_BWD(layernorm_bwd_bf16_v8, bf16, 8, false)
+LN_BWD(layernorm_bwd_bf16_v1, bf16, 1, false)
+LN_BWD(layernorm_bwd_f32_v4_out, float, 4, true)
+LN_BWD(layernorm_bwd_f32_v1_out, float, 1, true)
 
-extern "C" __global__ void layernorm_bwd_reduce_f32(const float* partial, float* dw, float* db, int G, int C) {
-    layernorm_bwd_reduce<float>(partial, dw, db, G, C);
+#define LN_BWD_ROWS(NAME, T, VEC, NPER, OUT)                                                          \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const T* g, const T* x, const T* w, const float* mean, \
+                                    const float* rstd, const T* addend, T* dx, bf16* dx_bf16, float* partial, \
+                                    int N, int C, int accumulate) {                                     \
+        layernorm_bwd_rows<T, VEC, NPER, OUT>(g, x, w, mean, rstd, addend, dx, dx_bf16, partial, N, C,    \
+                                              accumulate);                                              \
+    }
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n1, float, 4, 1, false)
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n2, float, 4, 2, false)
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n3, float, 4, 3, false)
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n4, float, 4, 4, false)
+LN_BWD_ROWS(layernorm_bwd_bf16_v8_n1, bf16, 8, 1, false)
+LN_BWD_ROWS(layernorm_bwd_bf16_v8_n2, bf16, 8, 2, false)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n1, float, 1, 1, false)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n2, float, 1, 2, false)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n4, float, 1, 4, false)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n8, float, 1, 8, false)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n16, float, 1, 16, false)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n1, bf16, 1, 1, false)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n2, bf16, 1, 2, false)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n4, bf16, 1, 4, false)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n8, bf16, 1, 8, false)
+LN_BWD_ROWS(layernorm_bwd_bf16_v1_n16, bf16, 1, 16, false)
+// float32 with dx's bf16 copy and column sums: the backward of autocast's float32 LayerNorm
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n1_out, float, 4, 1, true)
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n2_out, float, 4, 2, true)
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n3_out, float, 4, 3, true)
+LN_BWD_ROWS(layernorm_bwd_f32_v4_n4_out, float, 4, 4, true)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n1_out, float, 1, 1, true)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n2_out, float, 1, 2, true)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n4_out, float, 1, 4, true)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n8_out, float, 1, 8, true)
+LN_BWD_ROWS(layernorm_bwd_f32_v1_n16_out, float, 1, 16, true)
+
+extern "C" __global__ void layernorm_bwd_reduce_f32(const float* partial, float* dw, float* db, float* ds, int G,
+                                                    int C, int tables) {
+    layernorm_bwd_reduce<float>(partial, dw, db, ds, G, C, tables);
 }
-extern "C" __global__ void layernorm_bwd_reduce_bf16(const float* partial, bf16* dw, bf16* db, int G, int C) {
-    layernorm_bwd_reduce<bf16>(partial, dw, db, G, C);
+extern "C" __global__ void layernorm_bwd_reduce_bf16(const float* partial, bf16* dw, bf16* db, bf16* ds, int G,
+                                                     int C, int tables) {
+    layernorm_bwd_reduce<bf16>(partial, dw, db, ds, G, C, tables);
 }

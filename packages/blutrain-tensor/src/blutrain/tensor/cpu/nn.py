@@ -54,23 +54,35 @@ def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int,
 
 
 def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rstd: Array, k: int,
-                        need_w: bool, need_b: bool, addend: Array | None = None
-                        ) -> tuple[Array, Array | None, Array | None]:
+                        need_w: bool, need_b: bool, addend: Array | None = None, dx_copy_dtype: Any = None,
+                        need_dx_sum: bool = False) -> tuple[Array | None, ...]:
     """dx = rstd · (ĝ − mean(ĝ) − x̂ · mean(ĝ ∘ x̂)) with ĝ = dy ∘ w; dw = Σ dy ∘ x̂; db = Σ dy. With ``addend``
     (broadcastable to x) dx + addend: the input's other gradient added as it is produced (the compiler's
-    ``layernorm-grad-add`` pass), in x's dtype as a separate add would round it."""
+    ``layernorm-grad-add`` pass), in x's dtype as a separate add would round it.
+
+    (dx, dw, db), or with ``dx_copy_dtype`` or ``need_dx_sum`` (dx, dw, db, dx in ``dx_copy_dtype``, the column
+    sums of dx over its leading dims): the readers of dx that the compiler's ``layernorm-grad-outputs`` pass
+    folds in (autocast's cast of the residual gradient for the next GEMM, and the bias gradient of the
+    projection that wrote the residual stream). The copy is the stored dx rounded once and the sum the one a
+    ``sum`` over dx's leading dims makes, so both are what the separate kernels would give."""
     rows, g = _rows(x, k), _rows(grad, k)
     m, r = mean.reshape(-1, 1), rstd.reshape(-1, 1)
     xhat = (rows - m) * r
-    gw = (g * xhat).sum(axis=0, dtype=x.dtype).reshape(x.shape[x.ndim - k:]) if need_w else None
-    gb = g.sum(axis=0, dtype=x.dtype).reshape(x.shape[x.ndim - k:]) if need_b else None
+    ns = x.shape[x.ndim - k:]
+    gw = (g * xhat).sum(axis=0, dtype=x.dtype).reshape(ns) if need_w else None
+    gb = g.sum(axis=0, dtype=x.dtype).reshape(ns) if need_b else None
     gxhat = g * w.reshape(1, -1) if w is not None else g
     with _quiet():
         gx = r * (gxhat - _row_mean(gxhat) - xhat * _row_mean(gxhat * xhat))
     gx = gx.reshape(x.shape)
     if addend is not None:
         gx = (addend + gx).astype(x.dtype, copy=False)
-    return gx, gw, gb
+    if dx_copy_dtype is None and not need_dx_sum:
+        return gx, gw, gb
+    copy = gx.astype(dx_copy_dtype) if dx_copy_dtype is not None else None
+    with _quiet():
+        total = _rows(gx, k).sum(axis=0, dtype=x.dtype).reshape(ns) if need_dx_sum else None
+    return gx, gw, gb, copy, total
 
 
 def rms_norm(x: Array, w: Array | None, eps: float, k: int) -> tuple[Array, Array]:
