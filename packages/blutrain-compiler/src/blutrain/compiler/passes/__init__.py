@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from blutrain.compiler.registry import PassRegistry
 
 DEFAULT_PIPELINE: tuple[str, ...] = ("adamw-grad-scale", "inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue",
-                                     "layernorm-grad-add", "layernorm-cast", "elementwise-fusion", "multi-tensor-cast",
-                                     "kernel-selection", "memory-plan")
+                                     "layernorm-grad-add", "layernorm-cast", "layernorm-grad-outputs",
+                                     "elementwise-fusion", "multi-tensor-cast", "kernel-selection", "memory-plan")
 
 
 @hookimpl
@@ -32,11 +32,12 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.multi_cast import MultiTensorCast
     from blutrain.compiler.passes.norm_cast import LayerNormCast
     from blutrain.compiler.passes.norm_grad import LayerNormGradAdd
+    from blutrain.compiler.passes.norm_grad_out import LayerNormGradOutputs
     from blutrain.compiler.passes.select import KernelSelection
 
     for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
-              LayerNormGradAdd, LayerNormCast, ElementwiseFusion, KernelSelection, MemoryPlan, AdamWGradScale,
-              MultiTensorCast):
+              LayerNormGradAdd, LayerNormCast, LayerNormGradOutputs, ElementwiseFusion, KernelSelection, MemoryPlan,
+              AdamWGradScale, MultiTensorCast):
         registry.register(p.name, p)
     registry.register("codegen-numpy", codegen_numpy.TARGET)
     registry.register("codegen-cuda", codegen_cuda.TARGET)

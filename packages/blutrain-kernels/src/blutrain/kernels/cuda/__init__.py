@@ -231,9 +231,17 @@ def _ln_bwd_shape(nv: int, vec: int) -> tuple[int, int] | None:
 
 
 def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rstd: Array, k: int, need_w: bool,
-                        need_b: bool, addend: Array | None = None) -> tuple[Array, Array | None, Array | None] | None:
+                        need_b: bool, addend: Array | None = None, dx_copy_dtype: Any = None,
+                        need_dx_sum: bool = False) -> tuple[Array | None, ...] | None:
     """(dx, dweight, dbias); dweight/dbias are None unless asked for. ``addend`` (x's dtype, broadcastable to
-    x): dx + addend, added to each float32 dx before it is stored (one rounding, as a separate float32 add)."""
+    x): dx + addend, added to each float32 dx before it is stored (one rounding, as a separate float32 add).
+
+    With ``dx_copy_dtype`` or ``need_dx_sum`` (float32 x; the copy bfloat16): (dx, dweight, dbias, dx in
+    bfloat16, dx's column sums over its leading dims), the readers of dx that the compiler's
+    ``layernorm-grad-outputs`` pass folds in. The copy is the cast kernel's bits of the stored dx; the sums
+    are float32 accumulations of the stored dx in this kernel's fixed order, not ``sum_cols``'s. These come from
+    kernels of their own (``*_out``), which may hold fewer blocks per SM than the plain ones (not at GPT-2's
+    widths): dweight/dbias then add their blocks' partials in another grouping than the plain call's."""
     suffix = _suffix(x.dtype)
     C = _numel(x.shape[x.ndim - k:])
     N = x.size // C if C else 0
@@ -241,41 +249,49 @@ def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rst
         return None
     if addend is not None and addend.dtype != x.dtype:
         return None
-    accumulate = need_w or need_b
+    extra = dx_copy_dtype is not None or need_dx_sum
+    if extra and (suffix != "f32" or (dx_copy_dtype is not None and _suffix(dx_copy_dtype) != "bf16")):
+        return None
+    accumulate = need_w or need_b or need_dx_sum
+    tables = 3 if need_dx_sum else 2
     cp = _cp()
     gc, xc, wc = _contig(grad), _contig(x), _contig(w)
     ac = None if addend is None else cp.ascontiguousarray(cp.broadcast_to(addend, x.shape))
     mc, rc = (cp.ascontiguousarray(s, dtype=np.float32) for s in (mean, rstd))
     dx = cp.empty(x.shape, x.dtype)
-    name, vec = _variant(suffix, C, gc, xc, wc, dx, ac)
+    dxc = None if dx_copy_dtype is None else cp.empty(x.shape, bfloat16.np)
+    name, vec = _variant(suffix, C, gc, xc, wc, dx, ac, dxc)
+    out = "_out" if extra else ""
     shape = _ln_bwd_shape(C // vec, vec)
     if shape is not None:
         tg, nper = shape
         rg = max(1, _LN_BWD_THREADS // tg)
-        kname = f"layernorm_bwd_{name}_n{nper}"
-        smem = (128 * rg + (2 * C if accumulate else 0)) * 4
+        kname = f"layernorm_bwd_{name}_n{nper}{out}"
+        smem = (128 * rg + ((3 if extra else 2) * C if accumulate else 0)) * 4
         if smem > 227 * 1024:
             return None
         G = min((N + rg - 1) // rg, _resident_blocks("layernorm", kname, tg * rg, smem))
         block: tuple[int, ...] = (tg, rg)
     else:
-        smem = (72 + 2 * C) * 4 if accumulate else 72 * 4
+        smem = (72 + (3 if extra else 2) * C) * 4 if accumulate else 72 * 4
         if smem > 227 * 1024:
             return None
-        kname = f"layernorm_bwd_{name}"
+        kname = f"layernorm_bwd_{name}{out}"
         G = min(N, 4 * sm_count())
         block = (_row_threads(C // vec, hi=1024),)
-    partial = cp.empty((2, G, C), np.float32) if accumulate else None
+    partial = cp.empty((tables, G, C), np.float32) if accumulate else None
+    flags = (1 if need_w or need_b else 0) | (2 if need_dx_sum else 0)
     _launch("layernorm", kname, (G,), block,
-            (gc, xc, _ptr(wc), mc, rc, _ptr(ac), dx, _ptr(partial), np.int32(N), np.int32(C), np.int32(accumulate)),
-            smem)
+            (gc, xc, _ptr(wc), mc, rc, _ptr(ac), dx, _ptr(dxc), _ptr(partial), np.int32(N), np.int32(C),
+             np.int32(flags)), smem)
     ns = x.shape[x.ndim - k:]
     dw = cp.empty(ns, x.dtype) if need_w else None
     db = cp.empty(ns, x.dtype) if need_b else None
+    ds = cp.empty(ns, x.dtype) if need_dx_sum else None
     if accumulate:
-        _launch("layernorm", f"layernorm_bwd_reduce_{suffix}", ((2 * C + 31) // 32,), (32, 16),
-                (partial, _ptr(dw), _ptr(db), np.int32(G), np.int32(C)))
-    return dx, dw, db
+        _launch("layernorm", f"layernorm_bwd_reduce_{suffix}", ((tables * C + 31) // 32,), (32, 16),
+                (partial, _ptr(dw), _ptr(db), _ptr(ds), np.int32(G), np.int32(C), np.int32(tables)))
+    return (dx, dw, db, dxc, ds) if extra else (dx, dw, db)
 
 
 # ---------------------------------------------------------------------------------------------- GELU

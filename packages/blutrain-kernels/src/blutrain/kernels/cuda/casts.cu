@@ -14,7 +14,16 @@
 // cast_{src}_{dst}_v1: the same conversion one element per access, for a source that is not 16-byte
 //                      aligned (a view at an odd offset): each thread has 4 loads in flight, a block's
 //                      accesses are contiguous. Block 256, grid min(ceil(n / 4 / 256), 16 x SMs).
-// Bytes: read n * sizeof(src), write n * sizeof(dst) (6n for float32 <-> 16-bit, 4n for bf16 <-> f16).
+// cast_{src}_{dst}_multi_tensor: the same conversion of every tensor of a list in one launch (under autocast
+//                      the float32 weights of a step become bf16 together: GPT-2 124M had 72 launches of
+//                      1.6-7 us). The host's table, int64 [T, 4]: source pointer, destination pointer, numel,
+//                      first block; tensor t owns ceil(numel_t / CAST_TILE) blocks from its first, and a block
+//                      finds its tensor by binary search over the first blocks (as scale.cu's tiles). A block of
+//                      256 threads converts one tile of 4096 elements: two 8-element vectors per thread with
+//                      16-byte accesses where both of the tensor's pointers are 16-byte aligned (the numel % 8
+//                      tail one element per thread), else one element per access. Grid: the tiles.
+// Bytes: read n * sizeof(src), write n * sizeof(dst) (6n for float32 <-> 16-bit, 4n for bf16 <-> f16); the
+// multi-tensor kernels read 32 bytes of table per block besides (n the elements of all tensors).
 // FLOPs: none (a few integer operations per element; the kernels are bound by memory bandwidth).
 
 typedef unsigned short u16;
@@ -153,6 +162,59 @@ __device__ __forceinline__ void cast_v1(const typename From::T* __restrict__ src
     }
 }
 
+#define CAST_TILE 4096  // elements per block of the multi-tensor kernels: 256 threads x 2 vectors of 8
+#define CAST_TILE_VECTORS (CAST_TILE / (8 * 256))
+
+// The tensor that owns block b: the last whose first block (column 3) is <= b; empty tensors own no block.
+__device__ __forceinline__ int cast_tile_owner(const long long* __restrict__ table, int n, long long b) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (table[4 * mid + 3] <= b) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+// One tile of one tensor of the table; blockDim.x must be 256 (CAST_TILE_VECTORS vectors per thread).
+template <typename From, typename To>
+__device__ __forceinline__ void cast_tile(const long long* __restrict__ table, int n) {
+    const long long b = blockIdx.x;
+    const int t = cast_tile_owner(table, n, b);
+    const long long sp = table[4 * t], dp = table[4 * t + 1], numel = table[4 * t + 2];
+    const typename From::T* __restrict__ src = reinterpret_cast<const typename From::T*>(sp);
+    typename To::T* __restrict__ dst = reinterpret_cast<typename To::T*>(dp);
+    const long long start = (b - table[4 * t + 3]) * CAST_TILE;
+    const long long end = start + CAST_TILE < numel ? start + CAST_TILE : numel;
+    if (((sp | dp) & 15) == 0) {
+        // start is a multiple of CAST_TILE elements, so every vector of the tile is 16-byte aligned too
+        const long long vend = start + ((end - start) & ~7LL);
+        typename From::T s[CAST_TILE_VECTORS][8];
+#pragma unroll
+        for (int k = 0; k < CAST_TILE_VECTORS; ++k) {  // both loads in flight before the first store
+            const long long i = start + ((long long)(k * 256 + threadIdx.x) << 3);
+            if (i < vend) load8(src + i, s[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < CAST_TILE_VECTORS; ++k) {
+            const long long i = start + ((long long)(k * 256 + threadIdx.x) << 3);
+            if (i < vend) {
+                typename To::T d[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d[e] = Cast<From, To>::apply(s[k][e]);
+                store8(dst + i, d);
+            }
+        }
+        const long long j = vend + threadIdx.x;  // at most 7 tail elements, in the tensor's last tile
+        if (j < end) dst[j] = Cast<From, To>::apply(src[j]);
+    } else {  // a source view at an offset that is not a multiple of 16 bytes
+        for (long long i = start + threadIdx.x; i < end; i += 256) dst[i] = Cast<From, To>::apply(src[i]);
+    }
+}
+
 #define CAST_KERNELS(NAME, FROM, TO)                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                         \
         cast_##NAME##_v8(const FROM::T* __restrict__ src, TO::T* __restrict__ dst, long long n) {           \
@@ -161,6 +223,10 @@ __device__ __forceinline__ void cast_v1(const typename From::T* __restrict__ src
     extern "C" __global__ void __launch_bounds__(256)                                                         \
         cast_##NAME##_v1(const FROM::T* __restrict__ src, TO::T* __restrict__ dst, long long n) {           \
         cast_v1<FROM, TO>(src, dst, n);                                                                       \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256)                                                         \
+        cast_##NAME##_multi_tensor(const long long* __restrict__ table, int n) {                              \
+        cast_tile<FROM, TO>(table, n);                                                                        \
     }
 CAST_KERNELS(f32_bf16, F32, BF16)
 CAST_KERNELS(bf16_f32, BF16, F32)

@@ -172,6 +172,14 @@ def norm_multi_tensor(arrays: list[Any]) -> Any:
     return np.asarray(np.sqrt(total), np.float64 if dt == np.float64 else np.float32)
 
 
+def cast_multi_tensor(arrays: list[Any], dtype: Any) -> list[Any]:
+    """Each array of ``arrays`` (one dtype) converted to ``dtype``, as the ``cast`` kernel converts it: a new
+    array each, in a list. A multi-tensor kernel (outside the catalogue of tensor ops): the compiler's
+    ``multi-tensor-cast`` pass gives it a step's casts of parameters to one dtype (autocast's bf16 copies of
+    the weights), which a backend may run as one launch."""
+    return [a.astype(dtype) for a in arrays]
+
+
 @hookimpl
 def blutrain_register_kernels(registry: KernelRegistry) -> None:
     for op, (_, dtypes, _) in TABLE.items():
@@ -180,6 +188,8 @@ def blutrain_register_kernels(registry: KernelRegistry) -> None:
     for dt in FLOATS:
         registry.register("scale_multi_tensor", "cpu", dt, scale_multi_tensor)
         registry.register("norm_multi_tensor", "cpu", dt, norm_multi_tensor)
+    for dt in ALL_DTYPES:  # the dtypes of the cast kernel
+        registry.register("cast_multi_tensor", "cpu", dt, cast_multi_tensor)
 
 
-__all__ = ["TABLE", "float32", "kernel_for", "norm_multi_tensor", "scale_multi_tensor"]
+__all__ = ["TABLE", "cast_multi_tensor", "float32", "kernel_for", "norm_multi_tensor", "scale_multi_tensor"]
