@@ -153,6 +153,39 @@ def test_compiled_autocast_residual_block_trains_as_eager_bit_for_bit(sgd_eager_
         same_bits(c, a)
 
 
+def test_compiled_tiny_gpt_under_autocast_trains_as_eager_bit_for_bit(same_bits: Any) -> None:
+    """GPT-2's blocks: every LayerNorm backward whose dx reaches a projection (ln_f's and each block's ln_2's,
+    and ln_1's of all blocks but the first, whose dx goes to the embeddings) writes the copy and the sums; four
+    SGD steps are eager's bits on the CPU."""
+    from blutrain.models.gpt2 import GPT2, GPT2Config
+    from blutrain.optim import create
+
+    def run(compiled: bool) -> tuple[list[np.ndarray], str]:
+        bt.manual_seed(0)
+        model = GPT2(GPT2Config(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=16))
+        opt = create("sgd", list(model.parameters()), lr=0.01)
+
+        def step(idx: bt.Tensor, tgt: bt.Tensor) -> bt.Tensor:
+            with bt.autocast(dtype="bfloat16"):
+                _, loss = model(idx, tgt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        rng = np.random.default_rng(0)
+        idx, tgt = (bt.from_numpy(rng.integers(0, 32, (2, 8))) for _ in range(2))
+        fn: Any = bc.compile(step) if compiled else step
+        losses = [fn(idx, tgt).detach().numpy().copy() for _ in range(4)]
+        return [*losses, *(p.detach().numpy().copy() for p in model.parameters())], fn.ir() if compiled else ""
+
+    eager, _ = run(False)
+    compiled, ir = run(True)
+    assert len(FUSED.findall(ir)) == 4, ir  # ln_f, ln_2 twice, the second block's ln_1
+    for a, c in zip(eager, compiled, strict=True):
+        same_bits(c, a)
+
+
 @pytest.mark.cuda
 def test_on_cuda_the_folded_cast_and_column_sum_match_eager() -> None:
     """float32 on cuda: the bf16 copy is the cast kernel's bits; the column sums add in the LayerNorm
