@@ -49,6 +49,14 @@ def test_every_cast_the_launcher_names_is_a_kernel_of_casts_cu() -> None:
     assert len(cuda._CASTS) == 6 and named == defined
 
 
+def test_every_pair_of_the_cast_kernels_has_a_multi_tensor_kernel_of_the_same_tile() -> None:
+    code = cuda.source("casts")
+    pairs = set(re.findall(r"^CAST_KERNELS\((\w+), (\w+), (\w+)\)$", code, re.M))
+    assert set(cuda._MULTI_CASTS.values()) == {f"cast_{name}_multi_tensor" for name, _, _ in pairs}
+    assert set(cuda._MULTI_CASTS) == set(cuda._CASTS)
+    assert f"#define CAST_TILE {cuda.CAST_TILE} " in code
+
+
 @pytest.mark.parametrize(("counter", "key", "expected"), ref.KNOWN_ANSWERS)
 def test_philox_reference_matches_random123_known_answers(counter: tuple[int, int, int, int],
                                                           key: tuple[int, int],
