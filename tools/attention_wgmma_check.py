@@ -21,6 +21,7 @@ mismatch is printed and the script goes on with the next case; the exit code is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -65,10 +66,8 @@ def compile_module() -> tuple[Any, str]:
     src = src.replace('#include "common.cuh"', (CU_DIR / "common.cuh").read_text())
     opts = ["-arch=sm_90a", "-std=c++17"]  # the package's _OPTIONS are ("-std=c++17",): no fast math
     inc = [Path(cp.__file__).parent / "_core" / "include"]
-    try:
+    with contextlib.suppress(Exception):  # optional
         inc.append(Path(cp.cuda.get_cuda_path()) / "include")
-    except Exception:  # noqa: BLE001 - optional
-        pass
     opts += [f"-I{p}" for p in inc if p.is_dir()]
     prog = nvrtc.createProgram(src, "attention_wgmma.cu", [], [])
     try:
@@ -176,8 +175,9 @@ class Ours:
         if f is None:
             f = self.mod.get_function(f"attn_wgmma_fwd_d64_{name}")
             smem = self.smem(name)
-            if smem > 48 * 1024:
-                f.max_dynamic_shared_size_bytes = smem
+            if smem > 48 * 1024:  # a Module's Function has no attribute setter: the driver call (cudaFuncSetAttribute)
+                from cupy_backends.cuda.api import driver
+                driver.funcSetAttribute(f.ptr, 8, smem)  # 8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             self.fns[name] = f
         return f
 
@@ -194,6 +194,7 @@ class Ours:
 def existing_forward(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
     """The mma.sync kernel (attention_bf16.cu) through the package, on bf16 views of the uint16 inputs."""
     import ml_dtypes
+
     from blutrain.kernels import cuda as kc
 
     bf = np.dtype(ml_dtypes.bfloat16)
@@ -210,7 +211,7 @@ def sync_check(what: str) -> bool:
     try:
         cp.cuda.runtime.deviceSynchronize()
         return True
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         fail(f"{what}: CUDA error {e!r}")
         return False
 
@@ -263,13 +264,13 @@ def check_case(ours: Ours, name: str, B: int, H: int, T: int, causal: bool, pack
             if not vs_existing < EXISTING_TOL:
                 fail(f"{tag}: differs from the existing kernel by {vs_existing:.3e}")
                 ok = False
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             rec["existing_error"] = repr(e)
             print(f"  (existing kernel not compared: {e!r})", flush=True)
+        own = rec.get("existing_rel_err", float("nan"))
         print(f"{'ok  ' if ok else 'BAD '} {tag}: rel err {err:.2e}, lse {lse_err:.2e}, vs existing "
-              f"{rec.get('vs_existing', float('nan')):.2e} (existing's own {rec.get('existing_rel_err', float('nan')):.2e})",
-              flush=True)
-    except Exception as e:  # noqa: BLE001
+              f"{rec.get('vs_existing', float('nan')):.2e} (existing's own {own:.2e})", flush=True)
+    except Exception as e:
         rec["error"] = repr(e)
         fail(f"{tag}: {e!r}")
         traceback.print_exc()
@@ -340,25 +341,25 @@ def time_shape(ours: Ours, names: list[str], B: int, H: int, T: int, causal: boo
     existing_us = torch_us = float("nan")
     try:
         existing_us = time_events(lambda i: existing_forward(*sets[i], causal, scale), n_sets)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"existing kernel not timed at {B, H, T} causal={causal}: {e!r}", flush=True)
         sync_check("existing timing")
     try:
         torch_us = time_torch(B, H, T, causal, n_sets)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"torch not timed at {B, H, T} causal={causal}: {e!r}", flush=True)
     for name in names:
         row = dict(base, variant=name, existing_us=existing_us, torch_us=torch_us)
         try:
-            us = time_events(lambda i: ours(name, *sets[i], out, lse, causal, scale), n_sets)
+            us = time_events(lambda i, name=name: ours(name, *sets[i], out, lse, causal, scale), n_sets)
             if not sync_check(f"timing {name}"):
                 row["error"] = "cuda"
             row.update(us=us, tflops=flops / us * 1e-6)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             row["error"] = repr(e)
             fail(f"timing {name} {B, H, T} causal={causal}: {e!r}")
         rows.append(row)
-    del sets
+    sets.clear()
     cp.get_default_memory_pool().free_all_blocks()
 
 
@@ -385,7 +386,7 @@ def main() -> int:
     t0 = time.perf_counter()
     try:
         mod, built = compile_module()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         fail(f"compile/load: {e!r}")
         traceback.print_exc()
         write_json(summary)
@@ -396,9 +397,12 @@ def main() -> int:
     for n in names:
         try:
             f = ours.fn(n)
-            print(f"  {n}: {f.num_regs} registers, {f.local_size_bytes} bytes local, smem {ours.smem(n)} B, "
-                  f"max threads {f.max_threads_per_block}", flush=True)
-        except Exception as e:  # noqa: BLE001
+            from cupy_backends.cuda.api import driver  # a Module's Function: attributes through the driver
+
+            regs, local, threads = (driver.funcGetAttribute(a, f.ptr) for a in (4, 3, 0))  # CU_FUNC_ATTRIBUTE_*
+            print(f"  {n}: {regs} registers, {local} bytes local, smem {ours.smem(n)} B, max threads {threads}",
+                  flush=True)
+        except Exception as e:
             fail(f"{n}: get_function: {e!r}")
 
     rng = cp.random.default_rng(1234)
@@ -424,7 +428,7 @@ def main() -> int:
           f"{'torch us':>8} {'TFLOP/s':>7}")
     for r in rows:
         e = errs.get((tuple(r["shape"]), r["causal"], r["variant"]), float("nan"))
-        print(f"{str(tuple(r['shape'])):<16} {str(r['causal']):<6} {r['variant']:<9} {e:>8.1e} "
+        print(f"{tuple(r['shape'])!s:<16} {r['causal']!s:<6} {r['variant']:<9} {e:>8.1e} "
               f"{r.get('us', float('nan')):>8.1f} {r['existing_us']:>8.1f} {r['torch_us']:>8.1f} "
               f"{r.get('tflops', float('nan')):>7.1f}")
     n_ok = sum(1 for c in summary["checks"] if "error" not in c and c.get("rel_err", 1) < OUT_TOL

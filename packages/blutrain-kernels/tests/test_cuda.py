@@ -1041,6 +1041,34 @@ def test_flash_attention_bfloat16_backward_over_many_tiles(bh: int, L: int, S: i
         check(got, ref, BF16, floor=1.0)
 
 
+@pytest.mark.parametrize(("bh", "L", "S"), [*ATTN_BF16_CASES, (2, 1024, 1024)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_bfloat16_d64_forward_on_hopper_is_the_wgmma_kernel(bh: int, L: int, S: int,
+                                                                           causal: bool) -> None:
+    """On a compute capability 9.0 GPU the bf16 D = 64 forward is attention_wgmma.cu's (sm_90a): it must be
+    built there, and agree with the mma.sync kernel it replaces to bf16's rounding of the same float32 sums."""
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma kernel is built for compute capability 9.0 only")
+    assert cuda.hopper_module("attention_wgmma") is not None, "NVRTC did not build attention_wgmma.cu for sm_90a"
+    q, k, v, _ = (dev(a, BF16) for a in _attn_data(bh, L, S, 64, BF16, 25))
+    res = cuda.sdpa(q, k, v, None, causal, 0.125)
+    assert res is not None
+    args = (np.int32(L), np.int32(S), np.float32(0.125), np.int32(causal), np.int32(1),
+            *(np.int64(x) for t in (q, k, v, q) for x in ((L if t is q else S) * 64, 0, 64)))  # (batch, head, row)
+    out = cp.empty_like(q)
+    lse = cp.empty((bh, L), np.float32)
+    name, warps, rows = cuda._ATT_BF16_FWD[64, causal]
+    cuda._launch("attention_bf16", f"attn_bf16_fwd_d64_{name}", ((L + rows - 1) // rows, bh), (32 * warps,),
+                 (q, k, v, out, lse, *args), (rows + 4 * cuda._ATT_BF16_KEYS) * 64 * 2)
+    got, ref = res[0].astype(np.float32), out.astype(np.float32)
+    assert float(cp.abs(got - ref).max()) <= 2**-7 * float(cp.abs(ref).max()) + 1e-6
+    np.testing.assert_allclose(cp.asnumpy(res[1]), cp.asnumpy(lse), rtol=1e-5, atol=1e-5)
+
+
 def test_flash_attention_bfloat16_handles_batch_head_dims_and_unaligned_inputs() -> None:
     from blutrain.kernels import cuda
 

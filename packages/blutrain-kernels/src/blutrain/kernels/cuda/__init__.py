@@ -32,9 +32,11 @@ from blutrain.tensor.errors import ShapeError, TensorTypeError
 
 Array = Any
 _DIR = Path(__file__).parent
-FAMILIES = ("adamw", "attention", "attention_bf16", "casts", "cross_entropy", "embedding", "gelu", "gemm_3xtf32",
-            "layernorm", "philox", "reduce", "scale", "softmax")
+FAMILIES = ("adamw", "attention", "attention_bf16", "attention_wgmma", "casts", "cross_entropy", "embedding", "gelu",
+            "gemm_3xtf32", "layernorm", "philox", "reduce", "scale", "softmax")
 _OPTIONS = ("-std=c++17",)
+# Families of Hopper-only instructions (wgmma): built for sm_90a by NVRTC directly, see hopper_module
+HOPPER_FAMILIES = frozenset({"attention_wgmma"})
 _DEFAULT_SMEM = 48 * 1024
 
 _modules: dict[tuple[int, str], Any] = {}
@@ -60,13 +62,66 @@ def source(family: str) -> str:
 
 
 def module(family: str) -> Any:
-    """The compiled ``cupy.RawModule`` of ``family`` for the current device (compiled once)."""
+    """The compiled ``cupy.RawModule`` of ``family`` for the current device (compiled once); a Hopper family's
+    ``cupy.cuda.function.Module`` (:func:`hopper_module`), which must exist."""
     cp = _cp()
     key = (cp.cuda.Device().id, family)
     mod = _modules.get(key)
     if mod is None:
-        mod = cp.RawModule(code=source(family), options=_OPTIONS)
+        if family in HOPPER_FAMILIES:
+            mod = hopper_module(family)
+            if mod is None:
+                raise RuntimeError(f"the {family} kernels need a compute capability 9.0 GPU and NVRTC for sm_90a")
+        else:
+            mod = cp.RawModule(code=source(family), options=_OPTIONS)
         _modules[key] = mod
+    return mod
+
+
+_hopper: dict[tuple[int, str], Any] = {}
+
+
+def hopper_module(family: str) -> Any | None:
+    """``family`` built for sm_90a (wgmma and the other instructions plain sm_90 lacks), or None where the
+    current device is not compute capability 9.0 or NVRTC cannot build it (the callers then keep their
+    sm_80-level kernels). CuPy's RawModule always appends its own ``-arch=sm_90``, so NVRTC is called here
+    and the cubin loaded as a module; it is kept on disk in CuPy's kernel cache directory, keyed by the
+    source, the options and NVRTC's version, as RawModule keeps its own."""
+    import hashlib
+
+    cp = _cp()
+    dev = cp.cuda.Device()
+    key = (dev.id, family)
+    if key in _hopper:
+        return _hopper[key]
+    mod = None
+    if dev.compute_capability == "90":
+        from cupy_backends.cuda.libs import nvrtc
+
+        code = source(family)
+        options = [*_OPTIONS, "-arch=sm_90a", f"-I{Path(cp.__file__).parent / '_core' / 'include'}"]  # as CuPy's
+        version = ".".join(map(str, nvrtc.getVersion()))
+        digest = hashlib.sha256("\0".join([code, *options, version]).encode()).hexdigest()[:32]
+        cache = Path(cp.cuda.compiler.get_cache_dir()) / f"blutrain_{family}_{digest}.cubin"
+        image = cache.read_bytes() if cache.is_file() else None
+        if image is None:
+            prog = nvrtc.createProgram(code, f"{family}.cu", [], [])
+            try:
+                nvrtc.compileProgram(prog, options)
+                image = nvrtc.getCUBIN(prog)
+            except Exception:  # an older NVRTC: the sm_80-level kernels stay in use
+                image = None
+            finally:
+                nvrtc.destroyProgram(prog)
+            if image is not None:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cache.with_suffix(f".{dev.id}.tmp")
+                tmp.write_bytes(image)
+                tmp.replace(cache)  # whole or absent for another process reading it
+        if image is not None:
+            mod = cp.cuda.function.Module()
+            mod.load(image)
+    _hopper[key] = mod
     return mod
 
 
@@ -86,8 +141,13 @@ def _launch(family: str, name: str, grid: tuple[int, ...], block: tuple[int, ...
     fn = function(family, name)
     if smem > _DEFAULT_SMEM:
         key = (_cp().cuda.Device().id, family, name)
-        if _smem_set.get(key, 0) < smem:
-            fn.max_dynamic_shared_size_bytes = smem  # opt in beyond 48 KB (cudaFuncSetAttribute)
+        if _smem_set.get(key, 0) < smem:  # opt in beyond 48 KB (cudaFuncSetAttribute)
+            if family in HOPPER_FAMILIES:  # a Module's Function has no setter: the driver call
+                from cupy_backends.cuda.api import driver
+
+                driver.funcSetAttribute(fn.ptr, 8, smem)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            else:
+                fn.max_dynamic_shared_size_bytes = smem
             _smem_set[key] = smem
     fn(grid, block, args, shared_mem=smem)
 
@@ -1146,7 +1206,14 @@ def _attn_forward(q: Array, k: Array, v: Array, out: Array, suffix: str, BH: int
     lse = cp.empty((BH, L), np.float32)
     args = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)), np.int32(H),
             *_layout_args(lq, lk, lv, lo))
-    if suffix == "bf16":
+    if suffix == "bf16" and D == 64 and hopper_module("attention_wgmma") is not None:
+        # Hopper's warpgroup MMA (attention_wgmma.cu): 2 warpgroups of 64 queries, 64-key tiles, S_j overlapping
+        # P_{j-1} v_{j-1}; 101 us against the mma.sync kernel's 124 at GPT-2's causal 16x12x1024 (H100)
+        rows = 128
+        smem = rows * 128 + 3 * 2 * 64 * 128 + 1024  # q, three stages of k and v, 1024-byte alignment slack
+        _launch("attention_wgmma", "attn_wgmma_fwd_d64_wg2n64p", ((L + rows - 1) // rows, BH), (256,),
+                (q, k, v, out, lse, *args), smem)
+    elif suffix == "bf16":
         name, warps, rows = _ATT_BF16_FWD[D, bool(causal)]
         smem = (rows + 4 * _ATT_BF16_KEYS) * D * 2  # the query tile and two stages of key and value tiles
         _launch("attention_bf16", f"attn_bf16_fwd_d{D}_{name}", ((L + rows - 1) // rows, BH), (32 * warps,),
