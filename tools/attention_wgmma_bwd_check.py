@@ -1,0 +1,548 @@
+"""Check and time the Hopper flash-attention backward (attention_wgmma_bwd.cu, wgmma, bf16, D = 64).
+
+For the GPU machine (an H100 or H200; CuPy, NumPy, ml_dtypes, optionally PyTorch). Compiles
+attention_wgmma_bwd.cu (common.cuh pasted in, as the package does) with NVRTC for sm_90a directly, then for
+every variant (a dq kernel and a dk/dv kernel), shape (B, H, T) and causal flag, on fresh random bf16 q, k, v,
+dO (strided views of packed [B, T, 3, H, D] / [B, T, H, D] buffers, as GPT-2 passes them, and contiguous
+[B, H, T, D] tensors), with out and lse from the production forward (blutrain.kernels.cuda.sdpa) and poisoned
+outputs:
+
+  * dq, dk, dv against a float64 reference (‖x − ref‖ / ‖ref‖ under 1e-2 each),
+  * dq, dk, dv against the existing backward (blutrain.kernels.cuda.sdpa_backward, attention_bf16.cu),
+  * Delta and lse2 (written by the dq kernel for the dk/dv kernel) against float64,
+  * that every element of dq, dk, dv, Delta and lse2 was written.
+
+Then times each variant (both kernels), the existing backward and PyTorch's SDPA backward (bf16, autograd,
+backward only) with CUDA events (warm-up, median of 60 samples of 5 runs each, 4 input sets in rotation) at
+(16, 12, 1024) and (1, 16, 2048), and prints a table last. Results go to $OUT/attention_wgmma_bwd.json when OUT
+is set, else tools/results/attention_wgmma_bwd.json. Every CUDA error or mismatch is printed and the script
+goes on; the exit code is 1 if any case failed.
+
+    python3 tools/attention_wgmma_bwd_check.py [--variants wg2,wg1] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CU_DIR = ROOT / "packages" / "blutrain-kernels" / "src" / "blutrain" / "kernels" / "cuda"
+D = 64
+LOG2E = 1.4426950408889634
+# name: (warpgroups of the dq kernel, warpgroups of the dk/dv kernel), as attention_wgmma_bwd.cu instantiates them
+VARIANTS: dict[str, tuple[int, int]] = {"wg2": (2, 2), "wg1": (1, 1), "dq2kv1": (2, 1), "dq1kv2": (1, 2)}
+CHECK_SHAPES = [(16, 12, 1024), (1, 16, 2048), (2, 3, 200), (1, 1, 64), (1, 2, 130)]
+TIME_SHAPES = [(16, 12, 1024), (1, 16, 2048)]
+POISON_BF16 = 0xFFFF  # a NaN the kernels never write
+GRAD_TOL, ROW_TOL, EXISTING_TOL = 1e-2, 1e-3, 1e-2
+
+failures: list[str] = []
+
+
+def fail(msg: str) -> None:
+    failures.append(msg)
+    print(f"FAIL: {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+def compile_module() -> tuple[Any, str]:
+    """attention_wgmma_bwd.cu (common.cuh pasted in) through NVRTC for sm_90a; the loaded cupy Module and a
+    description of what was built."""
+    import cupy as cp
+    from cupy_backends.cuda.libs import nvrtc
+
+    src = (CU_DIR / "attention_wgmma_bwd.cu").read_text()
+    src = src.replace('#include "common.cuh"', (CU_DIR / "common.cuh").read_text())
+    opts = ["-arch=sm_90a", "-std=c++17"]  # the package's _OPTIONS are ("-std=c++17",): no fast math
+    inc = [Path(cp.__file__).parent / "_core" / "include"]
+    with contextlib.suppress(Exception):  # optional
+        inc.append(Path(cp.cuda.get_cuda_path()) / "include")
+    opts += [f"-I{p}" for p in inc if p.is_dir()]
+    prog = nvrtc.createProgram(src, "attention_wgmma_bwd.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except Exception:
+            print("NVRTC compile failed; options:", opts, "\n", nvrtc.getProgramLog(prog), flush=True)
+            raise
+        log = nvrtc.getProgramLog(prog)
+        if log.strip():
+            print("NVRTC log:\n" + log, flush=True)
+        get_cubin = getattr(nvrtc, "getCUBIN", None)
+        if get_cubin is not None:
+            image, kind = get_cubin(prog), "cubin"
+        else:
+            image, kind = nvrtc.getPTX(prog).encode(), "ptx"
+    finally:
+        nvrtc.destroyProgram(prog)
+    if isinstance(image, str):
+        image = image.encode("latin-1")
+    mod = cp.cuda.function.Module()
+    mod.load(image)
+    return mod, f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))}, {kind}, options {' '.join(opts)}"
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+def bf16_bits(shape: tuple[int, ...], rng: Any) -> Any:
+    """Random N(0, 1) values as bf16 bit patterns (uint16), round to nearest even, on the device."""
+    import cupy as cp
+
+    x = rng.standard_normal(shape, dtype=cp.float32)
+    u = x.view(cp.uint32)
+    u = u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))
+    return (u >> 16).astype(cp.uint16)
+
+
+def to_f64(bits: Any) -> Any:
+    import cupy as cp
+
+    return (bits.astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
+
+
+def layout(a: Any) -> tuple[int, int, int]:
+    """(batch, head, row) strides in elements of a (B, H, T, D) view; a dim of size 1 counts as stride 0."""
+    B, H, _, _ = a.shape
+    sb, sh, sr, sd = (s // a.itemsize for s in a.strides)
+    assert sd == 1 and a.data.ptr % 16 == 0 and all(s % 8 == 0 for s in (sb, sh, sr)), "rows must be 16-byte aligned"
+    return (sb if B > 1 else 0, sh if H > 1 else 0, sr)
+
+
+def qkv_views(buf: Any) -> tuple[Any, Any, Any]:
+    """The three (B, H, T, D) views of a packed [B, T, 3, H, D] buffer."""
+    return tuple(buf[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+
+
+def make_inputs(B: int, H: int, T: int, packed: bool, rng: Any) -> tuple[Any, Any, Any, Any]:
+    """q, k, v, dO as (B, H, T, D) uint16 views: of packed [B, T, 3, H, D] and [B, T, H, D] buffers, or
+    contiguous."""
+    if packed:
+        q, k, v = qkv_views(bf16_bits((B, T, 3, H, D), rng))
+        return q, k, v, bf16_bits((B, T, H, D), rng).transpose(0, 2, 1, 3)
+    return tuple(bf16_bits((B, H, T, D), rng) for _ in range(4))
+
+
+def grad_buffers(B: int, H: int, T: int, packed: bool) -> tuple[Any, list[Any]]:
+    """Poisoned dq, dk, dv (views of one packed buffer when `packed`) and the buffers that hold them."""
+    import cupy as cp
+
+    if packed:
+        buf = cp.full((B, T, 3, H, D), POISON_BF16, dtype=cp.uint16)
+        return qkv_views(buf), [buf]
+    grads = tuple(cp.full((B, H, T, D), POISON_BF16, dtype=cp.uint16) for _ in range(3))
+    return grads, list(grads)
+
+
+def flat(x: Any) -> Any:
+    import cupy as cp
+
+    B, H, T, _ = x.shape
+    return cp.ascontiguousarray(x).reshape(B * H, T, D)
+
+
+def reference(q: Any, k: Any, v: Any, do: Any, causal: bool, scale: float) -> dict[str, Any]:
+    """float64 attention backward on the device, (B, H) flattened, in chunks: dq, dk, dv [BH, T, D], Delta
+    (rowsum(dO * out)) and lse [BH, T]."""
+    import cupy as cp
+
+    B, H, T, _ = q.shape
+    q2, k2, v2, do2 = (flat(x) for x in (q, k, v, do))
+    res = {n: cp.empty((B * H, T, D), cp.float64) for n in ("dq", "dk", "dv")}
+    res.update({n: cp.empty((B * H, T), cp.float64) for n in ("delta", "lse")})
+    chunk = max(1, (1 << 26) // (T * T))
+    mask = cp.triu(cp.ones((T, T), dtype=bool), 1) if causal else None
+    for i in range(0, B * H, chunk):
+        qs, ks, vs, dos = (to_f64(x[i:i + chunk]) for x in (q2, k2, v2, do2))
+        s = cp.matmul(qs, ks.transpose(0, 2, 1)) * scale
+        if mask is not None:
+            s = cp.where(mask, -cp.inf, s)
+        m = s.max(axis=-1, keepdims=True)
+        p = cp.exp(s - m)
+        l_ = p.sum(axis=-1, keepdims=True)
+        p /= l_
+        del s
+        out = cp.matmul(p, vs)
+        delta = (dos * out).sum(axis=-1)
+        dp = cp.matmul(dos, vs.transpose(0, 2, 1))
+        ds = p * (dp - delta[..., None])
+        del dp
+        res["dq"][i:i + chunk] = cp.matmul(ds, ks) * scale
+        res["dk"][i:i + chunk] = cp.matmul(ds.transpose(0, 2, 1), qs) * scale
+        res["dv"][i:i + chunk] = cp.matmul(p.transpose(0, 2, 1), dos)
+        res["delta"][i:i + chunk] = delta
+        res["lse"][i:i + chunk] = (m + cp.log(l_))[..., 0]
+        del p, ds
+    return res
+
+
+def rel(a: Any, b: Any) -> float:
+    import cupy as cp
+
+    d = float(cp.linalg.norm((a - b).ravel()))
+    n = float(cp.linalg.norm(b.ravel()))
+    return d / n if n > 0 else d
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+
+def bf16_dtype() -> Any:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def production_forward(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
+    """out (uint16 bits) and float32 lse from blutrain.kernels.cuda.sdpa on bf16 views of the inputs."""
+    from blutrain.kernels import cuda as kc
+
+    bf = bf16_dtype()
+    res = kc.sdpa(q.view(bf), k.view(bf), v.view(bf), None, causal, scale)
+    if res is None:
+        raise RuntimeError("blutrain.kernels.cuda.sdpa declined the inputs")
+    out, lse = res
+    return out.view(np.uint16), lse
+
+
+def existing_backward(do: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool,
+                      scale: float) -> tuple[Any, Any, Any]:
+    """The mma.sync backward (attention_bf16.cu) through the package: dq, dk, dv as uint16 bits."""
+    from blutrain.kernels import cuda as kc
+
+    bf = bf16_dtype()
+    res = kc.sdpa_backward(do.view(bf), q.view(bf), k.view(bf), v.view(bf), out.view(bf), lse, None, causal, scale)
+    if res is None:
+        raise RuntimeError("blutrain.kernels.cuda.sdpa_backward declined the inputs")
+    return tuple(g.view(np.uint16) for g in res)
+
+
+class Ours:
+    def __init__(self, mod: Any) -> None:
+        self.mod = mod
+        self.fns: dict[str, Any] = {}
+
+    @staticmethod
+    def smem(kernel: str, wg: int) -> int:
+        """Dynamic shared memory of attn_wgmma_bwd_<kernel>_d64_wg<wg> (attention_wgmma_bwd.cu's header)."""
+        if kernel == "dq":
+            return 2 * 64 * wg * 128 + 4 * 64 * 128 + 8 * 64 * wg + 1024
+        return 2 * 64 * wg * 128 + 4 * 64 * 128 + 1024 + 1024
+
+    def fn(self, kernel: str, wg: int) -> Any:
+        name = f"attn_wgmma_bwd_{kernel}_d64_wg{wg}"
+        f = self.fns.get(name)
+        if f is None:
+            f = self.mod.get_function(name)
+            smem = self.smem(kernel, wg)
+            if smem > 48 * 1024:  # a Module's Function has no attribute setter: the driver call (cudaFuncSetAttribute)
+                from cupy_backends.cuda.api import driver
+                driver.funcSetAttribute(f.ptr, 8, smem)  # 8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self.fns[name] = f
+        return f
+
+    def __call__(self, name: str, q: Any, k: Any, v: Any, out: Any, do: Any, lse: Any, lse2: Any, delta: Any,
+                 dq: Any, dk: Any, dv: Any, causal: bool, scale: float) -> None:
+        """dq kernel, then dk/dv kernel; lse float32 [B*H, L] contiguous, lse2 and delta written (same shape)."""
+        B, H, L, _ = q.shape
+        S = k.shape[2]
+        wq, wkv = VARIANTS[name]
+        head = (np.int32(L), np.int32(S), np.float32(scale), np.int32(int(causal)), np.int32(H))
+        self.fn("dq", wq)(
+            ((L + 64 * wq - 1) // (64 * wq), B * H), (128 * wq,),
+            (q, k, v, out, do, lse, lse2, delta, dq, *head,
+             *(np.int64(s) for t in (q, k, v, out, do, dq) for s in layout(t))),
+            shared_mem=self.smem("dq", wq))
+        self.fn("dkv", wkv)(
+            ((S + 64 * wkv - 1) // (64 * wkv), B * H), (128 * wkv,),
+            (q, k, v, do, lse2, delta, dk, dv, *head,
+             *(np.int64(s) for t in (q, k, v, do, dk, dv) for s in layout(t))),
+            shared_mem=self.smem("dkv", wkv))
+
+
+def sync_check(what: str) -> bool:
+    import cupy as cp
+
+    try:
+        cp.cuda.runtime.deviceSynchronize()
+        return True
+    except Exception as e:
+        fail(f"{what}: CUDA error {e!r}")
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+def check_case(ours: Ours, names: list[str], B: int, H: int, T: int, causal: bool, packed: bool, rng: Any,
+               results: list[dict[str, Any]]) -> None:
+    """One set of inputs, the reference and the existing backward once, every variant against them."""
+    import cupy as cp
+
+    base_tag = f"B={B} H={H} T={T} causal={causal} {'packed' if packed else 'contiguous'}"
+    scale = 1.0 / math.sqrt(D)
+    try:
+        q, k, v, do = make_inputs(B, H, T, packed, rng)
+        out, lse = production_forward(q, k, v, causal, scale)
+        lse = cp.ascontiguousarray(lse, dtype=cp.float32).reshape(B * H, T)
+        ref = reference(q, k, v, do, causal, scale)
+        existing: tuple[Any, ...] | None = None
+        try:
+            existing = tuple(to_f64(flat(g)) for g in existing_backward(do, q, k, v, out, lse, causal, scale))
+        except Exception as e:
+            print(f"  (existing backward not compared at {base_tag}: {e!r})", flush=True)
+            sync_check(base_tag + " (existing backward)")
+    except Exception as e:
+        fail(f"{base_tag}: setup: {e!r}")
+        traceback.print_exc()
+        sync_check(base_tag + " (setup)")
+        return
+    for name in names:
+        tag = f"{name} {base_tag}"
+        rec: dict[str, Any] = {"variant": name, "shape": [B, H, T], "causal": causal, "packed": packed}
+        results.append(rec)
+        try:
+            (dq, dk, dv), bufs = grad_buffers(B, H, T, packed)
+            lse2 = cp.full((B * H, T), cp.nan, dtype=cp.float32)
+            delta = cp.full((B * H, T), cp.nan, dtype=cp.float32)
+            ours(name, q, k, v, out, do, lse, lse2, delta, dq, dk, dv, causal, scale)
+            if not sync_check(tag):
+                rec["error"] = "cuda"
+                continue
+            unwritten = sum(int((b == POISON_BF16).sum()) for b in bufs)
+            unwritten += int(cp.isnan(lse2).sum()) + int(cp.isnan(delta).sum())
+            rec["unwritten"] = unwritten
+            ok = True
+            if unwritten:
+                fail(f"{tag}: {unwritten} output elements not written (or NaN)")
+                ok = False
+            got = {"dq": to_f64(flat(dq)), "dk": to_f64(flat(dk)), "dv": to_f64(flat(dv))}
+            for i, g in enumerate(("dq", "dk", "dv")):
+                err = rel(got[g], ref[g])
+                rec[f"{g}_rel_err"] = err
+                if not err < GRAD_TOL:
+                    fail(f"{tag}: {g} rel err {err:.3e} (tolerance {GRAD_TOL})")
+                    ok = False
+                if existing is not None:
+                    vs = rel(got[g], existing[i])
+                    rec[f"{g}_vs_existing"] = vs
+                    rec[f"{g}_existing_rel_err"] = rel(existing[i], ref[g])
+                    if not vs < EXISTING_TOL:
+                        fail(f"{tag}: {g} differs from the existing backward by {vs:.3e}")
+                        ok = False
+            rec["delta_rel_err"] = rel(delta.astype(cp.float64), ref["delta"])
+            rec["lse2_rel_err"] = rel(lse2.astype(cp.float64), ref["lse"] * LOG2E)
+            for key in ("delta_rel_err", "lse2_rel_err"):
+                if not rec[key] < ROW_TOL:
+                    fail(f"{tag}: {key} {rec[key]:.3e} (tolerance {ROW_TOL})")
+                    ok = False
+            errs = ", ".join(f"{g} {rec[g + '_rel_err']:.2e}" for g in ("dq", "dk", "dv"))
+            vs_ex = ", ".join(f"{rec.get(g + '_vs_existing', float('nan')):.2e}" for g in ("dq", "dk", "dv"))
+            own = ", ".join(f"{rec.get(g + '_existing_rel_err', float('nan')):.2e}" for g in ("dq", "dk", "dv"))
+            print(f"{'ok  ' if ok else 'BAD '} {tag}: {errs}; vs existing {vs_ex} (existing's own {own}); "
+                  f"delta {rec['delta_rel_err']:.1e}, lse2 {rec['lse2_rel_err']:.1e}", flush=True)
+        except Exception as e:
+            rec["error"] = repr(e)
+            fail(f"{tag}: {e!r}")
+            traceback.print_exc()
+            sync_check(tag + " (after exception)")
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+def time_events(launch: Any, n_sets: int, samples: int = 60, reps: int = 5, warmup: int = 10) -> float:
+    """Median device time of one launch, in microseconds: CUDA events around `reps` launches per sample,
+    input set i % n_sets for launch i."""
+    import cupy as cp
+
+    for i in range(warmup):
+        launch(i % n_sets)
+    cp.cuda.runtime.deviceSynchronize()
+    evs = []
+    i = 0
+    for _ in range(samples):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        for _ in range(reps):
+            launch(i % n_sets)
+            i += 1
+        b.record()
+        evs.append((a, b))
+    cp.cuda.runtime.deviceSynchronize()
+    return float(np.median([cp.cuda.get_elapsed_time(a, b) * 1e3 / reps for a, b in evs]))
+
+
+def time_torch(B: int, H: int, T: int, causal: bool, n_sets: int) -> float:
+    """PyTorch's SDPA backward alone (torch.autograd.grad on a kept graph), bf16, packed q, k, v."""
+    import torch  # type: ignore[import-not-found, unused-ignore]
+    import torch.nn.functional as F  # type: ignore[import-not-found, unused-ignore]
+
+    sets = []
+    for _ in range(n_sets):
+        buf = torch.randn(B, T, 3, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        q, k, v = (buf[:, :, i].transpose(1, 2) for i in range(3))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        sets.append((out, buf, torch.randn_like(out)))
+
+    def run(i: int) -> None:
+        out, buf, g = sets[i % n_sets]
+        torch.autograd.grad(out, buf, g, retain_graph=True)
+
+    for i in range(10):
+        run(i)
+    torch.cuda.synchronize()
+    evs = []
+    i = 0
+    for _ in range(60):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(5):
+            run(i)
+            i += 1
+        b.record()
+        evs.append((a, b))
+    torch.cuda.synchronize()
+    return float(np.median([a.elapsed_time(b) * 1e3 / 5 for a, b in evs]))
+
+
+def time_shape(ours: Ours, names: list[str], B: int, H: int, T: int, causal: bool, rng: Any,
+               rows: list[dict[str, Any]]) -> None:
+    import cupy as cp
+
+    n_sets = 4
+    scale = 1.0 / math.sqrt(D)
+    flops = 14.0 * B * H * T * T * D * (0.5 if causal else 1.0)
+    sets = []
+    for _ in range(n_sets):
+        q, k, v, do = make_inputs(B, H, T, True, rng)
+        out, lse = production_forward(q, k, v, causal, scale)
+        sets.append((q, k, v, out, do, cp.ascontiguousarray(lse, dtype=cp.float32).reshape(B * H, T)))
+    (dq, dk, dv), _ = grad_buffers(B, H, T, True)
+    lse2 = cp.empty((B * H, T), dtype=cp.float32)
+    delta = cp.empty((B * H, T), dtype=cp.float32)
+    base: dict[str, Any] = {"shape": [B, H, T], "causal": causal}
+    existing_us = torch_us = float("nan")
+    try:
+        existing_us = time_events(
+            lambda i: existing_backward(sets[i][4], *sets[i][:4], sets[i][5], causal, scale), n_sets)
+    except Exception as e:
+        print(f"existing backward not timed at {B, H, T} causal={causal}: {e!r}", flush=True)
+        sync_check("existing timing")
+    try:
+        torch_us = time_torch(B, H, T, causal, n_sets)
+    except Exception as e:
+        print(f"torch not timed at {B, H, T} causal={causal}: {e!r}", flush=True)
+    for name in names:
+        row = dict(base, variant=name, existing_us=existing_us, torch_us=torch_us)
+        try:
+            us = time_events(lambda i, name=name: ours(name, *sets[i], lse2, delta, dq, dk, dv, causal, scale),
+                             n_sets)
+            if not sync_check(f"timing {name}"):
+                row["error"] = "cuda"
+            row.update(us=us, tflops=flops / us * 1e-6)
+        except Exception as e:
+            row["error"] = repr(e)
+            fail(f"timing {name} {B, H, T} causal={causal}: {e!r}")
+        rows.append(row)
+    sets.clear()
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated kernel variants")
+    ap.add_argument("--quick", action="store_true", help="check contiguous inputs only at the three small shapes")
+    args = ap.parse_args()
+    names = [n for n in args.variants.split(",") if n]
+    for n in names:
+        if n not in VARIANTS:
+            print(f"--variants: unknown variant {n!r}; known: {', '.join(VARIANTS)}")
+            return 2
+
+    import cupy as cp
+
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    device = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    print(f"device: {device}, compute capability {dev.compute_capability}, CuPy {cp.__version__}", flush=True)
+    summary: dict[str, Any] = {"device": device, "checks": [], "timings": []}
+    t0 = time.perf_counter()
+    try:
+        mod, built = compile_module()
+    except Exception as e:
+        fail(f"compile/load: {e!r}")
+        traceback.print_exc()
+        write_json(summary)
+        return 1
+    print(f"built in {time.perf_counter() - t0:.1f} s: {built}", flush=True)
+    summary["build"] = built
+    ours = Ours(mod)
+    for kernel in ("dq", "dkv"):
+        for wg in sorted({VARIANTS[n][0 if kernel == "dq" else 1] for n in names}):
+            try:
+                f = ours.fn(kernel, wg)
+                from cupy_backends.cuda.api import driver  # a Module's Function: attributes through the driver
+
+                regs, local, threads = (driver.funcGetAttribute(a, f.ptr) for a in (4, 3, 0))  # CU_FUNC_ATTRIBUTE_*
+                print(f"  {kernel}_wg{wg}: {regs} registers, {local} bytes local, smem {ours.smem(kernel, wg)} B, "
+                      f"max threads {threads}", flush=True)
+            except Exception as e:
+                fail(f"{kernel}_wg{wg}: get_function: {e!r}")
+
+    rng = cp.random.default_rng(1234)
+    shapes = CHECK_SHAPES[2:] if args.quick else CHECK_SHAPES
+    for (B, H, T) in shapes:
+        for causal in (True, False):
+            for packed in ((False,) if args.quick else (True, False)):
+                check_case(ours, names, B, H, T, causal, packed, rng, summary["checks"])
+        cp.get_default_memory_pool().free_all_blocks()
+
+    rows: list[dict[str, Any]] = summary["timings"]
+    if not args.quick:
+        for (B, H, T) in TIME_SHAPES:
+            for causal in (True, False):
+                time_shape(ours, names, B, H, T, causal, rng, rows)
+    write_json(summary)
+
+    errs = {(tuple(c["shape"]), c["causal"], c["variant"]):
+            max(c.get(g + "_rel_err", float("nan")) for g in ("dq", "dk", "dv"))
+            for c in summary["checks"] if c["packed"] or args.quick}
+    print("\nattention backward, bf16, D = 64 (us: median device time, dq + dk/dv; TFLOP/s of ours, "
+          "14 BHT^2D, half if causal; rel.err: worst of dq, dk, dv)")
+    print(f"{'shape (B,H,T)':<16} {'causal':<6} {'variant':<8} {'rel.err':>8} {'ours us':>8} {'exist us':>8} "
+          f"{'torch us':>8} {'TFLOP/s':>7}")
+    for r in rows:
+        worst = errs.get((tuple(r["shape"]), r["causal"], r["variant"]), float("nan"))
+        print(f"{tuple(r['shape'])!s:<16} {r['causal']!s:<6} {r['variant']:<8} {worst:>8.1e} "
+              f"{r.get('us', float('nan')):>8.1f} {r['existing_us']:>8.1f} {r['torch_us']:>8.1f} "
+              f"{r.get('tflops', float('nan')):>7.1f}")
+    n_ok = sum(1 for c in summary["checks"] if "error" not in c and not c.get("unwritten", 1)
+               and all(c.get(g + "_rel_err", 1) < GRAD_TOL for g in ("dq", "dk", "dv")))
+    print(f"checks: {n_ok} of {len(summary['checks'])} passed; {len(failures)} failure(s)")
+    for f in failures[:40]:
+        print("  " + f)
+    return 1 if failures else 0
+
+
+def write_json(summary: dict[str, Any]) -> None:
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "tools" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary["failures"] = failures
+    path = out_dir / "attention_wgmma_bwd.json"
+    path.write_text(json.dumps(summary, indent=1, default=float))
+    print(f"wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
