@@ -88,7 +88,8 @@ def assert_same_as_single_cast(sources: list[Any], got: list[Any], dtype: Any) -
             raise AssertionError(f"tensor {i} (shape {a.shape}): {wrong.size} of {have.size} elements differ from "
                                  f"the single cast; first at {k}: source bits {src:#x} -> {int(have.reshape(-1)[k]):#x}"
                                  f", the cast gives {int(expect.reshape(-1)[k]):#x}")
-        np.testing.assert_array_equal(have, cpu)
+        if single is not None:  # CuPy's astype (strided views) keeps other NaN payloads than NumPy's cast
+            np.testing.assert_array_equal(have, cpu)
 
 
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -20,6 +20,7 @@ Importing this module does not import CuPy; nothing here runs without a GPU.
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -102,7 +103,9 @@ def hopper_module(family: str) -> Any | None:
         options = [*_OPTIONS, "-arch=sm_90a", f"-I{Path(cp.__file__).parent / '_core' / 'include'}"]  # as CuPy's
         version = ".".join(map(str, nvrtc.getVersion()))
         digest = hashlib.sha256("\0".join([code, *options, version]).encode()).hexdigest()[:32]
-        cache = Path(cp.cuda.compiler.get_cache_dir()) / f"blutrain_{family}_{digest}.cubin"
+        # CuPy's kernel cache directory, as its compiler names it (CUPY_CACHE_DIR, else ~/.cupy/kernel_cache)
+        cache_dir = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+        cache = Path(cache_dir) / f"blutrain_{family}_{digest}.cubin"
         image = cache.read_bytes() if cache.is_file() else None
         if image is None:
             prog = nvrtc.createProgram(code, f"{family}.cu", [], [])
@@ -114,10 +117,11 @@ def hopper_module(family: str) -> Any | None:
             finally:
                 nvrtc.destroyProgram(prog)
             if image is not None:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache.with_suffix(f".{dev.id}.tmp")
-                tmp.write_bytes(image)
-                tmp.replace(cache)  # whole or absent for another process reading it
+                with contextlib.suppress(OSError):  # a read-only home: compiled again by the next process
+                    cache.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+                    tmp.write_bytes(image)
+                    tmp.replace(cache)  # whole or absent for another process reading it
         if image is not None:
             mod = cp.cuda.function.Module()
             mod.load(image)
