@@ -341,9 +341,11 @@ def check_case(ours: Ours, names: list[str], B: int, H: int, T: int, causal: boo
                         ok = False
             rec["delta_rel_err"] = rel(delta.astype(cp.float64), ref["delta"])
             rec["lse2_rel_err"] = rel(lse2.astype(cp.float64), ref["lse"] * LOG2E)
-            for key in ("delta_rel_err", "lse2_rel_err"):
-                if not rec[key] < ROW_TOL:
-                    fail(f"{tag}: {key} {rec[key]:.3e} (tolerance {ROW_TOL})")
+            # Delta is rowsum(dO * out) of the bf16 out the kernels read; the reference's is of the float64 out, so
+            # the two differ by bf16's rounding of out (2e-3 on the H100 run of 7c5f4e3): bf16's tolerance
+            for key, tol in (("delta_rel_err", GRAD_TOL), ("lse2_rel_err", ROW_TOL)):
+                if not rec[key] < tol:
+                    fail(f"{tag}: {key} {rec[key]:.3e} (tolerance {tol})")
                     ok = False
             errs = ", ".join(f"{g} {rec[g + '_rel_err']:.2e}" for g in ("dq", "dk", "dv"))
             vs_ex = ", ".join(f"{rec.get(g + '_vs_existing', float('nan')):.2e}" for g in ("dq", "dk", "dv"))

@@ -1069,6 +1069,28 @@ def test_flash_attention_bfloat16_d64_forward_on_hopper_is_the_wgmma_kernel(bh: 
     np.testing.assert_allclose(cp.asnumpy(res[1]), cp.asnumpy(lse), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_bfloat16_d64_backward_on_hopper_is_the_wgmma_kernels(causal: bool) -> None:
+    """On compute capability 9.0 the bf16 D = 64 backward is attention_wgmma_bwd.cu's: built there, and within
+    bf16's error of float64 at GPT-2's sequence length (the small shapes above take the same path)."""
+    import cupy as cp
+
+    from blutrain.kernels import cuda
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("the wgmma kernels are built for compute capability 9.0 only")
+    assert cuda.hopper_module("attention_wgmma_bwd") is not None, "NVRTC did not build attention_wgmma_bwd.cu"
+    q, k, v, g = _attn_data(2, 1024, 1024, 64, BF16, 26)
+    out, lse = cpu_nn.sdpa(q, k, v, None, causal, 0.125)
+    out, lse = f64(out, BF16), f64(lse, np.float32)
+    res = cuda.sdpa_backward(dev(g, BF16), dev(q, BF16), dev(k, BF16), dev(v, BF16), dev(out, BF16),
+                             dev(lse, np.float32), None, causal, 0.125)
+    assert res is not None
+    refs = cpu_nn.sdpa_backward(g, q, k, v, out, lse, None, causal, 0.125)
+    for got, ref in zip(res, refs, strict=True):
+        check(got, ref, BF16, floor=1.0)
+
+
 def test_flash_attention_bfloat16_handles_batch_head_dims_and_unaligned_inputs() -> None:
     from blutrain.kernels import cuda
 

@@ -5,6 +5,9 @@
 // same outputs, same layouts (each tensor addressed through its own (batch, head, row) strides in elements, a
 // row's D elements contiguous, every row 16-byte aligned; blockIdx.y = b * H + h), same launch order (dq first:
 // it writes Delta = rowsum(dO * out) and lse2 = lse * log2(e), float32 [B*H, L], that dk/dv reads).
+// blutrain.kernels.cuda runs the wg1 kernels on compute capability 9.0 (tools/attention_wgmma_bwd_check.py on an H100
+// at 7c5f4e3: dq, dk, dv within 2e-5 of attention_bf16.cu's at every checked shape; GPT-2's causal 16 x 12 x 1024
+// 310.5 us (wg1), 325.9-346.1 (other variants) against attention_bf16.cu's 389.0; non-causal 514.5 / 660.7).
 // Needs -arch=sm_90a. Self-contained: only common.cuh is pasted in (as for attention_wgmma.cu); the few PTX
 // wrappers and descriptor helpers of the forward are repeated here, unchanged.
 //
