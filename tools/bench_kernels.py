@@ -538,7 +538,7 @@ class Bench:
             step["n"] += 1
             n = step["n"]
             lr_bc = scalars("adamw", cuda0, (1e-4, 1.0 - 0.9**n, math.sqrt(1.0 - 0.95**n)))
-            return K.adamw_multi_tensor(cp_, cg, cm, cv, lr_bc, 0.9, 0.95, 1e-8, 0.1, clip)
+            return K.adamw_multi_tensor(cp_, cg, cm, cv, lr_bc, 0.9, 0.95, 1e-8, 0.1, max_grad_norm=clip)
 
         def theirs() -> Any:
             if clip is not None:
