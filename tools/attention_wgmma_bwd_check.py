@@ -18,7 +18,7 @@ backward only) with CUDA events (warm-up, median of 60 samples of 5 runs each, 4
 is set, else tools/results/attention_wgmma_bwd.json. Every CUDA error or mismatch is printed and the script
 goes on; the exit code is 1 if any case failed.
 
-    python3 tools/attention_wgmma_bwd_check.py [--variants wg2,wg1] [--quick]
+    python3 tools/attention_wgmma_bwd_check.py [--variants wg1,wg1p] [--quick]
 """
 
 from __future__ import annotations
@@ -40,8 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CU_DIR = ROOT / "packages" / "blutrain-kernels" / "src" / "blutrain" / "kernels" / "cuda"
 D = 64
 LOG2E = 1.4426950408889634
-# name: (warpgroups of the dq kernel, warpgroups of the dk/dv kernel), as attention_wgmma_bwd.cu instantiates them
-VARIANTS: dict[str, tuple[int, int]] = {"wg2": (2, 2), "wg1": (1, 1), "dq2kv1": (2, 1), "dq1kv2": (1, 2)}
+# kernel suffix: (warpgroups, cp.async stages of the streamed tiles), as attention_wgmma_bwd.cu instantiates
+# attn_wgmma_bwd_dq_d64_<suffix> and attn_wgmma_bwd_dkv_d64_<suffix>
+DQ_KERNELS: dict[str, tuple[int, int]] = {"wg2": (2, 2), "wg1": (1, 2), "wg1p": (1, 3), "wg1p2": (1, 4),
+                                          "wg1p3b": (1, 3)}
+DKV_KERNELS: dict[str, tuple[int, int]] = {"wg2": (2, 2), "wg1": (1, 2), "wg1p": (1, 3), "wg1p2": (1, 4)}
+# name: (dq kernel suffix, dk/dv kernel suffix)
+VARIANTS: dict[str, tuple[str, str]] = {
+    "wg2": ("wg2", "wg2"), "wg1": ("wg1", "wg1"), "dq2kv1": ("wg2", "wg1"), "dq1kv2": ("wg1", "wg2"),
+    "wg1p": ("wg1p", "wg1p"), "wg1p2": ("wg1p2", "wg1p2"), "wg1p3b": ("wg1p3b", "wg1p"),
+    "dq1pkv1": ("wg1p", "wg1"), "dq1kv1p": ("wg1", "wg1p"),
+}
 CHECK_SHAPES = [(16, 12, 1024), (1, 16, 2048), (2, 3, 200), (1, 1, 64), (1, 2, 130)]
 TIME_SHAPES = [(16, 12, 1024), (1, 16, 2048)]
 POISON_BF16 = 0xFFFF  # a NaN the kernels never write
@@ -233,18 +242,22 @@ class Ours:
         self.fns: dict[str, Any] = {}
 
     @staticmethod
-    def smem(kernel: str, wg: int) -> int:
-        """Dynamic shared memory of attn_wgmma_bwd_<kernel>_d64_wg<wg> (attention_wgmma_bwd.cu's header)."""
+    def smem(kernel: str, suffix: str) -> int:
+        """Dynamic shared memory of attn_wgmma_bwd_<kernel>_d64_<suffix> (attention_wgmma_bwd.cu's header): the
+        block's own tiles (2 of 64 wg rows), `stages` pairs of streamed 64-row tiles, the per-row floats and the
+        1024 bytes of alignment slack."""
+        wg, stages = (DQ_KERNELS if kernel == "dq" else DKV_KERNELS)[suffix]
+        own, streamed = 2 * 64 * wg * 128, 2 * stages * 64 * 128
         if kernel == "dq":
-            return 2 * 64 * wg * 128 + 4 * 64 * 128 + 8 * 64 * wg + 1024
-        return 2 * 64 * wg * 128 + 4 * 64 * 128 + 1024 + 1024
+            return own + streamed + 8 * 64 * wg + 1024
+        return own + streamed + 2 * stages * 64 * 4 + 1024
 
-    def fn(self, kernel: str, wg: int) -> Any:
-        name = f"attn_wgmma_bwd_{kernel}_d64_wg{wg}"
+    def fn(self, kernel: str, suffix: str) -> Any:
+        name = f"attn_wgmma_bwd_{kernel}_d64_{suffix}"
         f = self.fns.get(name)
         if f is None:
             f = self.mod.get_function(name)
-            smem = self.smem(kernel, wg)
+            smem = self.smem(kernel, suffix)
             if smem > 48 * 1024:  # a Module's Function has no attribute setter: the driver call (cudaFuncSetAttribute)
                 from cupy_backends.cuda.api import driver
                 driver.funcSetAttribute(f.ptr, 8, smem)  # 8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -256,18 +269,19 @@ class Ours:
         """dq kernel, then dk/dv kernel; lse float32 [B*H, L] contiguous, lse2 and delta written (same shape)."""
         B, H, L, _ = q.shape
         S = k.shape[2]
-        wq, wkv = VARIANTS[name]
+        sq, skv = VARIANTS[name]
+        wq, wkv = DQ_KERNELS[sq][0], DKV_KERNELS[skv][0]
         head = (np.int32(L), np.int32(S), np.float32(scale), np.int32(int(causal)), np.int32(H))
-        self.fn("dq", wq)(
+        self.fn("dq", sq)(
             ((L + 64 * wq - 1) // (64 * wq), B * H), (128 * wq,),
             (q, k, v, out, do, lse, lse2, delta, dq, *head,
              *(np.int64(s) for t in (q, k, v, out, do, dq) for s in layout(t))),
-            shared_mem=self.smem("dq", wq))
-        self.fn("dkv", wkv)(
+            shared_mem=self.smem("dq", sq))
+        self.fn("dkv", skv)(
             ((S + 64 * wkv - 1) // (64 * wkv), B * H), (128 * wkv,),
             (q, k, v, do, lse2, delta, dk, dv, *head,
              *(np.int64(s) for t in (q, k, v, do, dk, dv) for s in layout(t))),
-            shared_mem=self.smem("dkv", wkv))
+            shared_mem=self.smem("dkv", skv))
 
 
 def sync_check(what: str) -> bool:
@@ -491,16 +505,16 @@ def main() -> int:
     summary["build"] = built
     ours = Ours(mod)
     for kernel in ("dq", "dkv"):
-        for wg in sorted({VARIANTS[n][0 if kernel == "dq" else 1] for n in names}):
+        for suffix in sorted({VARIANTS[n][0 if kernel == "dq" else 1] for n in names}):
             try:
-                f = ours.fn(kernel, wg)
+                f = ours.fn(kernel, suffix)
                 from cupy_backends.cuda.api import driver  # a Module's Function: attributes through the driver
 
                 regs, local, threads = (driver.funcGetAttribute(a, f.ptr) for a in (4, 3, 0))  # CU_FUNC_ATTRIBUTE_*
-                print(f"  {kernel}_wg{wg}: {regs} registers, {local} bytes local, smem {ours.smem(kernel, wg)} B, "
-                      f"max threads {threads}", flush=True)
+                print(f"  {kernel}_{suffix}: {regs} registers, {local} bytes local, smem "
+                      f"{ours.smem(kernel, suffix)} B, max threads {threads}", flush=True)
             except Exception as e:
-                fail(f"{kernel}_wg{wg}: get_function: {e!r}")
+                fail(f"{kernel}_{suffix}: get_function: {e!r}")
 
     rng = cp.random.default_rng(1234)
     shapes = CHECK_SHAPES[2:] if args.quick else CHECK_SHAPES

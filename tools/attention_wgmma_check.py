@@ -36,10 +36,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 CU_DIR = ROOT / "packages" / "blutrain-kernels" / "src" / "blutrain" / "kernels" / "cuda"
 D = 64
-# name: (warpgroups, keys per tile, pipelined) as attention_wgmma.cu instantiates them
-VARIANTS: dict[str, tuple[int, int, bool]] = {
-    "wg2n64": (2, 64, False), "wg2n128": (2, 128, False), "wg3n64": (3, 64, False), "wg3n128": (3, 128, False),
-    "wg2n64p": (2, 64, True), "wg2n128p": (2, 128, True), "wg3n64p": (3, 64, True), "wg3n128p": (3, 128, True),
+# name: (warpgroups, keys per tile, K/V stages) as attention_wgmma.cu instantiates them (pipelined: 3 stages; p2:
+# two tiles ahead, 4; s: causal tiles heavy-first across heads, same grid)
+VARIANTS: dict[str, tuple[int, int, int]] = {
+    "wg2n64": (2, 64, 2), "wg2n128": (2, 128, 2), "wg3n64": (3, 64, 2), "wg3n128": (3, 128, 2),
+    "wg2n64p": (2, 64, 3), "wg2n128p": (2, 128, 3), "wg3n64p": (3, 64, 3), "wg3n128p": (3, 128, 3),
+    "wg2n64p2": (2, 64, 4), "wg2n64ps": (2, 64, 3), "wg2n64p2s": (2, 64, 4),
 }
 CHECK_SHAPES = [(16, 12, 1024), (4, 12, 1024), (1, 16, 2048), (2, 3, 200), (1, 1, 64)]
 TIME_SHAPES = [(16, 12, 1024), (1, 16, 2048)]
@@ -123,7 +125,7 @@ def make_inputs(B: int, H: int, T: int, packed: bool, rng: Any) -> tuple[Any, An
     """q, k, v as (B, H, T, D) uint16 views: of one packed [B, T, 3, H, D] buffer, or contiguous."""
     if packed:
         buf = bf16_bits((B, T, 3, H, D), rng)
-        return tuple(buf[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # type: ignore[return-value]
+        return tuple(buf[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # type: ignore[return-value, unused-ignore]
     return bf16_bits((B, H, T, D), rng), bf16_bits((B, H, T, D), rng), bf16_bits((B, H, T, D), rng)
 
 
@@ -167,8 +169,8 @@ class Ours:
         self.fns: dict[str, Any] = {}
 
     def smem(self, name: str) -> int:
-        wg, bn, pipelined = VARIANTS[name]
-        return 64 * wg * 128 + (3 if pipelined else 2) * 2 * bn * 128 + 1024
+        wg, bn, stages = VARIANTS[name]
+        return 64 * wg * 128 + stages * 2 * bn * 128 + 1024
 
     def fn(self, name: str) -> Any:
         f = self.fns.get(name)
@@ -302,8 +304,8 @@ def time_events(launch: Any, n_sets: int, samples: int = 60, reps: int = 5, warm
 
 
 def time_torch(B: int, H: int, T: int, causal: bool, n_sets: int) -> float:
-    import torch
-    import torch.nn.functional as F
+    import torch  # type: ignore[import-not-found, unused-ignore]
+    import torch.nn.functional as F  # type: ignore[import-not-found, unused-ignore]
 
     sets = []
     for _ in range(n_sets):
@@ -427,8 +429,8 @@ def main() -> int:
     print(f"{'shape (B,H,T)':<16} {'causal':<6} {'variant':<9} {'rel.err':>8} {'ours us':>8} {'exist us':>8} "
           f"{'torch us':>8} {'TFLOP/s':>7}")
     for r in rows:
-        e = errs.get((tuple(r["shape"]), r["causal"], r["variant"]), float("nan"))
-        print(f"{tuple(r['shape'])!s:<16} {r['causal']!s:<6} {r['variant']:<9} {e:>8.1e} "
+        err = errs.get((tuple(r["shape"]), r["causal"], r["variant"]), float("nan"))
+        print(f"{tuple(r['shape'])!s:<16} {r['causal']!s:<6} {r['variant']:<9} {err:>8.1e} "
               f"{r.get('us', float('nan')):>8.1f} {r['existing_us']:>8.1f} {r['torch_us']:>8.1f} "
               f"{r.get('tflops', float('nan')):>7.1f}")
     n_ok = sum(1 for c in summary["checks"] if "error" not in c and c.get("rel_err", 1) < OUT_TOL

@@ -25,6 +25,11 @@
 //     B = dO), all K-major; P^T, dS^T as above; dv += P^T dO and dk += dS^T q (A from registers, B = dO and q
 //     MN-major). dk stored scaled by `scale`. Dynamic shared memory 2 BN 128 + 4 * 64 * 128 + 1024 + 1024 bytes
 //     (wg2: 67584, wg1: 51200).
+//   attn_wgmma_bwd_{dq,dkv}_d64_wg1p, _wg1p2 (dq also _wg1p3b: 3 blocks per SM): wg1 with the product that
+//     consumes tile j - 1 (dq += dS k; dv, dk) issued behind tile j's S, dP and run under tile j's softmax;
+//     PREFETCH = 1 / 2 tiles ahead through PREFETCH + 2 stages (see the section "pipelined (wg1)"). Dynamic
+//     shared memory: dq 2 * 64 * 128 + 2 * STAGES * 64 * 128 + 512 + 1024 (67072, 83456), dk/dv
+//     2 * 64 * 128 + 2 * STAGES * 64 * 128 + 2 * STAGES * 256 + 1024 (68096, 84992). Not yet run on a GPU.
 // In causal mode the dq kernel stops at its last query and a warpgroup skips the key tiles wholly above its
 // rows; the dk/dv kernel starts at the query tile of its first key and a warpgroup skips query tiles wholly
 // before its keys (warpgroup-uniform branches: wgmma is collective); only tiles that cross the diagonal or a
@@ -524,6 +529,367 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
     store_acc_rows(head_rows(dv, ldv, batch, head), ldv.row, dv_acc, key_row, S, 1.f);
 }
 
+// ---------------------------------------------------------------------------------------------- pipelined (wg1)
+// attn_wgmma_bwd_{dq,dkv}_d64_wg1p[2]: one warpgroup, the same products as wg1, but the product that consumes
+// tile j - 1's fragments (dq += dS k; dv += P^T dO and dk += dS^T q) is issued right behind the products of
+// tile j (S, dP; S^T, dP^T) and runs while the softmax of tile j is computed (wait_group 1), as the forward's
+// pipelined variants do. Step 0 is peeled and the last product issued after the loop, so that every wgmma
+// batch and its wait sit in one basic block (a product under a branch made ptxas serialise every wgmma). The
+// streamed tiles run PREFETCH tiles ahead through STAGES = PREFETCH + 2 cp.async stages: the tile of step
+// j - 1 is still read (by the deferred product) while tile j is used and tiles up to j + PREFETCH load.
+// One cp.async group is committed per step, empty past the last tile, so wait_group PREFETCH - 1 always
+// means "tile j has landed". Predicted: the softmax (about a third of a step's issue time at wg1) leaves the
+// tensor cores' critical path; 10-20% off each kernel (310.5 us -> about 260 at GPT-2's causal shape);
+// PREFETCH = 2 a few % more if L2 latency still shows at the barrier.
+
+template <int pending> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
+
+template <int PREFETCH>
+__device__ __forceinline__ void attn_wgmma_bwd_dq_pipe(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                       const bf16* __restrict__ v, const bf16* __restrict__ out,
+                                                       const bf16* __restrict__ dout, const float* __restrict__ lse,
+                                                       float* __restrict__ lse2, float* __restrict__ delta,
+                                                       bf16* __restrict__ dq, int L, int S, float scale, int causal,
+                                                       int H, RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo,
+                                                       RowLayout ldo, RowLayout ldq) {
+    static_assert(PREFETCH == 1 || PREFETCH == 2, "PREFETCH: 1 or 2 tiles ahead");
+    constexpr int THREADS = 128;
+    constexpr int BM = 64;
+    constexpr int BN = 64;
+    constexpr int STAGES = PREFETCH + 2;
+    constexpr unsigned TILE_BYTES = 64 * 128;
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned sQ = (shared_address(smem_raw) + 1023u) & ~1023u;
+    const unsigned sdO = sQ + TILE_BYTES;
+    const unsigned sK = sdO + TILE_BYTES;  // STAGES tiles each
+    const unsigned sV = sK + STAGES * TILE_BYTES;
+    float* sLse2 = reinterpret_cast<float*>(smem_raw + (sV + STAGES * TILE_BYTES - shared_address(smem_raw)));
+    float* sDelta = sLse2 + BM;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
+    const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+    const int warp_row0 = q0 + 16 * warp;
+    const int row_g = warp_row0 + (lane >> 2);
+    const bf16* kb = head_rows(k, lk, batch, head);
+    const bf16* vb = head_rows(v, lv, batch, head);
+    const float scale_log2 = scale * WGMMA_BWD_LOG2E;
+    const int key_end = causal ? min(S, q0 + BM) : S;
+    const int n_tiles = (key_end + BN - 1) / BN;  // >= 1; one warpgroup: every tile reaches its rows
+
+    auto load_key_tile = [&](int t) {
+        if (t < n_tiles) {
+            const unsigned st = (t % STAGES) * TILE_BYTES;
+            load_tile_async<BN, THREADS>(sK + st, kb, lk.row, t * BN, S);
+            load_tile_async<BN, THREADS>(sV + st, vb, lv.row, t * BN, S);
+        }
+        cp_async_commit();  // empty past the last tile: one group per tile index
+    };
+    load_tile_async<BM, THREADS>(sQ, head_rows(q, lq, batch, head), lq.row, q0, L);
+    load_tile_async<BM, THREADS>(sdO, head_rows(dout, ldo, batch, head), ldo.row, q0, L);
+#pragma unroll
+    for (int t = 0; t < PREFETCH; ++t) load_key_tile(t);  // group 0 also holds q and dO
+
+    // Delta and lse2 of the block's rows while the tiles load (as attn_wgmma_bwd_dq).
+    {
+        const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
+        const int row = q0 + r;
+        float acc = 0.f, l2 = 0.f;
+        if (row < L) {
+            const uint4* po = reinterpret_cast<const uint4*>(head_rows(out, lo, batch, head) + row * lo.row + 32 * half);
+            const uint4* pd = reinterpret_cast<const uint4*>(head_rows(dout, ldo, batch, head) + row * ldo.row + 32 * half);
+            uint4 ov[4], dv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                ov[i] = po[i];
+                dv[i] = pd[i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc += dot_bf16x8(ov[i], dv[i]);
+            l2 = lse[(long long)bh * L + row] * WGMMA_BWD_LOG2E;
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (half == 0) {
+            sDelta[r] = acc;
+            sLse2[r] = l2;
+            if (row < L) {
+                delta[(long long)bh * L + row] = acc;
+                lse2[(long long)bh * L + row] = l2;
+            }
+        }
+    }
+
+    const unsigned long long dq_desc = desc_kmajor(sQ);
+    const unsigned long long ddo_desc = desc_kmajor(sdO);
+    float s[32], dp[32], acc[32];
+    unsigned ds[4][4];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        s[i] = 0.f;
+        dp[i] = 0.f;
+        acc[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) ds[i][c] = 0u;
+    }
+    float row_lse2[2], row_delta[2];
+
+    // Tile j has landed (all but the newest PREFETCH - 1 groups are complete): publish it; the barrier also
+    // ends the products of step j - 1, whose wait came before it, so stage (j + PREFETCH) % STAGES (tile
+    // j - 2's) is free to refill.
+    auto sync_and_prefetch = [&](int j) {
+        cp_async_wait<PREFETCH - 1>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        load_key_tile(j + PREFETCH);
+    };
+    // dS = P (dP - Delta) of key tile j into dp, from s = q k_j^T and dp = dO v_j^T.
+    auto softmax_tile = [&](int j) {
+        const int k0 = j * BN;
+        const bool needs_mask = k0 + BN > S || (causal && k0 + BN - 1 > warp_row0);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int h = c >> 1;
+                float p = fast_exp2(fmaf(s[4 * nb + c], scale_log2, -row_lse2[h]));
+                if (needs_mask) {
+                    const int col = k0 + nb * 8 + 2 * (lane & 3) + (c & 1);
+                    if (col >= S || (causal && col > row_g + 8 * h)) p = 0.f;
+                }
+                dp[4 * nb + c] = p * (dp[4 * nb + c] - row_delta[h]);
+            }
+        }
+    };
+
+    sync_and_prefetch(0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        row_lse2[h] = sLse2[row_g + 8 * h - q0];
+        row_delta[h] = sDelta[row_g + 8 * h - q0];
+    }
+    fence_registers(s);
+    fence_registers(dp);
+    wgmma_fence();
+    issue_abt(s, dq_desc, desc_kmajor(sK));
+    issue_abt(dp, ddo_desc, desc_kmajor(sV));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(s);
+    fence_registers(dp);
+    softmax_tile(0);
+    pack_a(ds, dp);
+    for (int j = 1; j < n_tiles; ++j) {
+        sync_and_prefetch(j);
+        const unsigned cur = (j % STAGES) * TILE_BYTES;
+        const unsigned prev = ((j - 1) % STAGES) * TILE_BYTES;
+        fence_registers(s);
+        fence_registers(dp);
+        fence_registers(acc);
+        fence_registers(ds);
+        wgmma_fence();
+        issue_abt(s, dq_desc, desc_kmajor(sK + cur));
+        issue_abt(dp, ddo_desc, desc_kmajor(sV + cur));
+        wgmma_commit();
+        issue_rb(acc, ds, desc_mnmajor(sK + prev));
+        wgmma_commit();
+        wgmma_wait<1>();  // S_j, dP_j done; dS_{j-1} k_{j-1} may still run
+        fence_registers(s);
+        fence_registers(dp);
+        softmax_tile(j);
+        wgmma_wait<0>();  // acc and ds free again
+        fence_registers(acc);
+        fence_registers(ds);
+        pack_a(ds, dp);
+    }
+    // The last dq += dS k: its stage is intact (no tile loads after the last one).
+    fence_registers(acc);
+    fence_registers(ds);
+    wgmma_fence();
+    issue_rb(acc, ds, desc_mnmajor(sK + ((n_tiles - 1) % STAGES) * TILE_BYTES));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc);
+    cp_async_wait<0>();  // only empty groups can remain; leave none behind
+    store_acc_rows(head_rows(dq, ldq, batch, head), ldq.row, acc, row_g, L, scale);
+}
+
+template <int PREFETCH>
+__device__ __forceinline__ void attn_wgmma_bwd_dkv_pipe(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                        const bf16* __restrict__ v, const bf16* __restrict__ dout,
+                                                        const float* __restrict__ lse2,
+                                                        const float* __restrict__ delta, bf16* __restrict__ dk,
+                                                        bf16* __restrict__ dv, int L, int S, float scale, int causal,
+                                                        int H, RowLayout lq, RowLayout lk, RowLayout lv,
+                                                        RowLayout ldo, RowLayout ldk, RowLayout ldv) {
+    static_assert(PREFETCH == 1 || PREFETCH == 2, "PREFETCH: 1 or 2 tiles ahead");
+    constexpr int THREADS = 128;
+    constexpr int BN = 64;  // keys per block
+    constexpr int BM = 64;  // queries per step
+    constexpr int STAGES = PREFETCH + 2;
+    constexpr unsigned TILE_BYTES = 64 * 128;
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned sK = (shared_address(smem_raw) + 1023u) & ~1023u;
+    const unsigned sV = sK + TILE_BYTES;
+    const unsigned sQ = sV + TILE_BYTES;  // STAGES tiles each
+    const unsigned sdO = sQ + STAGES * TILE_BYTES;
+    const unsigned sRows = sdO + STAGES * TILE_BYTES;  // lse2 [STAGES][BM], then Delta [STAGES][BM]
+    const float* sLse2 = reinterpret_cast<const float*>(smem_raw + (sRows - shared_address(smem_raw)));
+    const float* sDelta = sLse2 + STAGES * BM;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
+    const int k0 = blockIdx.x * BN;
+    const int warp_key0 = k0 + 16 * warp;
+    const int key_g = warp_key0 + (lane >> 2);  // this thread's keys: key_g, key_g + 8
+    const bf16* qb = head_rows(q, lq, batch, head);
+    const bf16* ob = head_rows(dout, ldo, batch, head);
+    const float* lb = lse2 + (long long)bh * L;
+    const float* db_ = delta + (long long)bh * L;
+    const float scale_log2 = scale * WGMMA_BWD_LOG2E;
+    // Causal: queries before k0 see none of these keys (k0 is a multiple of BM); one warpgroup owns all 64
+    // keys, so every query tile from q_begin on reaches them.
+    const int q_begin = causal ? k0 : 0;
+    const int n_tiles = q_begin < L ? (L - q_begin + BM - 1) / BM : 0;
+
+    auto load_query_tile = [&](int t) {
+        if (t < n_tiles) {
+            const int stage = t % STAGES, q0 = q_begin + t * BM;
+            load_tile_async<BM, THREADS>(sQ + stage * TILE_BYTES, qb, lq.row, q0, L);
+            load_tile_async<BM, THREADS>(sdO + stage * TILE_BYTES, ob, ldo.row, q0, L);
+            if (threadIdx.x < BM) {
+                const int row = q0 + threadIdx.x;
+                const bool valid = row < L;
+                cp_async_4(sRows + 4 * (stage * BM + threadIdx.x), lb + (valid ? row : 0), valid);
+                cp_async_4(sRows + 4 * ((STAGES + stage) * BM + threadIdx.x), db_ + (valid ? row : 0), valid);
+            }
+        }
+        cp_async_commit();  // empty past the last tile: one group per tile index
+    };
+    load_tile_async<BN, THREADS>(sK, head_rows(k, lk, batch, head), lk.row, k0, S);
+    load_tile_async<BN, THREADS>(sV, head_rows(v, lv, batch, head), lv.row, k0, S);
+#pragma unroll
+    for (int t = 0; t < PREFETCH; ++t) load_query_tile(t);  // group 0 also holds k and v
+
+    const unsigned long long dk_desc = desc_kmajor(sK);
+    const unsigned long long dv_desc = desc_kmajor(sV);
+    float st[32], dpt[32], dk_acc[32], dv_acc[32];
+    unsigned pf[4][4], dsf[4][4];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+        st[i] = 0.f;
+        dpt[i] = 0.f;
+        dk_acc[i] = 0.f;
+        dv_acc[i] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            pf[i][c] = 0u;
+            dsf[i][c] = 0u;
+        }
+    }
+
+    // As in attn_wgmma_bwd_dq_pipe: tile i has landed; stage (i + PREFETCH) % STAGES held tile i - 2, whose
+    // products were waited for before this barrier.
+    auto sync_and_prefetch = [&](int i) {
+        cp_async_wait<PREFETCH - 1>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        load_query_tile(i + PREFETCH);
+    };
+    // P^T into st, dS^T = P^T (dP^T - Delta) into dpt, for query tile i.
+    auto softmax_tile = [&](int i) {
+        const int q0 = q_begin + i * BM;
+        const int stage = i % STAGES;
+        const bool needs_mask = q0 + BM > L || (causal && q0 < warp_key0 + 15);
+        const float* tLse2 = sLse2 + stage * BM;
+        const float* tDelta = sDelta + stage * BM;
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+            const int col = nb * 8 + 2 * (lane & 3);  // query within the tile (and col + 1)
+            const float2 l2 = *reinterpret_cast<const float2*>(tLse2 + col);
+            const float2 dl = *reinterpret_cast<const float2*>(tDelta + col);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                float p = fast_exp2(fmaf(st[4 * nb + c], scale_log2, -((c & 1) ? l2.y : l2.x)));
+                if (needs_mask) {
+                    const int query = q0 + col + (c & 1);
+                    const int key = key_g + 8 * (c >> 1);
+                    if (query >= L || (causal && key > query)) p = 0.f;
+                }
+                st[4 * nb + c] = p;
+                dpt[4 * nb + c] = p * (dpt[4 * nb + c] - ((c & 1) ? dl.y : dl.x));
+            }
+        }
+    };
+
+    if (n_tiles > 0) {
+        sync_and_prefetch(0);
+        fence_registers(st);
+        fence_registers(dpt);
+        wgmma_fence();
+        issue_abt(st, dk_desc, desc_kmajor(sQ));
+        issue_abt(dpt, dv_desc, desc_kmajor(sdO));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(st);
+        fence_registers(dpt);
+        softmax_tile(0);
+        pack_a(pf, st);
+        pack_a(dsf, dpt);
+        for (int i = 1; i < n_tiles; ++i) {
+            sync_and_prefetch(i);
+            const unsigned cur = (i % STAGES) * TILE_BYTES;
+            const unsigned prev = ((i - 1) % STAGES) * TILE_BYTES;
+            fence_registers(st);
+            fence_registers(dpt);
+            fence_registers(dv_acc);
+            fence_registers(dk_acc);
+            fence_registers(pf);
+            fence_registers(dsf);
+            wgmma_fence();
+            issue_abt(st, dk_desc, desc_kmajor(sQ + cur));
+            issue_abt(dpt, dv_desc, desc_kmajor(sdO + cur));
+            wgmma_commit();
+            issue_rb(dv_acc, pf, desc_mnmajor(sdO + prev));
+            issue_rb(dk_acc, dsf, desc_mnmajor(sQ + prev));
+            wgmma_commit();
+            wgmma_wait<1>();  // S^T_i, dP^T_i done; tile i - 1's dv, dk products may still run
+            fence_registers(st);
+            fence_registers(dpt);
+            softmax_tile(i);
+            wgmma_wait<0>();  // dv_acc, dk_acc, pf, dsf free again
+            fence_registers(dv_acc);
+            fence_registers(dk_acc);
+            fence_registers(pf);
+            fence_registers(dsf);
+            pack_a(pf, st);
+            pack_a(dsf, dpt);
+        }
+        // The last tile's dv, dk products: its stage is intact (no tile loads after the last one).
+        const unsigned last = ((n_tiles - 1) % STAGES) * TILE_BYTES;
+        fence_registers(dv_acc);
+        fence_registers(dk_acc);
+        fence_registers(pf);
+        fence_registers(dsf);
+        wgmma_fence();
+        issue_rb(dv_acc, pf, desc_mnmajor(sdO + last));
+        issue_rb(dk_acc, dsf, desc_mnmajor(sQ + last));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(dv_acc);
+        fence_registers(dk_acc);
+    }
+    cp_async_wait<0>();  // causal keys past the last query (zero gradients), or empty groups: leave none behind
+
+    store_acc_rows(head_rows(dk, ldk, batch, head), ldk.row, dk_acc, key_g, S, scale);
+    store_acc_rows(head_rows(dv, ldv, batch, head), ldv.row, dv_acc, key_g, S, 1.f);
+}
+
 // ---------------------------------------------------------------------------------------------- entry points
 // attn_wgmma_bwd_{dq,dkv}_d64_wg<WG>: WG warpgroups; arguments exactly those of attention_bf16.cu's
 // attn_bf16_bwd_dq_d64_* and attn_bf16_bwd_dkv_d64_*.
@@ -551,3 +917,28 @@ ATTN_WGMMA_DQ(wg2, 2, 1)
 ATTN_WGMMA_DQ(wg1, 1, 2)
 ATTN_WGMMA_DKV(wg2, 2, 1)
 ATTN_WGMMA_DKV(wg1, 1, 2)
+#define ATTN_WGMMA_DQ_PIPE(NAME, PREFETCH, MIN_BLOCKS)                                                     \
+    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) attn_wgmma_bwd_dq_d64_##NAME(             \
+        const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse,   \
+        float* lse2, float* delta, bf16* dq, int L, int S, float scale, int causal, int H, LAYOUT_PARAMS(q), \
+        LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dq)) {       \
+        attn_wgmma_bwd_dq_pipe<PREFETCH>(q, k, v, out, dout, lse, lse2, delta, dq, L, S, scale, causal, H,  \
+                                         LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(o), LAYOUT(dO), LAYOUT(dq)); \
+    }
+#define ATTN_WGMMA_DKV_PIPE(NAME, PREFETCH, MIN_BLOCKS)                                                    \
+    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) attn_wgmma_bwd_dkv_d64_##NAME(            \
+        const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse2,                   \
+        const float* delta, bf16* dk, bf16* dv, int L, int S, float scale, int causal, int H,               \
+        LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dk),         \
+        LAYOUT_PARAMS(dv)) {                                                                               \
+        attn_wgmma_bwd_dkv_pipe<PREFETCH>(q, k, v, dout, lse2, delta, dk, dv, L, S, scale, causal, H,       \
+                                          LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(dO), LAYOUT(dk), LAYOUT(dv)); \
+    }
+
+// wg1p: one tile ahead, 3 stages; wg1p2: two ahead, 4 stages. wg1p3b: wg1p's dq with 3 blocks per
+// multiprocessor (its 66 KB of shared memory and ~130 registers allow it).
+ATTN_WGMMA_DQ_PIPE(wg1p, 1, 2)
+ATTN_WGMMA_DQ_PIPE(wg1p2, 2, 2)
+ATTN_WGMMA_DQ_PIPE(wg1p3b, 1, 3)
+ATTN_WGMMA_DKV_PIPE(wg1p, 1, 2)
+ATTN_WGMMA_DKV_PIPE(wg1p2, 2, 2)
