@@ -25,7 +25,7 @@
 //     B = dO), all K-major; P^T, dS^T as above; dv += P^T dO and dk += dS^T q (A from registers, B = dO and q
 //     MN-major). dk stored scaled by `scale`. Dynamic shared memory 2 BN 128 + 4 * 64 * 128 + 1024 + 1024 bytes
 //     (wg2: 67584, wg1: 51200).
-//   attn_wgmma_bwd_{dq,dkv}_d64_wg1p, _wg1p2 (dq also _wg1p3b: 3 blocks per SM): wg1 with the product that
+//   attn_wgmma_bwd_{dq,dkv}_d64_wg1p, _wg1p2, _wg1ps (dq also _wg1p3b: 3 blocks per SM): wg1 with the product that
 //     consumes tile j - 1 (dq += dS k; dv, dk) issued behind tile j's S, dP and run under tile j's softmax;
 //     PREFETCH = 1 / 2 tiles ahead through PREFETCH + 2 stages (see the section "pipelined (wg1)"). Dynamic
 //     shared memory: dq 2 * 64 * 128 + 2 * STAGES * 64 * 128 + 512 + 1024 (67072, 83456), dk/dv
@@ -546,7 +546,18 @@ template <int pending> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
 }
 
-template <int PREFETCH>
+// GLOBAL_ORDER: under causal masking, blocks renumbered in launch order (x fastest) so that every head's
+// longest tile starts before any head's second longest (the plain order is longest first within each head
+// only): lin = rank * B*H + bh. Predicted 2-5% causal (shorter tail of the last wave), nothing non-causal.
+__device__ __forceinline__ int global_order_bh(int causal) {
+    return causal ? (blockIdx.x + blockIdx.y * gridDim.x) % gridDim.y : blockIdx.y;
+}
+
+__device__ __forceinline__ int global_order_rank(int causal) {
+    return causal ? (blockIdx.x + blockIdx.y * gridDim.x) / gridDim.y : blockIdx.x;
+}
+
+template <int PREFETCH, bool GLOBAL_ORDER>
 __device__ __forceinline__ void attn_wgmma_bwd_dq_pipe(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                        const bf16* __restrict__ v, const bf16* __restrict__ out,
                                                        const bf16* __restrict__ dout, const float* __restrict__ lse,
@@ -568,8 +579,9 @@ __device__ __forceinline__ void attn_wgmma_bwd_dq_pipe(const bf16* __restrict__ 
     float* sLse2 = reinterpret_cast<float*>(smem_raw + (sV + STAGES * TILE_BYTES - shared_address(smem_raw)));
     float* sDelta = sLse2 + BM;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
-    const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+    const int bh = GLOBAL_ORDER ? global_order_bh(causal) : blockIdx.y, batch = bh / H, head = bh - batch * H;
+    const int rank = GLOBAL_ORDER ? global_order_rank(causal) : blockIdx.x;  // 0: the longest tile
+    const int q0 = (causal ? gridDim.x - 1 - rank : rank) * BM;
     const int warp_row0 = q0 + 16 * warp;
     const int row_g = warp_row0 + (lane >> 2);
     const bf16* kb = head_rows(k, lk, batch, head);
@@ -717,7 +729,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dq_pipe(const bf16* __restrict__ 
     store_acc_rows(head_rows(dq, ldq, batch, head), ldq.row, acc, row_g, L, scale);
 }
 
-template <int PREFETCH>
+template <int PREFETCH, bool GLOBAL_ORDER>
 __device__ __forceinline__ void attn_wgmma_bwd_dkv_pipe(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                         const bf16* __restrict__ v, const bf16* __restrict__ dout,
                                                         const float* __restrict__ lse2,
@@ -740,8 +752,8 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv_pipe(const bf16* __restrict__
     const float* sLse2 = reinterpret_cast<const float*>(smem_raw + (sRows - shared_address(smem_raw)));
     const float* sDelta = sLse2 + STAGES * BM;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
-    const int k0 = blockIdx.x * BN;
+    const int bh = GLOBAL_ORDER ? global_order_bh(causal) : blockIdx.y, batch = bh / H, head = bh - batch * H;
+    const int k0 = (GLOBAL_ORDER ? global_order_rank(causal) : blockIdx.x) * BN;  // causal: rank 0 the longest
     const int warp_key0 = k0 + 16 * warp;
     const int key_g = warp_key0 + (lane >> 2);  // this thread's keys: key_g, key_g + 8
     const bf16* qb = head_rows(q, lq, batch, head);
@@ -917,28 +929,30 @@ ATTN_WGMMA_DQ(wg2, 2, 1)
 ATTN_WGMMA_DQ(wg1, 1, 2)
 ATTN_WGMMA_DKV(wg2, 2, 1)
 ATTN_WGMMA_DKV(wg1, 1, 2)
-#define ATTN_WGMMA_DQ_PIPE(NAME, PREFETCH, MIN_BLOCKS)                                                     \
+#define ATTN_WGMMA_DQ_PIPE(NAME, PREFETCH, GLOBAL_ORDER, MIN_BLOCKS)                                                     \
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) attn_wgmma_bwd_dq_d64_##NAME(             \
         const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse,   \
         float* lse2, float* delta, bf16* dq, int L, int S, float scale, int causal, int H, LAYOUT_PARAMS(q), \
         LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dq)) {       \
-        attn_wgmma_bwd_dq_pipe<PREFETCH>(q, k, v, out, dout, lse, lse2, delta, dq, L, S, scale, causal, H,  \
+        attn_wgmma_bwd_dq_pipe<PREFETCH, GLOBAL_ORDER>(q, k, v, out, dout, lse, lse2, delta, dq, L, S, scale, causal, H,  \
                                          LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(o), LAYOUT(dO), LAYOUT(dq)); \
     }
-#define ATTN_WGMMA_DKV_PIPE(NAME, PREFETCH, MIN_BLOCKS)                                                    \
+#define ATTN_WGMMA_DKV_PIPE(NAME, PREFETCH, GLOBAL_ORDER, MIN_BLOCKS)                                                    \
     extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) attn_wgmma_bwd_dkv_d64_##NAME(            \
         const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse2,                   \
         const float* delta, bf16* dk, bf16* dv, int L, int S, float scale, int causal, int H,               \
         LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dk),         \
         LAYOUT_PARAMS(dv)) {                                                                               \
-        attn_wgmma_bwd_dkv_pipe<PREFETCH>(q, k, v, dout, lse2, delta, dk, dv, L, S, scale, causal, H,       \
+        attn_wgmma_bwd_dkv_pipe<PREFETCH, GLOBAL_ORDER>(q, k, v, dout, lse2, delta, dk, dv, L, S, scale, causal, H,       \
                                           LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(dO), LAYOUT(dk), LAYOUT(dv)); \
     }
 
-// wg1p: one tile ahead, 3 stages; wg1p2: two ahead, 4 stages. wg1p3b: wg1p's dq with 3 blocks per
-// multiprocessor (its 66 KB of shared memory and ~130 registers allow it).
-ATTN_WGMMA_DQ_PIPE(wg1p, 1, 2)
-ATTN_WGMMA_DQ_PIPE(wg1p2, 2, 2)
-ATTN_WGMMA_DQ_PIPE(wg1p3b, 1, 3)
-ATTN_WGMMA_DKV_PIPE(wg1p, 1, 2)
-ATTN_WGMMA_DKV_PIPE(wg1p2, 2, 2)
+// wg1p: one tile ahead, 3 stages; wg1p2: two ahead, 4 stages; wg1ps: wg1p with GLOBAL_ORDER. wg1p3b: wg1p's
+// dq with 3 blocks per multiprocessor (its 67 KB of shared memory and ~146 registers allow it).
+ATTN_WGMMA_DQ_PIPE(wg1p, 1, false, 2)
+ATTN_WGMMA_DQ_PIPE(wg1p2, 2, false, 2)
+ATTN_WGMMA_DQ_PIPE(wg1ps, 1, true, 2)
+ATTN_WGMMA_DQ_PIPE(wg1p3b, 1, false, 3)
+ATTN_WGMMA_DKV_PIPE(wg1p, 1, false, 2)
+ATTN_WGMMA_DKV_PIPE(wg1p2, 2, false, 2)
+ATTN_WGMMA_DKV_PIPE(wg1ps, 1, true, 2)
