@@ -204,14 +204,29 @@ def index_add(a: Array, dim: int, idx: Array, src: Array) -> Array:
     return out
 
 
-def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array:
-    """Generic (any float dtype) embedding gradient by scatter-add; the fused kernel covers f32/bf16."""
+def embedding_backward(grad: Array, idx: Array, num_embeddings: int, addend: Array | None = None,
+                       addend_scale: Array | None = None) -> Array:
+    """Generic (any float dtype) embedding gradient by scatter-add; the fused kernel covers f32/bf16. With
+    ``addend`` (and a 0-d ``addend_scale``): ``addend * addend_scale + sums``, the product, the sums and the
+    add each rounded to grad's dtype as the separate ops round them (half dtypes through float32), as the
+    CPU kernel computes it."""
+    from blutrain.tensor.cpu.indexing import check_embedding_addend
+
     cp = _cp()
+    check_embedding_addend(grad, num_embeddings, addend, addend_scale)
     dim = grad.shape[-1]
     out = cp.zeros((num_embeddings, dim), dtype=grad.dtype)
     if idx.size:
         add_at(out, idx.reshape(-1), grad.reshape(idx.size, dim))
-    return out
+    if addend is None:
+        return out
+    half = out.dtype.name in HALF
+    term = addend
+    if addend_scale is not None:
+        term = cp.multiply(_up(addend), _up(addend_scale))
+        term = _down(term, out.dtype) if half else term
+    total = cp.add(_up(term), _up(out))
+    return _down(total, out.dtype) if half else total
 
 
 OVERRIDES: dict[str, Kernel] = {

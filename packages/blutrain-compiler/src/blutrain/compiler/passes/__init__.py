@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PIPELINE: tuple[str, ...] = ("adamw-grad-scale", "inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue",
                                      "layernorm-grad-add", "layernorm-cast", "layernorm-grad-outputs",
-                                     "elementwise-fusion", "multi-tensor-cast", "kernel-selection", "memory-plan")
+                                     "embedding-grad-add", "elementwise-fusion", "multi-tensor-cast",
+                                     "kernel-selection", "memory-plan")
 
 
 @hookimpl
@@ -25,6 +26,7 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.aliasing import InplaceAliasing
     from blutrain.compiler.passes.cse import CommonSubexpressionElimination
     from blutrain.compiler.passes.dce import DeadCodeElimination
+    from blutrain.compiler.passes.emb_grad import EmbeddingGradAdd
     from blutrain.compiler.passes.epilogue import GemmEpilogueFusion
     from blutrain.compiler.passes.fusion import ElementwiseFusion
     from blutrain.compiler.passes.grad_scale import AdamWGradScale
@@ -36,7 +38,8 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.select import KernelSelection
 
     for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
-              LayerNormGradAdd, LayerNormCast, LayerNormGradOutputs, ElementwiseFusion, KernelSelection, MemoryPlan,
+              EmbeddingGradAdd, LayerNormGradAdd, LayerNormCast, LayerNormGradOutputs, ElementwiseFusion,
+              KernelSelection, MemoryPlan,
               AdamWGradScale, MultiTensorCast):
         registry.register(p.name, p)
     registry.register("codegen-numpy", codegen_numpy.TARGET)

@@ -29,7 +29,11 @@
 //     consumes tile j - 1 (dq += dS k; dv, dk) issued behind tile j's S, dP and run under tile j's softmax;
 //     PREFETCH = 1 / 2 tiles ahead through PREFETCH + 2 stages (see the section "pipelined (wg1)"). Dynamic
 //     shared memory: dq 2 * 64 * 128 + 2 * STAGES * 64 * 128 + 512 + 1024 (67072, 83456), dk/dv
-//     2 * 64 * 128 + 2 * STAGES * 64 * 128 + 2 * STAGES * 256 + 1024 (68096, 84992). Not yet run on a GPU.
+//     2 * 64 * 128 + 2 * STAGES * 64 * 128 + 2 * STAGES * 256 + 1024 (68096, 84992). H100 at 42d3ab8 (all 200
+//     checks passed), causal 16 x 12 x 1024, dq + dk/dv: wg1 314.7 us, wg1p 330.1, wg1p2 336.4, wg1ps 353.1,
+//     wg1p3b 331.3, dq1pkv1 321.1; non-causal wg1 497.3, the others 505-550; only at (1, 16, 2048) causal does
+//     wg1ps win (102.7 against 130.9): the overlap does not pay where two blocks per SM already hide the softmax,
+//     so wg1 stays the production pair.
 // In causal mode the dq kernel stops at its last query and a warpgroup skips the key tiles wholly above its
 // rows; the dk/dv kernel starts at the query tile of its first key and a warpgroup skips query tiles wholly
 // before its keys (warpgroup-uniform branches: wgmma is collective); only tiles that cross the diagonal or a

@@ -70,10 +70,55 @@ def embedding(weight: Array, idx: Array) -> Array:
     return array_module(weight).take(weight, idx, axis=0)
 
 
-def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array:
+def embedding_backward(grad: Array, idx: Array, num_embeddings: int, addend: Array | None = None,
+                       addend_scale: Array | None = None) -> Array:
     """Sum gradient rows per token id. Sorting first makes the sum order fixed (deterministic) and
-    turns it into one segmented reduction instead of a scatter with collisions."""
+    turns it into one segmented reduction instead of a scatter with collisions.
+
+    With ``addend`` ([num_embeddings, D], grad's dtype) the result is ``addend * addend_scale + sums`` (or
+    ``addend + sums`` without the 0-d ``addend_scale``): a tied weight's other gradient (the LM head's,
+    times the loss scale), which the compiler's ``embedding-grad-add`` pass folds in here instead of a
+    multiply and an add over the whole weight. Each step rounds as the separate ops round it: the
+    product, the sums and the final add each to grad's dtype (float16/bfloat16 computed in float32 and
+    rounded, as the generic kernels do), with the product as the add's first operand, as autograd adds
+    the head's gradient and then the embedding's. Rows no id selects are ``product + 0`` (so a -0.0
+    product gives +0.0, as the separate add of the zero row does).
+    """
     xp = array_module(grad)
+    check_embedding_addend(grad, num_embeddings, addend, addend_scale)
+    half = grad.dtype.name in _HALF
+    out = _row_sums(xp, grad.astype(np.float32) if half else grad, idx, num_embeddings)
+    if half:
+        out = out.astype(grad.dtype)
+    if addend is None:
+        return out
+    return _scaled_sum(addend, addend_scale, out)
+
+
+_HALF = frozenset({"float16", "bfloat16"})
+
+
+def check_embedding_addend(grad: Array, num_embeddings: int, addend: Array | None, addend_scale: Array | None) -> None:
+    """The addend's contract, checked before any compute: a user who calls the kernel directly learns which
+    argument is wrong instead of getting a broadcast result of another shape or dtype."""
+    from blutrain.tensor.errors import ShapeError, TensorTypeError, TensorValueError
+
+    if addend is None:
+        if addend_scale is not None:
+            raise TensorValueError("embedding_backward: addend_scale needs an addend; got addend=None")
+        return
+    want = (int(num_embeddings), int(grad.shape[-1]) if grad.ndim else 0)
+    if tuple(addend.shape) != want:
+        raise ShapeError(f"embedding_backward: addend must have the weight's shape {want}, got {tuple(addend.shape)}")
+    if addend.dtype != grad.dtype:
+        raise TensorTypeError(f"embedding_backward: addend must have grad's dtype {grad.dtype.name}, got "
+                              f"{addend.dtype.name}")
+    if addend_scale is not None and (addend_scale.shape != () or addend_scale.dtype != grad.dtype):
+        raise TensorTypeError(f"embedding_backward: addend_scale must be a 0-d {grad.dtype.name} array, got "
+                              f"{addend_scale.dtype.name} of shape {tuple(addend_scale.shape)}")
+
+
+def _row_sums(xp: Any, grad: Array, idx: Array, num_embeddings: int) -> Array:
     dim = grad.shape[-1]
     flat_idx = idx.reshape(-1)
     rows = grad.reshape(flat_idx.size, dim)  # explicit sizes: -1 cannot be inferred when dim is 0
@@ -88,3 +133,14 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array:
     else:  # pragma: no cover - device backends bring their own kernel
         xp.add.at(out, flat_idx, rows)
     return out
+
+
+def _scaled_sum(addend: Array, addend_scale: Array | None, sums: Array) -> Array:
+    """``addend * addend_scale + sums`` with the roundings of the separate multiply and add (each in float32
+    and rounded back for the half dtypes)."""
+    dtype = sums.dtype
+    wide = np.float32 if dtype.name in _HALF else dtype
+    term = addend
+    if addend_scale is not None:
+        term = (addend.astype(wide, copy=False) * addend_scale.astype(wide, copy=False)).astype(dtype, copy=False)
+    return (term.astype(wide, copy=False) + sums.astype(wide, copy=False)).astype(dtype, copy=False)

@@ -128,7 +128,7 @@ _add(("linear_backward",), la, FLOATS, math=False)  # multiplies half operands i
 _add(("index", "index_select", "gather", "tril", "triu", "cat", "embedding", "index_put"), ix, ALL_DTYPES,
      math=False)
 _add(("scatter_add", "index_add"), ix, ALL_DTYPES)
-_add(("embedding_backward",), ix, FLOATS)
+_add(("embedding_backward",), ix, FLOATS, math=False)  # rounds half sums, product and addend sum itself
 _add(("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "bias_gelu", "bias_gelu_backward",
       "dropout", "cross_entropy", "cross_entropy_backward", "sdpa", "sdpa_backward", "sdpa_packed",
       "sdpa_packed_backward"), nn, FLOATS)
