@@ -14,8 +14,8 @@ from blutrain.tensor.plugins import hookimpl
 if TYPE_CHECKING:
     from blutrain.compiler.registry import PassRegistry
 
-DEFAULT_PIPELINE: tuple[str, ...] = ("adamw-grad-scale", "inplace-aliasing", "dce", "cse", "dce", "gemm-epilogue",
-                                     "layernorm-grad-add", "layernorm-cast", "layernorm-grad-outputs",
+DEFAULT_PIPELINE: tuple[str, ...] = ("adamw-grad-scale", "inplace-aliasing", "dce", "cse", "dce", "layernorm-residual",
+                                     "gemm-epilogue", "layernorm-grad-add", "layernorm-cast", "layernorm-grad-outputs",
                                      "embedding-grad-add", "elementwise-fusion", "multi-tensor-cast",
                                      "kernel-selection", "memory-plan")
 
@@ -35,12 +35,13 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.norm_cast import LayerNormCast
     from blutrain.compiler.passes.norm_grad import LayerNormGradAdd
     from blutrain.compiler.passes.norm_grad_out import LayerNormGradOutputs
+    from blutrain.compiler.passes.norm_residual import LayerNormResidual, LayerNormResidualLinearAdd
     from blutrain.compiler.passes.select import KernelSelection
 
     for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
               EmbeddingGradAdd, LayerNormGradAdd, LayerNormCast, LayerNormGradOutputs, ElementwiseFusion,
               KernelSelection, MemoryPlan,
-              AdamWGradScale, MultiTensorCast):
+              AdamWGradScale, MultiTensorCast, LayerNormResidual, LayerNormResidualLinearAdd):
         registry.register(p.name, p)
     registry.register("codegen-numpy", codegen_numpy.TARGET)
     registry.register("codegen-cuda", codegen_cuda.TARGET)

@@ -32,7 +32,9 @@ def match(op: Operation) -> Operation | None:
         return None
     args = decode(op.properties["args"])
     ret = decode(op.properties["ret"])
-    if len(args) != 5 or not isinstance(ret, (list, tuple)) or not isinstance(ret[0], Operand):
+    # 5 arguments, or 7 with a residual (layernorm-residual's) and no output dtype yet
+    if (len(args) not in (5, 7) or (len(args) == 7 and args[5] is not None) or not isinstance(ret, (list, tuple))
+            or not isinstance(ret[0], Operand)):
         return None
     cast = only_use(op.results[ret[0].index])
     if cast is None or not plain_kernel(cast, "cast"):
@@ -50,13 +52,14 @@ class LayerNormCast(ModulePass):
             ret = decode(norm.properties["ret"])
             y_index = ret[0].index
             to = decode(cast.properties["args"])[1]
-            args = (*decode(norm.properties["args"]), to)
+            args = list(decode(norm.properties["args"]))
+            args[5:6] = [to]  # the output dtype, after eps and k, before a residual
             types = [r.type for r in norm.results]
             types[y_index] = cast.results[0].type
             fused = kernel_op_class("layer_norm").create(
                 operands=list(norm.operands), result_types=types,
-                properties={"args": encode(args), "ret": norm.properties["ret"], "device": norm.properties["device"],
-                            "dtype": norm.properties["dtype"]})
+                properties={"args": encode(tuple(args)), "ret": norm.properties["ret"],
+                            "device": norm.properties["device"], "dtype": norm.properties["dtype"]})
             Rewriter.insert_op(fused, InsertPoint.before(norm))
             cast.results[0].replace_all_uses_with(fused.results[y_index])
             Rewriter.erase_op(cast)

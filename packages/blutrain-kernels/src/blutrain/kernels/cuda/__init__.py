@@ -249,10 +249,13 @@ def _numel(shape: Sequence[int]) -> int:
 # ---------------------------------------------------------------------------------------------- LayerNorm
 
 
-def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int,
-               out_dtype: Any = None) -> tuple[Array, Array, Array] | None:
+def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int, out_dtype: Any = None,
+               residual: Array | None = None) -> tuple[Array, ...] | None:
     """(y, mean, rstd) of LayerNorm over the trailing ``k`` dims; mean and rstd in float32. ``out_dtype``: y in
-    that dtype (float32 x to bfloat16 y here: the compiler's ``layernorm-cast`` pass), rounded once."""
+    that dtype (float32 x to bfloat16 y here: the compiler's ``layernorm-cast`` pass), rounded once.
+    ``residual``: see :func:`layer_norm_residual`."""
+    if residual is not None:
+        return layer_norm_residual(x, residual, w, b, eps, k, out_dtype)
     suffix = _suffix(x.dtype)
     C = _numel(x.shape[x.ndim - k:])
     N = x.size // C if C else 0
@@ -274,6 +277,35 @@ def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int,
     _launch("layernorm", f"layernorm_fwd_{name}", (N,), (_row_threads(C // vec),),
             (xc, _ptr(wc), _ptr(bc), y, mean, rstd, np.int32(C), np.float32(eps)))
     return y, mean, rstd
+
+
+def layer_norm_residual(x: Array, r: Array, w: Array | None, b: Array | None, eps: float, k: int,
+                        out_dtype: Any = None) -> tuple[Array, Array, Array, Array] | None:
+    """(y, mean, rstd, s) of LayerNorm of s = r + x (the compiler's ``layernorm-residual`` pass): x bfloat16 or
+    float32 (a projection), r float32 of x's shape (the residual stream), float32 w, b; s float32, y float32 or
+    bfloat16. Each s is one float32 add, and the launch (VEC 4, the float32 kernel's threads) makes mean, rstd
+    and y the bits of a float32 add of the two followed by :func:`layer_norm` of the sum."""
+    sx = _suffix(x.dtype)
+    C = _numel(x.shape[x.ndim - k:])
+    N = x.size // C if C else 0
+    to = np.dtype(np.float32) if out_dtype is None else np.dtype(out_dtype)
+    if (sx is None or r.dtype != np.float32 or tuple(r.shape) != tuple(x.shape) or _suffix(to) is None
+            or any(p is not None and p.dtype != np.float32 for p in (w, b)) or N == 0 or C == 0 or C >= 2**31):
+        return None
+    cp = _cp()
+    # fresh copies where a view starts unaligned: the unfused LayerNorm reads a fresh sum, and the vector width
+    # (so the order of each row's sums) must be the one it takes
+    xc, rc = (a if a.flags.c_contiguous and a.data.ptr % 16 == 0 else a.copy() for a in (x, r))
+    wc, bc = _contig(w), _contig(b)
+    s = cp.empty(x.shape, np.float32)
+    y = cp.empty(x.shape, to)
+    lead = x.shape[: x.ndim - k]
+    mean = cp.empty(lead, np.float32)
+    rstd = cp.empty(lead, np.float32)
+    _, vec = _variant("f32", C, wc, bc)
+    _launch("layernorm", f"layernorm_fwd_res_{sx}_{_suffix(to)}_v{vec}", (N,), (_row_threads(C // vec),),
+            (xc, rc, _ptr(wc), _ptr(bc), s, y, mean, rstd, np.int32(C), np.float32(eps)))
+    return y, mean, rstd, s
 
 
 _LN_BWD_THREADS = 256  # the kernels' __launch_bounds__: a row group (TG threads) is at most one block
@@ -1579,6 +1611,7 @@ __all__ = [
     "is_deterministic",
     "layer_norm",
     "layer_norm_backward",
+    "layer_norm_residual",
     "log_softmax",
     "log_softmax_backward",
     "module",

@@ -9,6 +9,15 @@
 //                    *_f32_to_bf16_*: float32 x, w, b and a bf16 y, each element rounded once from the
 //                    float32 result (the compiler's layernorm-cast pass: autocast's cast of y for the next
 //                    GEMM folded in; write N*C bf16 instead of N*C float32 plus a cast's 6 bytes/element).
+// layernorm_fwd_res_{x}_{y}_*: the row normalized is s = r + x (float32 r, x bf16 or float32, float32 w, b;
+//                    y float32 or bf16): the compiler's layernorm-residual pass, the residual stream's add
+//                    after a projection folded into the next LayerNorm, so the GEMM writes its bf16 product
+//                    alone. Each s is __fadd_rn(r, x) (one rounding, as the separate float32 add) and is
+//                    written (float32, [N, C]: the stream goes on from it); the statistics and y passes
+//                    re-read the thread's own s. VEC is 4 for every dtype (bf16 x in 8-byte loads) and the
+//                    launch is the float32 kernel's, so each thread sums the same elements in the same order
+//                    and mean, rstd and y are the unfused add + LayerNorm's bits.
+//                    Bytes: read N*C*(2 or 4) + N*C*4 (+2C*4), write N*C*4 + N*C*(4 or 2) (+2N).
 // layernorm_bwd_*_n{NPER}: the backward for C <= 16 * 1024 elements. A row group of TG = blockDim.x
 //                    threads (a power of two >= 32) owns one row at a time; thread t holds vectors
 //                    t, t + TG, ... (NPER of them, VEC elements each) of g, x and w in registers, so each
@@ -40,78 +49,16 @@
 //                    (deterministic). Bytes: read tables*G*C, write tables*C.
 #include "common.cuh"
 
-template <typename T, typename TO, int VEC>
-__device__ __forceinline__ void layernorm_fwd(const T* __restrict__ x, const T* __restrict__ w,
-                                              const T* __restrict__ b, TO* __restrict__ y,
-                                              float* __restrict__ mean_out, float* __restrict__ rstd_out, int C,
-                                              float eps) {
-    __shared__ float red[66];
-    const long long row = blockIdx.x;
-    const T* xr = x + row * C;
-    TO* yr = y + row * C;
-    const int nv = C / VEC;
-
-    float s = 0.f;
-    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        float v[VEC];
-        load_vec<VEC>(xr + (long long)i * VEC, v);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) s += v[k];
+// x as floats: bf16 in fours is one 8-byte load (the residual kernels' VEC = 4 layout), otherwise load_vec.
+template <int VEC> __device__ __forceinline__ void load_x(const float* p, float (&o)[VEC]) { load_vec<VEC>(p, o); }
+template <int VEC> __device__ __forceinline__ void load_x(const bf16* p, float (&o)[VEC]) {
+    if constexpr (VEC == 4) {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        unpack_bf16x2(u.x, o[0], o[1]);
+        unpack_bf16x2(u.y, o[2], o[3]);
+    } else {
+        load_vec<VEC>(p, o);
     }
-    const float mean = block_sum(s, red) / (float)C;
-
-    float q = 0.f;
-    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        float v[VEC];
-        load_vec<VEC>(xr + (long long)i * VEC, v);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-            const float d = v[k] - mean;
-            q += d * d;
-        }
-    }
-    const float rstd = 1.f / sqrtf(block_sum(q, red) / (float)C + eps);
-
-    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        float v[VEC], wv[VEC], bv[VEC], o[VEC];
-        load_vec<VEC>(xr + (long long)i * VEC, v);
-        if (w != nullptr) {
-            load_vec<VEC>(w + (long long)i * VEC, wv);
-        } else {
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) wv[k] = 1.f;
-        }
-        if (b != nullptr) {
-            load_vec<VEC>(b + (long long)i * VEC, bv);
-        } else {
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) bv[k] = 0.f;
-        }
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-            o[k] = (v[k] - mean) * rstd * wv[k] + bv[k];
-            // narrowed on the way out: a NaN becomes the quiet NaN of its sign, as casts.cu's float32 ->
-            // bfloat16 makes it (the store keeps a payload), so the output is the cast kernel's bits
-            if constexpr (sizeof(TO) < sizeof(T)) {
-                if (o[k] != o[k]) o[k] = copysignf(__int_as_float(0x7fc00000), o[k]);
-            }
-        }
-        store_vec<VEC>(yr + (long long)i * VEC, o);
-    }
-    if (threadIdx.x == 0) {
-        mean_out[row] = mean;
-        rstd_out[row] = rstd;
-    }
-}
-
-// dx += addend as dx is stored: __fadd_rn, so that no multiply-add contraction gives the sum another rounding
-// than a separate float32 add of the stored dx would
-template <int VEC, typename T>
-__device__ __forceinline__ void add_addend(const T* __restrict__ addend, float* o) {
-    float av[VEC];
-    load_vec<VEC>(addend, av);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) o[k] = __fadd_rn(o[k], av[k]);
 }
 
 // dx's bf16 copy from the float32 values just stored: round to nearest even, and a NaN becomes the quiet NaN
@@ -130,6 +77,100 @@ __device__ __forceinline__ void store_bf16_copy(bf16* __restrict__ p, const floa
     } else {
         store_vec<VEC>(p, c);
     }
+}
+
+// RES: x is the projection, r the residual stream and s = r + x the row (written to s_out); else r and s_out
+// are unused and x is the row.
+template <typename TX, typename T, typename TO, int VEC, bool RES>
+__device__ __forceinline__ void layernorm_fwd(const TX* __restrict__ x, const float* __restrict__ r,
+                                              float* __restrict__ s_out, const T* __restrict__ w,
+                                              const T* __restrict__ b, TO* __restrict__ y,
+                                              float* __restrict__ mean_out, float* __restrict__ rstd_out, int C,
+                                              float eps) {
+    __shared__ float red[66];
+    const long long row = blockIdx.x;
+    const TX* xr = x + row * C;
+    TO* yr = y + row * C;
+    const int nv = C / VEC;
+    // the row's vector i as floats: after the first pass, a residual kernel reads back the s it stored (the
+    // same thread wrote it: its own writes are visible to it)
+    auto load_row = [&](int i, float (&v)[VEC]) {
+        if constexpr (RES) {
+            load_vec<VEC>(s_out + row * C + (long long)i * VEC, v);
+        } else {
+            load_vec<VEC>(xr + (long long)i * VEC, v);
+        }
+    };
+
+    float s = 0.f;
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        float v[VEC];
+        if constexpr (RES) {
+            float rv[VEC];
+            load_x<VEC>(xr + (long long)i * VEC, v);
+            load_vec<VEC>(r + row * C + (long long)i * VEC, rv);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) v[k] = __fadd_rn(rv[k], v[k]);
+            store_vec<VEC>(s_out + row * C + (long long)i * VEC, v);
+        } else {
+            load_row(i, v);
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) s += v[k];
+    }
+    const float mean = block_sum(s, red) / (float)C;
+
+    float q = 0.f;
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        float v[VEC];
+        load_row(i, v);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const float d = v[k] - mean;
+            q += d * d;
+        }
+    }
+    const float rstd = 1.f / sqrtf(block_sum(q, red) / (float)C + eps);
+
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        float v[VEC], wv[VEC], bv[VEC], o[VEC];
+        load_row(i, v);
+        if (w != nullptr) {
+            load_vec<VEC>(w + (long long)i * VEC, wv);
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) wv[k] = 1.f;
+        }
+        if (b != nullptr) {
+            load_vec<VEC>(b + (long long)i * VEC, bv);
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) bv[k] = 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = (v[k] - mean) * rstd * wv[k] + bv[k];
+        // narrowed on the way out: a NaN becomes the quiet NaN of its sign, as casts.cu's float32 -> bfloat16
+        // makes it (the store keeps a payload), so the output is the cast kernel's bits
+        if constexpr (sizeof(TO) < sizeof(T)) {  // T: the row's type (float with a residual)
+            store_bf16_copy<VEC>(yr + (long long)i * VEC, o);
+        } else {
+            store_vec<VEC>(yr + (long long)i * VEC, o);
+        }
+    }
+    if (threadIdx.x == 0) {
+        mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+}
+
+// dx += addend as dx is stored: __fadd_rn, so that no multiply-add contraction gives the sum another rounding
+// than a separate float32 add of the stored dx would
+template <int VEC, typename T>
+__device__ __forceinline__ void add_addend(const T* __restrict__ addend, float* o) {
+    float av[VEC];
+    load_vec<VEC>(addend, av);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o[k] = __fadd_rn(o[k], av[k]);
 }
 
 template <typename T, int VEC, bool OUT>
@@ -387,7 +428,7 @@ __device__ __forceinline__ void layernorm_bwd_reduce(const float* __restrict__ p
 #define LN_FWD(NAME, T, TO, VEC)                                                                    \
     extern "C" __global__ void NAME(const T* x, const T* w, const T* b, TO* y, float* mean, float* rstd, int C, \
                                     float eps) {                                                    \
-        layernorm_fwd<T, TO, VEC>(x, w, b, y, mean, rstd, C, eps);                                  \
+        layernorm_fwd<T, T, TO, VEC, false>(x, nullptr, nullptr, w, b, y, mean, rstd, C, eps);     \
     }
 LN_FWD(layernorm_fwd_f32_v4, float, float, 4)
 LN_FWD(layernorm_fwd_f32_v1, float, float, 1)
@@ -395,6 +436,20 @@ LN_FWD(layernorm_fwd_bf16_v8, bf16, bf16, 8)
 LN_FWD(layernorm_fwd_bf16_v1, bf16, bf16, 1)
 LN_FWD(layernorm_fwd_f32_to_bf16_v4, float, bf16, 4)
 LN_FWD(layernorm_fwd_f32_to_bf16_v1, float, bf16, 1)
+
+#define LN_FWD_RES(NAME, TX, TO, VEC)                                                               \
+    extern "C" __global__ void NAME(const TX* x, const float* r, const float* w, const float* b, float* s, \
+                                    TO* y, float* mean, float* rstd, int C, float eps) {            \
+        layernorm_fwd<TX, float, TO, VEC, true>(x, r, s, w, b, y, mean, rstd, C, eps);            \
+    }
+LN_FWD_RES(layernorm_fwd_res_bf16_f32_v4, bf16, float, 4)
+LN_FWD_RES(layernorm_fwd_res_bf16_f32_v1, bf16, float, 1)
+LN_FWD_RES(layernorm_fwd_res_bf16_bf16_v4, bf16, bf16, 4)
+LN_FWD_RES(layernorm_fwd_res_bf16_bf16_v1, bf16, bf16, 1)
+LN_FWD_RES(layernorm_fwd_res_f32_f32_v4, float, float, 4)
+LN_FWD_RES(layernorm_fwd_res_f32_f32_v1, float, float, 1)
+LN_FWD_RES(layernorm_fwd_res_f32_bf16_v4, float, bf16, 4)
+LN_FWD_RES(layernorm_fwd_res_f32_bf16_v1, float, bf16, 1)
 
 #define LN_BWD(NAME, T, VEC, OUT)                                                                     \
     extern "C" __global__ void NAME(const T* g, const T* x, const T* w, const float* mean, const float* rstd, \

@@ -32,10 +32,19 @@ def _row_mean(a: Array) -> Array:
     return a.sum(axis=1, keepdims=True, dtype=a.dtype) / a.shape[1]
 
 
-def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int,
-               out_dtype: Any = None) -> tuple[Array, Array, Array]:
+def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int, out_dtype: Any = None,
+               residual: Array | None = None) -> tuple[Array, ...]:
     """(y, mean, rstd); with ``out_dtype`` y is written in that dtype, rounded once from x's (the compiler's
-    ``layernorm-cast`` pass: autocast's cast of the output to the GEMM's dtype, folded in)."""
+    ``layernorm-cast`` pass: autocast's cast of the output to the GEMM's dtype, folded in).
+
+    With ``residual`` (x's shape, a floating dtype at least as wide as x's) the normalized row is
+    s = residual + x in residual's dtype, and the result is (y, mean, rstd, s): the residual add before a
+    LayerNorm, which the compiler's ``layernorm-residual`` pass folds in so that the GEMM before it writes
+    its bf16 product and nothing else. x widens exactly and the add rounds once, residual first (NumPy keeps
+    the first operand's payload when both are NaN), as eager's float32 add of the upcast product does."""
+    if residual is not None:
+        s = residual + x.astype(residual.dtype, copy=False)
+        return (*layer_norm(s, w, b, eps, k, out_dtype), s)
     xp = array_module(x)
     rows = _rows(x, k)
     with _quiet():
