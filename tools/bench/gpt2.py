@@ -116,6 +116,7 @@ class Hyper:
     weight_decay: float = 0.1
     clip: float = 1.0
     seed: int = 0
+    compile_passes: tuple[str, ...] | None = None  # blutrain-compile's pipeline (--compile-replace); None: default
 
 
 @dataclass
@@ -566,7 +567,7 @@ class BluTrainCompiledRunner(BluTrainRunner):
         super().__init__(cfg, device, precision, hp, state)
         from blutrain.compiler import compile as compile_step
 
-        self.compiled = compile_step(self._whole_step)
+        self.compiled = compile_step(self._whole_step, passes=hp.compile_passes)
 
     def close(self) -> None:
         """Drop the compiled graphs and their memory now: a stage's four configurations share the GPU, and
@@ -590,6 +591,22 @@ class BluTrainCompiledRunner(BluTrainRunner):
 
 
 Runner = TorchRunner | BluTrainRunner
+
+
+def compile_pipeline(replacements: list[str]) -> tuple[str, ...] | None:
+    """The compiler's default pipeline with each ``OLD=NEW`` of ``--compile-replace`` applied; None for none."""
+    if not replacements:
+        return None
+    from blutrain.compiler import DEFAULT_PIPELINE
+
+    pipeline = list(DEFAULT_PIPELINE)
+    for spec in replacements:
+        old, sep, new = spec.partition("=")
+        if not sep or old not in pipeline or not new:
+            raise SystemExit(f"--compile-replace: expected OLD=NEW with OLD one of {', '.join(DEFAULT_PIPELINE)}, "
+                             f"got {spec!r}")
+        pipeline[pipeline.index(old)] = new
+    return tuple(pipeline)
 
 
 def build_runner(impl: str, cfg: Any, device: str, precision: str, hp: Hyper,
@@ -715,7 +732,8 @@ class Bench:
         from blutrain.models.gpt2 import GPT2Config
 
         self.cfg = GPT2Config.preset(args.preset)
-        self.hp = Hyper(lr=args.lr, clip=args.clip, seed=args.seed)
+        self.hp = Hyper(lr=args.lr, clip=args.clip, seed=args.seed,
+                        compile_passes=compile_pipeline(args.compile_replace))
         self.tokens = args.batch_size * args.seq_len
         self.fpt = flops_per_token(self.cfg, args.seq_len)
         self.notes: list[str] = []
@@ -1504,6 +1522,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--profile-precision", choices=PRECISIONS, help="default: the first of --precision")
     ap.add_argument("--host-profile", type=int, default=0, metavar="N",
                     help="cProfile N BluTrain steps (host time by function) at --profile-precision")
+    ap.add_argument("--compile-replace", action="append", default=[], metavar="OLD=NEW",
+                    help="blutrain-compile: the default pipeline with pass OLD replaced by NEW (repeatable), e.g. "
+                         "layernorm-residual=layernorm-residual-linear-add")
     ap.add_argument("--quick", action="store_true", help="a 2-minute subset")
     ap.add_argument("--time-limit", type=float,
                     help="seconds after which remaining stages are skipped (default 480 on cuda, 120 with "
