@@ -1,7 +1,7 @@
 """Check and time the experimental Hopper flash-attention forward (attention_wgmma.cu, wgmma, bf16, D = 64).
 
-For the GPU machine (an H100 or H200; CuPy, NumPy, ml_dtypes, optionally PyTorch). Compiles attention_wgmma.cu
-with NVRTC for sm_90a directly (CuPy's RawModule appends its own -arch=sm_90, and wgmma needs sm_90a), then for
+For the GPU machine (an H100 or H200; CuPy, NumPy, ml_dtypes, optionally PyTorch). Builds attention_wgmma.cu for
+sm_90a through the package (blutrain.kernels.cuda.hopper_module, as it runs the kernels), then for
 every kernel variant, shape (B, H, T) and causal flag, on fresh random bf16 q, k, v (strided views of one packed
 [B, T, 3, H, D] buffer, as GPT-2 passes them, and contiguous [B, H, T, D] tensors), with poisoned outputs:
 
@@ -20,22 +20,36 @@ mismatch is printed and the script goes on with the next case; the exit code is 
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import math
-import os
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from attention_check_common import (
+    POISON_BF16,
+    D,
+    bf16_bits,
+    bf16_dtype,
+    build,
+    describe_kernel,
+    device_summary,
+    fail,
+    finish,
+    launch,
+    layout_args,
+    parse_variants,
+    print_table,
+    qkv_views,
+    rel,
+    sync_check,
+    time_events,
+    time_torch_events,
+    to_f64,
+    write_json,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-CU_DIR = ROOT / "packages" / "blutrain-kernels" / "src" / "blutrain" / "kernels" / "cuda"
-D = 64
 # name: (warpgroups, keys per tile, K/V stages) as attention_wgmma.cu instantiates them (pipelined: 3 stages; p2:
 # two tiles ahead, 4; s: causal tiles heavy-first across heads, same grid)
 VARIANTS: dict[str, tuple[int, int, int]] = {
@@ -45,87 +59,14 @@ VARIANTS: dict[str, tuple[int, int, int]] = {
 }
 CHECK_SHAPES = [(16, 12, 1024), (4, 12, 1024), (1, 16, 2048), (2, 3, 200), (1, 1, 64)]
 TIME_SHAPES = [(16, 12, 1024), (1, 16, 2048)]
-POISON_BF16 = 0xFFFF  # a NaN the kernel never writes (cvt.rn.bf16x2 gives 0x7FFF / 0xFFFF only from NaN inputs)
 OUT_TOL, LSE_TOL, EXISTING_TOL = 1e-2, 1e-3, 1e-2
 
-failures: list[str] = []
-
-
-def fail(msg: str) -> None:
-    failures.append(msg)
-    print(f"FAIL: {msg}", flush=True)
-
-
-# ---------------------------------------------------------------------------------------------- build
-
-def compile_module() -> tuple[Any, str]:
-    """attention_wgmma.cu (common.cuh pasted in, as the package does) through NVRTC for sm_90a; the loaded
-    cupy Module and a description of what was built."""
-    import cupy as cp
-    from cupy_backends.cuda.libs import nvrtc
-
-    src = (CU_DIR / "attention_wgmma.cu").read_text()
-    src = src.replace('#include "common.cuh"', (CU_DIR / "common.cuh").read_text())
-    opts = ["-arch=sm_90a", "-std=c++17"]  # the package's _OPTIONS are ("-std=c++17",): no fast math
-    inc = [Path(cp.__file__).parent / "_core" / "include"]
-    with contextlib.suppress(Exception):  # optional
-        inc.append(Path(cp.cuda.get_cuda_path()) / "include")
-    opts += [f"-I{p}" for p in inc if p.is_dir()]
-    prog = nvrtc.createProgram(src, "attention_wgmma.cu", [], [])
-    try:
-        try:
-            nvrtc.compileProgram(prog, opts)
-        except Exception:
-            print("NVRTC compile failed; options:", opts, "\n", nvrtc.getProgramLog(prog), flush=True)
-            raise
-        log = nvrtc.getProgramLog(prog)
-        if log.strip():
-            print("NVRTC log:\n" + log, flush=True)
-        get_cubin = getattr(nvrtc, "getCUBIN", None)
-        if get_cubin is not None:
-            image, kind = get_cubin(prog), "cubin"
-        else:
-            image, kind = nvrtc.getPTX(prog).encode(), "ptx"
-    finally:
-        nvrtc.destroyProgram(prog)
-    if isinstance(image, str):
-        image = image.encode("latin-1")
-    mod = cp.cuda.function.Module()
-    mod.load(image)
-    return mod, f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))}, {kind}, options {' '.join(opts)}"
-
-
 # ---------------------------------------------------------------------------------------------- data
-
-def bf16_bits(shape: tuple[int, ...], rng: Any) -> Any:
-    """Random N(0, 1) values as bf16 bit patterns (uint16), round to nearest even, on the device."""
-    import cupy as cp
-
-    x = rng.standard_normal(shape, dtype=cp.float32)
-    u = x.view(cp.uint32)
-    u = u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))
-    return (u >> 16).astype(cp.uint16)
-
-
-def to_f64(bits: Any) -> Any:
-    import cupy as cp
-
-    return (bits.astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
-
-
-def layout(a: Any) -> tuple[int, int, int]:
-    """(batch, head, row) strides in elements of a (B, H, T, D) view; a dim of size 1 counts as stride 0."""
-    B, H, _, _ = a.shape
-    sb, sh, sr, sd = (s // a.itemsize for s in a.strides)
-    assert sd == 1 and a.data.ptr % 16 == 0 and all(s % 8 == 0 for s in (sb, sh, sr)), "rows must be 16-byte aligned"
-    return (sb if B > 1 else 0, sh if H > 1 else 0, sr)
-
 
 def make_inputs(B: int, H: int, T: int, packed: bool, rng: Any) -> tuple[Any, Any, Any]:
     """q, k, v as (B, H, T, D) uint16 views: of one packed [B, T, 3, H, D] buffer, or contiguous."""
     if packed:
-        buf = bf16_bits((B, T, 3, H, D), rng)
-        return tuple(buf[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # type: ignore[return-value, unused-ignore]
+        return qkv_views(bf16_bits((B, T, 3, H, D), rng))
     return bf16_bits((B, H, T, D), rng), bf16_bits((B, H, T, D), rng), bf16_bits((B, H, T, D), rng)
 
 
@@ -153,35 +94,16 @@ def reference(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, 
     return out, lse
 
 
-def rel(a: Any, b: Any) -> float:
-    import cupy as cp
-
-    d = float(cp.linalg.norm((a - b).ravel()))
-    n = float(cp.linalg.norm(b.ravel()))
-    return d / n if n > 0 else d
-
-
 # ---------------------------------------------------------------------------------------------- kernels
 
-class Ours:
-    def __init__(self, mod: Any) -> None:
-        self.mod = mod
-        self.fns: dict[str, Any] = {}
+FAMILY = "attention_wgmma"
 
-    def smem(self, name: str) -> int:
+
+class Ours:
+    @staticmethod
+    def smem(name: str) -> int:
         wg, bn, stages = VARIANTS[name]
         return 64 * wg * 128 + stages * 2 * bn * 128 + 1024
-
-    def fn(self, name: str) -> Any:
-        f = self.fns.get(name)
-        if f is None:
-            f = self.mod.get_function(f"attn_wgmma_fwd_d64_{name}")
-            smem = self.smem(name)
-            if smem > 48 * 1024:  # a Module's Function has no attribute setter: the driver call (cudaFuncSetAttribute)
-                from cupy_backends.cuda.api import driver
-                driver.funcSetAttribute(f.ptr, 8, smem)  # 8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            self.fns[name] = f
-        return f
 
     def __call__(self, name: str, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: float) -> None:
         B, H, T, _ = q.shape
@@ -189,33 +111,20 @@ class Ours:
         wg = VARIANTS[name][0]
         bm = 64 * wg
         args = (q, k, v, out, lse, np.int32(T), np.int32(S), np.float32(scale), np.int32(int(causal)), np.int32(H),
-                *(np.int64(s) for t in (q, k, v, out) for s in layout(t)))
-        self.fn(name)(((T + bm - 1) // bm, B * H), (128 * wg,), args, shared_mem=self.smem(name))
+                *layout_args(q, k, v, out))
+        launch(FAMILY, f"attn_wgmma_fwd_d64_{name}", ((T + bm - 1) // bm, B * H), (128 * wg,), args, self.smem(name))
 
 
 def existing_forward(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
     """The mma.sync kernel (attention_bf16.cu) through the package, on bf16 views of the uint16 inputs."""
-    import ml_dtypes
-
     from blutrain.kernels import cuda as kc
 
-    bf = np.dtype(ml_dtypes.bfloat16)
+    bf = bf16_dtype()
     res = kc.sdpa(q.view(bf), k.view(bf), v.view(bf), None, causal, scale)
     if res is None:
         raise RuntimeError("blutrain.kernels.cuda.sdpa declined the inputs")
     out, lse = res
     return out.view(np.uint16), lse
-
-
-def sync_check(what: str) -> bool:
-    import cupy as cp
-
-    try:
-        cp.cuda.runtime.deviceSynchronize()
-        return True
-    except Exception as e:
-        fail(f"{what}: CUDA error {e!r}")
-        return False
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -281,28 +190,6 @@ def check_case(ours: Ours, name: str, B: int, H: int, T: int, causal: bool, pack
 
 # ---------------------------------------------------------------------------------------------- timing
 
-def time_events(launch: Any, n_sets: int, samples: int = 60, reps: int = 5, warmup: int = 10) -> float:
-    """Median device time of one launch, in microseconds: CUDA events around `reps` launches per sample,
-    input set i % n_sets for launch i."""
-    import cupy as cp
-
-    for i in range(warmup):
-        launch(i % n_sets)
-    cp.cuda.runtime.deviceSynchronize()
-    evs = []
-    i = 0
-    for _ in range(samples):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        for _ in range(reps):
-            launch(i % n_sets)
-            i += 1
-        b.record()
-        evs.append((a, b))
-    cp.cuda.runtime.deviceSynchronize()
-    return float(np.median([cp.cuda.get_elapsed_time(a, b) * 1e3 / reps for a, b in evs]))
-
-
 def time_torch(B: int, H: int, T: int, causal: bool, n_sets: int) -> float:
     import torch  # type: ignore[import-not-found, unused-ignore]
     import torch.nn.functional as F  # type: ignore[import-not-found, unused-ignore]
@@ -311,21 +198,7 @@ def time_torch(B: int, H: int, T: int, causal: bool, n_sets: int) -> float:
     for _ in range(n_sets):
         buf = torch.randn(B, T, 3, H, D, device="cuda", dtype=torch.bfloat16)
         sets.append(tuple(buf[:, :, i].transpose(1, 2) for i in range(3)))
-    for i in range(10):
-        F.scaled_dot_product_attention(*sets[i % n_sets], is_causal=causal)
-    torch.cuda.synchronize()
-    evs = []
-    i = 0
-    for _ in range(60):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(5):
-            F.scaled_dot_product_attention(*sets[i % n_sets], is_causal=causal)
-            i += 1
-        b.record()
-        evs.append((a, b))
-    torch.cuda.synchronize()
-    return float(np.median([a.elapsed_time(b) * 1e3 / 5 for a, b in evs]))
+    return time_torch_events(lambda i: F.scaled_dot_product_attention(*sets[i], is_causal=causal), n_sets)
 
 
 def time_shape(ours: Ours, names: list[str], B: int, H: int, T: int, causal: bool, rng: Any,
@@ -368,42 +241,28 @@ def time_shape(ours: Ours, names: list[str], B: int, H: int, T: int, causal: boo
 # ---------------------------------------------------------------------------------------------- main
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated kernel variants")
-    ap.add_argument("--quick", action="store_true", help="check contiguous inputs only at the two small shapes")
-    args = ap.parse_args()
-    names = [n for n in args.variants.split(",") if n]
-    for n in names:
-        if n not in VARIANTS:
-            print(f"--variants: unknown variant {n!r}; known: {', '.join(VARIANTS)}")
-            return 2
+    args = parse_variants(__doc__, VARIANTS, "check contiguous inputs only at the two small shapes")
+    if args is None:
+        return 2
+    names: list[str] = args.names
 
     import cupy as cp
 
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    device = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    print(f"device: {device}, compute capability {dev.compute_capability}, CuPy {cp.__version__}", flush=True)
-    summary: dict[str, Any] = {"device": device, "checks": [], "timings": []}
+    summary = device_summary()
     t0 = time.perf_counter()
     try:
-        mod, built = compile_module()
+        built = build(FAMILY)
     except Exception as e:
         fail(f"compile/load: {e!r}")
         traceback.print_exc()
-        write_json(summary)
+        write_json(summary, "attention_wgmma.json")
         return 1
     print(f"built in {time.perf_counter() - t0:.1f} s: {built}", flush=True)
     summary["build"] = built
-    ours = Ours(mod)
+    ours = Ours()
     for n in names:
         try:
-            f = ours.fn(n)
-            from cupy_backends.cuda.api import driver  # a Module's Function: attributes through the driver
-
-            regs, local, threads = (driver.funcGetAttribute(a, f.ptr) for a in (4, 3, 0))  # CU_FUNC_ATTRIBUTE_*
-            print(f"  {n}: {regs} registers, {local} bytes local, smem {ours.smem(n)} B, max threads {threads}",
-                  flush=True)
+            print(f"  {n}: {describe_kernel(FAMILY, f'attn_wgmma_fwd_d64_{n}', ours.smem(n))}", flush=True)
         except Exception as e:
             fail(f"{n}: get_function: {e!r}")
 
@@ -421,33 +280,15 @@ def main() -> int:
         for (B, H, T) in TIME_SHAPES:
             for causal in (True, False):
                 time_shape(ours, names, B, H, T, causal, rng, rows)
-    write_json(summary)
+    write_json(summary, "attention_wgmma.json")
 
     errs = {(tuple(c["shape"]), c["causal"], c["variant"]): c.get("rel_err", float("nan"))
             for c in summary["checks"] if c["packed"] or args.quick}
-    print("\nattention forward, bf16, D = 64 (us: median device time; TFLOP/s of ours, 4 BHT^2D, half if causal)")
-    print(f"{'shape (B,H,T)':<16} {'causal':<6} {'variant':<9} {'rel.err':>8} {'ours us':>8} {'exist us':>8} "
-          f"{'torch us':>8} {'TFLOP/s':>7}")
-    for r in rows:
-        err = errs.get((tuple(r["shape"]), r["causal"], r["variant"]), float("nan"))
-        print(f"{tuple(r['shape'])!s:<16} {r['causal']!s:<6} {r['variant']:<9} {err:>8.1e} "
-              f"{r.get('us', float('nan')):>8.1f} {r['existing_us']:>8.1f} {r['torch_us']:>8.1f} "
-              f"{r.get('tflops', float('nan')):>7.1f}")
+    print_table("\nattention forward, bf16, D = 64 (us: median device time; TFLOP/s of ours, 4 BHT^2D, half if causal)",
+                rows, errs, 9)
     n_ok = sum(1 for c in summary["checks"] if "error" not in c and c.get("rel_err", 1) < OUT_TOL
                and c.get("lse_rel_err", 1) < LSE_TOL and not c.get("unwritten", 1))
-    print(f"checks: {n_ok} of {len(summary['checks'])} passed; {len(failures)} failure(s)")
-    for f in failures[:40]:
-        print("  " + f)
-    return 1 if failures else 0
-
-
-def write_json(summary: dict[str, Any]) -> None:
-    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "tools" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summary["failures"] = failures
-    path = out_dir / "attention_wgmma.json"
-    path.write_text(json.dumps(summary, indent=1, default=float))
-    print(f"wrote {path}", flush=True)
+    return finish(n_ok, len(summary["checks"]))
 
 
 if __name__ == "__main__":

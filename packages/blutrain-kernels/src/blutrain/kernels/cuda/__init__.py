@@ -1,9 +1,10 @@
 """BluTrain's hand-written CUDA kernels, compiled at first use by NVRTC through CuPy.
 
 One ``.cu`` file per kernel family sits beside this module; each starts with what it computes, its
-launch shape and its bytes/FLOPs. ``common.cuh`` is pasted into each source before compilation
+launch shape and its bytes/FLOPs. The headers they include from this folder (``common.cuh``; the attention
+families' ``attention.cuh``, and ``wgmma.cuh`` for sm_90a) are pasted into each source before compilation
 (rather than found through ``-I``) so that CuPy's on-disk cache, keyed on the source text, sees a
-change to the shared header too.
+change to a shared header too.
 
 Each public function takes and returns CuPy arrays with the argument order of the op kernel it
 implements (see ``blutrain.tensor.ops``), so a device plugin can register it directly. Per-row
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,12 +56,26 @@ def _cp() -> Any:
     return cupy
 
 
+_INCLUDE = re.compile(r'^#include "(\w+\.cuh)"$', re.MULTILINE)
+
+
 def source(family: str) -> str:
-    """The CUDA source of one kernel family, with ``common.cuh`` pasted in."""
+    """The CUDA source of one kernel family, with each ``#include "<name>.cuh"`` of this folder pasted in,
+    recursively: a header's text at its first include, nothing at a later one (as ``#pragma once`` would)."""
     if family not in FAMILIES:
         raise KeyError(f"no CUDA kernel family {family!r}; families: {', '.join(FAMILIES)}")
-    code = (_DIR / f"{family}.cu").read_text()
-    return code.replace('#include "common.cuh"', (_DIR / "common.cuh").read_text())
+    pasted: set[str] = set()
+
+    def paste(include: re.Match[str]) -> str:
+        name = include.group(1)
+        if not (_DIR / name).is_file():
+            return include.group(0)
+        if name in pasted:
+            return ""
+        pasted.add(name)
+        return _INCLUDE.sub(paste, (_DIR / name).read_text())
+
+    return _INCLUDE.sub(paste, (_DIR / f"{family}.cu").read_text())
 
 
 def module(family: str) -> Any:

@@ -44,19 +44,9 @@
 //                   instead of atomics on dq: deterministic. smem (2*64 + 2*BQ)*(D+4) + 2*BQ floats.
 //
 #include "common.cuh"
+#include "attention.cuh"
 
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-
-// Where one tensor's rows live, in elements: the rows of (batch b, head h) start at b * batch + h * head,
-// consecutive rows are `row` apart. 64-bit: a packed [B, T, 3, H, D] buffer passes 2^31 elements early.
-struct RowLayout {
-    long long batch, head, row;
-};
-
-template <typename T> __device__ __forceinline__ T* head_rows(T* base, const RowLayout& l, int b, int h) {
-    return base + b * l.batch + h * l.head;
-}
 
 // ------------------------------------------------------------------ float32: 3xTF32 tensor cores
 
@@ -123,14 +113,6 @@ __device__ __forceinline__ void frag_a_acc(FragA& f, const float (&c)[4]) {
     tf32_split(c[3], f.hi[3], f.lo[3]);
 }
 
-// 2^x on the special-function unit (2 ulp), without exp2f's denormal fix-up: weights under 2^-126
-// become 0, which no float32 softmax sum can see. 2^-inf = 0.
-__device__ __forceinline__ float exp2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 __device__ __forceinline__ void zero(float (&c)[4]) { c[0] = c[1] = c[2] = c[3] = 0.f; }
 
 // acc[n] (16 x 8 each) += A (16 x 8*KS, shared rows) B^T, for column blocks lo <= n < hi of the NT that
@@ -192,22 +174,14 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return a;
 }
 
-// 16 bytes global -> shared without passing through registers; zero-filled when !valid (src unread).
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
+// attention.cuh's cp.async to a float* destination, its shared-window address taken last (through cvta in asm,
+// not shared_address's intrinsic): so ptxas sees the instruction order these float32 kernels were measured with.
+__device__ __forceinline__ void cp_async_16(float* dst, const float* src, bool valid) {
+    cp_async_16(smem_addr(dst), src, valid);
 }
 
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// Wait until at most N of this thread's committed groups are in flight.
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+__device__ __forceinline__ void cp_async_4(float* dst, const float* src, bool valid) {
+    cp_async_4(smem_addr(dst), src, valid);
 }
 
 // dst[r][0..D) (stride D+4) = src[(row0 + r) * rs + 0..D), zero for rows at or past rows_valid.
@@ -220,7 +194,7 @@ __device__ __forceinline__ void load_rows_async(float* dst, const float* src, lo
         const int r = e / C, c = e % C;
         const int gr = row0 + r;
         const bool ok = gr < rows_valid;
-        cp_async16(dst + r * (D + 4) + c * 4, src + (ok ? gr : 0) * rs + c * 4, ok);
+        cp_async_16(dst + r * (D + 4) + c * 4, src + (ok ? gr : 0) * rs + c * 4, ok);
     }
 }
 
@@ -230,7 +204,7 @@ __device__ __forceinline__ void load_vec_async(float* dst, const float* src, int
     if (threadIdx.x < N) {
         const int row = row0 + threadIdx.x;
         const bool ok = row < rows_valid;
-        cp_async4(dst + threadIdx.x, src + (ok ? row : 0), ok);
+        cp_async_4(dst + threadIdx.x, src + (ok ? row : 0), ok);
     }
 }
 
@@ -260,7 +234,7 @@ __device__ __forceinline__ void attn_fwd_tc(const float* __restrict__ q, const f
     const float* qb = head_rows(q, lq, batch, head);
     const float* kb = head_rows(k, lk, batch, head);
     const float* vb = head_rows(v, lv, batch, head);
-    const float sl2 = scale * LOG2E;
+    const float sl2 = scale * ATTN_LOG2E;
 
     load_rows_async<D, BM, TH>(sQ, qb, lq.row, q0, L);
     load_rows_async<D, BN, TH>(sK, kb, lk.row, 0, S);
@@ -308,14 +282,14 @@ __device__ __forceinline__ void attn_fwd_tc(const float* __restrict__ q, const f
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float mn = fmaxf(m[h], mx);
             const float mref = mn == -BT_INF ? 0.f : mn;  // a row with nothing visible yet stays at zero
-            const float alpha = exp2_ftz(m[h] - mref);
+            const float alpha = fast_exp2(m[h] - mref);
             m[h] = mn;
             float rs = 0.f;
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float p = exp2_ftz(s[n][2 * h + e] - mref);
+                    const float p = fast_exp2(s[n][2 * h + e] - mref);
                     s[n][2 * h + e] = p;
                     rs += p;
                 }
@@ -378,7 +352,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
     const float* kb = head_rows(k, lk, batch, head);
     const float* vb = head_rows(v, lv, batch, head);
     const float* ob = head_rows(out, lo, batch, head);
-    const float sl2 = scale * LOG2E;
+    const float sl2 = scale * ATTN_LOG2E;
 
     load_rows_async<D, BM, TH>(sQ, head_rows(q, lq, batch, head), lq.row, q0, L);
     load_rows_async<D, BM, TH>(sdO, head_rows(dout, ldo, batch, head), ldo.row, q0, L);
@@ -390,7 +364,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = qw + g + 8 * h;
-        lse2[h] = row < L ? lse[rowbase + row] * LOG2E : 0.f;
+        lse2[h] = row < L ? lse[rowbase + row] * ATTN_LOG2E : 0.f;
     }
     cp_async_wait<1>();
     __syncthreads();
@@ -444,7 +418,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int h = i >> 1;
-                float p = exp2_ftz(s[n][i] * sl2 - lse2[h]);
+                float p = fast_exp2(s[n][i] * sl2 - lse2[h]);
                 if (edge) {
                     const int col = k0 + n * 8 + 2 * t + (i & 1);
                     if (col >= S || (causal && col > qw + g + 8 * h)) p = 0.f;
@@ -495,7 +469,7 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
     const long long rowbase = (long long)bh * L;  // lse and Delta
     const float* qb = head_rows(q, lq, batch, head);
     const float* ob = head_rows(dout, ldo, batch, head);
-    const float sl2 = scale * LOG2E;
+    const float sl2 = scale * ATTN_LOG2E;
     const int qstart = causal ? (k0 / BQ) * BQ : 0;  // earlier queries see none of these keys
 
     load_rows_async<D, BN, TH>(sK, head_rows(k, lk, batch, head), lk.row, k0, S);
@@ -536,7 +510,7 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int c = n * 8 + 2 * t + (i & 1);
-                float p = exp2_ftz(st[n][i] * sl2 - sL[c] * LOG2E);
+                float p = fast_exp2(st[n][i] * sl2 - sL[c] * ATTN_LOG2E);
                 if (edge) {
                     const int key = kw + g + 8 * (i >> 1), qr = q0 + c;
                     if (key >= S || qr >= L || (causal && key > qr)) p = 0.f;
@@ -580,8 +554,6 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
 // Tile shapes (the host's _ATT_F32_TILES must agree): warps per block, the other side of the tile,
 // output blocks per stage, and the blocks per SM that registers are budgeted for. Each tensor's layout
 // arrives as three 64-bit scalars (batch, head, row strides), after the scalar arguments.
-#define LAYOUT_PARAMS(x) long long x##_b, long long x##_h, long long x##_r
-#define LAYOUT(x) RowLayout{x##_b, x##_h, x##_r}
 #define ATTN_TC_FWD(NAME, D, WARPS, BN, CH, MINB)                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
         NAME(const float* q, const float* k, const float* v, float* out, float* lse, int L, int S, float scale, \

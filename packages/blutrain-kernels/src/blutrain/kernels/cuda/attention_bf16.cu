@@ -49,42 +49,11 @@
 // chunk c ^ (r % 8) instead (an XOR swizzle), which spreads them over all 32 banks for both the
 // cp.async writes and the ldmatrix reads.
 #include "common.cuh"
+#include "attention.cuh"
 
-#define ATTN_LOG2E 1.4426950408889634f
 #define ATTN_KEYS_PER_TILE 64  // keys per step of the forward and dq kernels
 
-// Where one tensor's rows live, in elements: the rows of (batch b, head h) start at b * batch + h * head,
-// consecutive rows are `row` apart. 64-bit: a packed [B, T, 3, H, D] buffer passes 2^31 elements early.
-struct RowLayout {
-    long long batch, head, row;
-};
-
-template <typename T> __device__ __forceinline__ T* head_rows(T* base, const RowLayout& l, int b, int h) {
-    return base + b * l.batch + h * l.head;
-}
-
-// ---- PTX wrappers (each one instruction) ----------------------------------------------------------
-
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, asynchronously; zero-fills the destination when !valid.
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-// 4 bytes global -> shared, asynchronously; zero-fills the destination when !valid.
-__device__ __forceinline__ void cp_async_4(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-// Wait until at most `pending` of this thread's committed groups are still in flight.
-template <int pending> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
-}
+// ---- PTX wrappers (each one instruction; the cp.async ones, cvt_bf16x2 and fast_exp2 in attention.cuh) ----
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -105,20 +74,6 @@ __device__ __forceinline__ void mma_bf16_16816(float (&acc)[4], const unsigned (
         "{%0, %1, %2, %3};\n"
         : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> one bf16x2 register, round to nearest even; lo takes the low half (the lower k index).
-__device__ __forceinline__ unsigned cvt_bf16x2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// 2^x, the hardware approximation (2 ulp; 2^-inf = 0), without the range fix-ups of exp2f.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-    return r;
 }
 
 // ---- end of PTX wrappers --------------------------------------------------------------------------
@@ -713,8 +668,6 @@ __device__ __forceinline__ void attn_bf16_bwd_dq(const bf16* __restrict__ q, con
 // MIN_BLOCKS is the blocks per multiprocessor that __launch_bounds__ asks the register allocator for.
 
 // Each tensor's layout arrives as three 64-bit scalars (batch, head, row strides), after the scalars.
-#define LAYOUT_PARAMS(x) long long x##_b, long long x##_h, long long x##_r
-#define LAYOUT(x) RowLayout{x##_b, x##_h, x##_r}
 #define ATTN_BF16_FWD(D, NAME, WARPS, M_TILES, Q_IN_REGISTERS, MIN_BLOCKS)                                 \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS) attn_bf16_fwd_d##D##_##NAME(       \
         const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, int L, int S, float scale,      \

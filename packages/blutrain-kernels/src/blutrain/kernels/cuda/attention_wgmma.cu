@@ -43,229 +43,12 @@
 //     the mma.m16n8k16 A layout. So keys 16kk .. 16kk + 15 of S (accumulators 8kk .. 8kk + 7) are, packed
 //     in pairs, the A fragment of k-step kk of P v: no shuffle, no shared memory.
 //
-// Shared memory. Tiles are [rows][64] bf16, 128-byte rows, 16-byte chunk c of row r stored at chunk
-// c ^ (r % 8) (attention_bf16.cu's swizzle), every tile base 1024-byte aligned: that is exactly the 128-byte
-// swizzle mode of the wgmma descriptors (Swizzle<3,4,3> on the byte address: bits 4-6 ^= bits 7-9), whose
-// repeating pattern must start on a 1024-byte boundary for the base-offset field to be 0.
-// Descriptors (PTX ISA "Matrix Descriptor Format"; 64 bits): bits 0-13 start address >> 4, 16-29 leading
-// dimension byte offset (LBO) >> 4, 32-45 stride dimension byte offset (SBO) >> 4, 49-51 base offset (0),
-// 62-63 swizzle mode (1 = 128 bytes).
-//   q (A of q k^T) and k (B of q k^T, [key][d] = N x K with K contiguous) are K-major (imm-trans 0): canonical
-//   layout ((8,m),(8,2)):((64,SBO),(1,8)) in elements (8 rows 128 bytes apart, then the next 8 rows SBO =
-//   1024 bytes on; K = 16 is two 16-byte chunks of a row), LBO unused for swizzled K-major ("assumed 1",
-//   encoded 1). The k-step ks (16 of d = 32 bytes) moves the start address by 32 ks bytes inside the swizzle
-//   atom: the hardware swizzles the computed address, so the 1024-aligned pattern still lines up (base
-//   offset stays 0).
-//   v (B of P v, [key][d] = K x N with N contiguous) is MN-major (imm-trans-b 1): canonical layout
-//   ((8,8,m),(8,k)):((1,8,LBO),(64,SBO)) in elements, SBO = 1024 between groups of 8 keys, LBO the step
-//   between 64-element column blocks, of which D = 64 has one (unused; set to 1024 as well). The k-step kk
-//   (16 keys) moves the start address by 2048 bytes.
-// Ordering: cp.async writes are made visible to the tensor cores' async proxy by fence.proxy.async in each
-// writing thread after cp.async.wait_group, then a block barrier. wgmma.fence precedes each batch (registers
-// written by ordinary code: O after rescaling, P); wgmma.commit_group / wait_group complete it before the
-// accumulators are read; empty asm statements tie the accumulator registers to those points so the compiler
-// moves no access across them. A K/V stage is refilled only after the barrier that follows every
-// warpgroup's wait for the products that read it.
+// Shared memory, descriptors and ordering: wgmma.cuh (128-byte swizzled [rows][64] bf16 tiles, 1024-byte aligned;
+// q and k K-major, v MN-major). A K/V stage is refilled only after the barrier that follows every warpgroup's
+// wait for the products that read it.
 #include "common.cuh"
-
-#define WGMMA_LOG2E 1.4426950408889634f
-
-// Where one tensor's rows live, in elements (attention_bf16.cu's RowLayout).
-struct RowLayout {
-    long long batch, head, row;
-};
-
-template <typename T> __device__ __forceinline__ T* head_rows(T* base, const RowLayout& l, int b, int h) {
-    return base + b * l.batch + h * l.head;
-}
-
-// ---- PTX wrappers (each one instruction) ----------------------------------------------------------
-
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, asynchronously; zero-fills the destination when !valid.
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-// This thread's completed shared-memory writes become visible to the async proxy (wgmma operand reads).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-
-// Wait until at most `pending` of this warpgroup's committed wgmma groups are still in flight.
-template <int pending> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(pending) : "memory");
-}
-
-// Pin registers at this point of the instruction stream (no code moves across an ordered volatile asm).
-template <int N> __device__ __forceinline__ void fence_registers(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-template <int N> __device__ __forceinline__ void fence_registers(unsigned (&r)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) asm volatile("" : "+r"(r[i][c])::"memory");
-    }
-}
-
-// Two floats -> one bf16x2 register, round to nearest even; lo takes the low half (the lower k index).
-__device__ __forceinline__ unsigned cvt_bf16x2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// 2^x, the hardware approximation (2 ulp; 2^-inf = 0), without the range fix-ups of exp2f.
-__device__ __forceinline__ float fast_exp2(float x) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-    return r;
-}
-
-// wgmma.mma_async, bf16 inputs, float32 accumulators (operand lists written out: asm takes no arrays).
-// d (64 x 64, float) = A (64 x 16, K-major, shared memory) * B (16 x 64, K-major, shared memory), plus d when
-// accumulate != 0.
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], unsigned long long desc_a, unsigned long long desc_b,
-                                                   int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
-        " %32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// d (64 x 128, float) = A (64 x 16, K-major, shared memory) * B (16 x 128, K-major, shared memory), plus d when
-// accumulate != 0.
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], unsigned long long desc_a, unsigned long long desc_b,
-                                                   int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16\n"
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,\n"
-        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,\n"
-        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},\n"
-        " %64, %65, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// d (64 x 64, float) += A (64 x 16 bf16, registers) * B (16 x 64, MN-major in shared memory: imm-trans-b = 1).
-__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const unsigned (&a)[4],
-                                                     unsigned long long desc_b) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
-        " {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-// ---- end of PTX wrappers --------------------------------------------------------------------------
-
-// 128-byte swizzle, 1024-byte aligned start: bits 62-63 = 1; addresses and offsets in 16-byte units.
-__device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, unsigned lbo_bytes, unsigned sbo_bytes) {
-    return static_cast<unsigned long long>((smem_addr & 0x3FFFFu) >> 4) |
-           (static_cast<unsigned long long>(lbo_bytes >> 4) << 16) |
-           (static_cast<unsigned long long>(sbo_bytes >> 4) << 32) | (1ull << 62);
-}
-
-// K-major tile ([rows][64] bf16, rows the M or N side, d the reduction): SBO 1024, LBO unused (1).
-__device__ __forceinline__ unsigned long long desc_kmajor(unsigned tile) { return wgmma_desc(tile, 16, 1024); }
-
-// MN-major tile ([keys][64] bf16, keys the reduction, d the N side): SBO 1024 between 8-key groups; LBO
-// (between 64-wide column blocks; D = 64 has one) set to the same value.
-__device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile) { return wgmma_desc(tile, 1024, 1024); }
-
-// A descriptor moved by `bytes` (a multiple of 16): the start-address field, which cannot carry out for
-// shared-memory addresses below 256 KB.
-__device__ __forceinline__ unsigned long long desc_advance(unsigned long long desc, unsigned bytes) {
-    return desc + (bytes >> 4);
-}
-
-// S (64 x BN) = q (64 x 16 ks ..) k^T over the four k-steps of D = 64; the first step overwrites S.
-template <int BN>
-__device__ __forceinline__ void issue_scores(float (&s)[BN / 2], unsigned long long dq, unsigned long long dk) {
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-        if constexpr (BN == 64) {
-            wgmma_m64n64k16_ss(s, desc_advance(dq, 32 * ks), desc_advance(dk, 32 * ks), ks);
-        } else {
-            wgmma_m64n128k16_ss(s, desc_advance(dq, 32 * ks), desc_advance(dk, 32 * ks), ks);
-        }
-    }
-}
-
-// O (64 x 64) += P (64 x BN, registers) v (BN x 64).
-template <int BN>
-__device__ __forceinline__ void issue_pv(float (&o)[32], const unsigned (&p)[BN / 16][4], unsigned long long dv) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n64k16_rs_tb(o, p[kk], desc_advance(dv, 2048 * kk));
-}
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][64] bf16 tile.
-__device__ __forceinline__ unsigned tile_offset(int row, int chunk) {
-    return static_cast<unsigned>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
-// Rows row0 .. row0 + ROWS - 1 (rs elements apart) of a matrix of rows_valid rows into a swizzled tile; rows
-// at or past rows_valid read as zero. Every thread of the block takes part; the caller commits.
-template <int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile_async(unsigned tile, const bf16* __restrict__ src, long long rs, int row0,
-                                                int rows_valid) {
-    constexpr int CHUNKS = ROWS * 8;
-#pragma unroll
-    for (int i = 0; i < (CHUNKS + THREADS - 1) / THREADS; ++i) {
-        const int e = i * THREADS + threadIdx.x;
-        if (CHUNKS % THREADS == 0 || e < CHUNKS) {
-            const int r = e >> 3, c = e & 7;
-            const int row = row0 + r;
-            const bool valid = row < rows_valid;
-            cp_async_16(tile + tile_offset(r, c), src + (valid ? row : 0) * rs + c * 8, valid);
-        }
-    }
-}
+#include "attention.cuh"
+#include "wgmma.cuh"
 
 // Online softmax step on one score tile (this thread's accumulators s[4 nb + c]: row row_g + 8 (c >> 1),
 // key k0 + 8 nb + 2 t + (c & 1)): masks if asked, turns s into P = 2^(s scale_log2 - m scale_log2) with the
@@ -332,25 +115,6 @@ __device__ __forceinline__ void rescale_o(float (&o)[32], const float (&alpha)[2
     for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
 }
 
-// P (float accumulators) -> A fragments of the BN / 16 k-steps of P v.
-template <int BN> __device__ __forceinline__ void pack_p(unsigned (&p)[BN / 16][4], const float (&s)[BN / 2]) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) p[kk][r] = cvt_bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-    }
-}
-
-// Block (blockIdx.x, blockIdx.y) of a (query tiles, B*H) grid, in launch order lin, as (bh, query tile) with the
-// tiles heavy-first across all heads when causal: lin = tile rank * B*H + bh.
-__device__ __forceinline__ int global_order_bh(int causal) {
-    return causal ? (blockIdx.x + blockIdx.y * gridDim.x) % gridDim.y : blockIdx.y;
-}
-
-__device__ __forceinline__ int global_order_tile(int causal) {
-    return causal ? gridDim.x - 1 - (blockIdx.x + blockIdx.y * gridDim.x) / gridDim.y : blockIdx.x;
-}
-
 template <int WG, int BN, bool PIPELINED, int PREFETCH = 1, bool GLOBAL_ORDER = false>
 __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                const bf16* __restrict__ v, bf16* __restrict__ out,
@@ -368,16 +132,16 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
     const unsigned sV = sK + STAGES * KV_TILE_BYTES;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     // Causal query tiles differ in length: launch the longest first so that short ones fill the tail. Blocks
-    // start in launch order (x fastest); GLOBAL_ORDER renumbers them (global_order_bh / _tile) so that every
+    // start in launch order (x fastest); GLOBAL_ORDER renumbers them (global_order_bh / _rank) so that every
     // head's longest tile comes before any head's second longest, not only within each head.
     const int bh = GLOBAL_ORDER ? global_order_bh(causal) : blockIdx.y, batch = bh / H, head = bh - batch * H;
-    const int q0 = (GLOBAL_ORDER ? global_order_tile(causal) : (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x)) * BM;
+    const int q0 = (causal ? gridDim.x - 1 - (GLOBAL_ORDER ? global_order_rank(causal) : blockIdx.x) : blockIdx.x) * BM;
     const int wg_row0 = q0 + 64 * wg;            // this warpgroup's first query
     const int warp_row0 = wg_row0 + 16 * warp;   // this warp's
     const int row_g = warp_row0 + (lane >> 2);   // this thread's rows: row_g, row_g + 8
     const bf16* kb = head_rows(k, lk, batch, head);
     const bf16* vb = head_rows(v, lv, batch, head);
-    const float scale_log2 = scale * WGMMA_LOG2E;
+    const float scale_log2 = scale * ATTN_LOG2E;
     const int key_end = causal ? min(S, q0 + BM) : S;
     const int n_tiles = (key_end + BN - 1) / BN;  // >= 1: L, S >= 1
     // Tiles this warpgroup multiplies: under causal masking the ones that start at or before its last row.
@@ -418,7 +182,7 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
     // tile j - 2 (STAGES = 4), whose last product (P_{j-2} v_{j-2}) was waited for before this barrier.
     auto sync_and_prefetch = [&](int j) {
         if constexpr (PREFETCH == 1) {
-            cp_async_wait_all();
+            cp_async_wait<0>();
             fence_proxy_async_shared();
             __syncthreads();
             if (j + 1 < n_tiles) {
@@ -428,7 +192,7 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
                 cp_async_commit();
             }
         } else {
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            cp_async_wait<1>();
             fence_proxy_async_shared();
             __syncthreads();
             if (j + 2 < n_tiles) {
@@ -449,17 +213,17 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
                 const bool needs_mask = k0 + BN > S || (causal && k0 + BN - 1 > warp_row0);
                 fence_registers(s);
                 wgmma_fence();
-                issue_scores<BN>(s, dq, desc_kmajor(sK + cur));
+                issue_abt(s, dq, desc_kmajor(sK + cur));
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_registers(s);
                 softmax_step<BN>(s, row_max, row_sum, alpha, scale_log2, needs_mask, k0, row_g, S, causal);
                 rescale_o(o, alpha);
-                pack_p<BN>(p, s);
+                pack_a(p, s);
                 fence_registers(o);
                 fence_registers(p);
                 wgmma_fence();
-                issue_pv<BN>(o, p, desc_mnmajor(sV + cur));
+                issue_rb(o, p, desc_mnmajor(sV + cur));
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_registers(o);
@@ -471,13 +235,13 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
         sync_and_prefetch(0);
         fence_registers(s);
         wgmma_fence();
-        issue_scores<BN>(s, dq, desc_kmajor(sK));
+        issue_abt(s, dq, desc_kmajor(sK));
         wgmma_commit();
         wgmma_wait<0>();
         fence_registers(s);
         softmax_step<BN>(s, row_max, row_sum, alpha, scale_log2, BN > S || (causal && BN - 1 > warp_row0), 0, row_g,
                          S, causal);
-        pack_p<BN>(p, s);
+        pack_a(p, s);
         // Step j: S_j and O += P_{j-1} v_{j-1} (the stage of tile j - 1) back to back, unconditionally (a
         // product under a branch made ptxas serialize every wgmma); the softmax of S_j runs while the second
         // product is still on the tensor cores.
@@ -492,9 +256,9 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
                 fence_registers(o);
                 fence_registers(p);
                 wgmma_fence();
-                issue_scores<BN>(s, dq, desc_kmajor(sK + cur));
+                issue_abt(s, dq, desc_kmajor(sK + cur));
                 wgmma_commit();
-                issue_pv<BN>(o, p, desc_mnmajor(sV + prev));
+                issue_rb(o, p, desc_mnmajor(sV + prev));
                 wgmma_commit();
                 wgmma_wait<1>();  // S_j done; P_{j-1} v_{j-1} may still run
                 fence_registers(s);
@@ -503,7 +267,7 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
                 fence_registers(o);
                 fence_registers(p);
                 rescale_o(o, alpha);
-                pack_p<BN>(p, s);
+                pack_a(p, s);
             }
         }
     }
@@ -515,12 +279,12 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
         fence_registers(o);
         fence_registers(p);
         wgmma_fence();
-        issue_pv<BN>(o, p, desc_mnmajor(sV + ((n_wg - 1) % STAGES) * KV_TILE_BYTES));
+        issue_rb(o, p, desc_mnmajor(sV + ((n_wg - 1) % STAGES) * KV_TILE_BYTES));
         wgmma_commit();
         wgmma_wait<0>();
         fence_registers(o);
     }
-    if constexpr (PREFETCH == 2) cp_async_wait_all();  // only empty groups can remain; leave none behind
+    if constexpr (PREFETCH == 2) cp_async_wait<0>();  // only empty groups can remain; leave none behind
 
     bf16* ob = head_rows(out, lo, batch, head);
     float* lb = lse + (long long)bh * L;
@@ -543,8 +307,6 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
 // ---------------------------------------------------------------------------------------------- entry points
 // attn_wgmma_fwd_d64_wg<WG>n<BN>[p]: WG warpgroups (BM = 64 WG queries), BN keys per tile, p = pipelined.
 // MIN_BLOCKS is the blocks per multiprocessor that __launch_bounds__ asks the register allocator for.
-#define LAYOUT_PARAMS(x) long long x##_b, long long x##_h, long long x##_r
-#define LAYOUT(x) RowLayout{x##_b, x##_h, x##_r}
 #define ATTN_WGMMA_FWD(NAME, WG, BN, PIPELINED, MIN_BLOCKS)                                                \
     extern "C" __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS) attn_wgmma_fwd_d64_##NAME(          \
         const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, int L, int S, float scale,      \

@@ -8,8 +8,7 @@
 // blutrain.kernels.cuda runs the wg1 kernels on compute capability 9.0 (tools/attention_wgmma_bwd_check.py on an H100
 // at 7c5f4e3: dq, dk, dv within 2e-5 of attention_bf16.cu's at every checked shape; GPT-2's causal 16 x 12 x 1024
 // 310.5 us (wg1), 325.9-346.1 (other variants) against attention_bf16.cu's 389.0; non-causal 514.5 / 660.7).
-// Needs -arch=sm_90a. Self-contained: only common.cuh is pasted in (as for attention_wgmma.cu); the few PTX
-// wrappers and descriptor helpers of the forward are repeated here, unchanged.
+// Needs -arch=sm_90a. The PTX wrappers and descriptor helpers are the forward's (attention.cuh, wgmma.cuh).
 //
 //   attn_wgmma_bwd_dq_d64_wg<WG>: grid (ceil(L / BM), B*H), WG warpgroups (128 WG threads), BM = 64 WG
 //     queries, warpgroup w owns queries 64w .. 64w + 63 of the tile. Delta and lse2 of the block's rows first
@@ -49,7 +48,7 @@
 // dS^T (keys x queries) are the A operands of P^T dO and dS^T q, and dS (queries x keys) that of dS k, with
 // no data movement.
 //
-// Shared memory and descriptors: as attention_wgmma.cu. Every tile is [rows][64] bf16 (128-byte rows), chunk c
+// Shared memory and descriptors (wgmma.cuh). Every tile is [rows][64] bf16 (128-byte rows), chunk c
 // of row r at chunk c ^ (r % 8), tile bases 1024-byte aligned: the 128-byte swizzle mode. A tile whose rows are
 // the M or N side of a product and whose d is the reduction (q, k in S = q k^T; dO, v in dP = dO v^T; k, q in
 // S^T; v, dO in dP^T) is K-major: SBO 1024, LBO 16 (unused), k-step ks (16 of d) = +32 bytes of start address.
@@ -60,167 +59,8 @@
 // products that read it. wgmma.fence before each batch, commit/wait before accumulators are read, empty asm
 // statements pin the registers to those points.
 #include "common.cuh"
-
-#define WGMMA_BWD_LOG2E 1.4426950408889634f
-
-struct RowLayout {
-    long long batch, head, row;
-};
-
-template <typename T> __device__ __forceinline__ T* head_rows(T* base, const RowLayout& l, int b, int h) {
-    return base + b * l.batch + h * l.head;
-}
-
-// ---- PTX wrappers (each one instruction; as in attention_wgmma.cu) ----------------------------------
-
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_4(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void fence_proxy_async_shared() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-
-template <int pending> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(pending) : "memory");
-}
-
-template <int N> __device__ __forceinline__ void fence_registers(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-template <int N> __device__ __forceinline__ void fence_registers(unsigned (&r)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) asm volatile("" : "+r"(r[i][c])::"memory");
-    }
-}
-
-__device__ __forceinline__ unsigned cvt_bf16x2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
-    return r;
-}
-
-// d (64 x 64, float) = A (64 x 16, K-major, shared memory) * B (16 x 64, K-major, shared memory), plus d when
-// accumulate != 0.
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], unsigned long long desc_a, unsigned long long desc_b,
-                                                   int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
-        " %32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// d (64 x 64, float) += A (64 x 16 bf16, registers) * B (16 x 64, MN-major in shared memory: imm-trans-b = 1).
-__device__ __forceinline__ void wgmma_m64n64k16_rs_tb(float (&d)[32], const unsigned (&a)[4],
-                                                     unsigned long long desc_b) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16\n"
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,\n"
-        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},\n"
-        " {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-}
-
-// ---- end of PTX wrappers --------------------------------------------------------------------------
-
-__device__ __forceinline__ unsigned long long wgmma_desc(unsigned smem_addr, unsigned lbo_bytes, unsigned sbo_bytes) {
-    return static_cast<unsigned long long>((smem_addr & 0x3FFFFu) >> 4) |
-           (static_cast<unsigned long long>(lbo_bytes >> 4) << 16) |
-           (static_cast<unsigned long long>(sbo_bytes >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ unsigned long long desc_kmajor(unsigned tile) { return wgmma_desc(tile, 16, 1024); }
-
-__device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile) { return wgmma_desc(tile, 1024, 1024); }
-
-__device__ __forceinline__ unsigned long long desc_advance(unsigned long long desc, unsigned bytes) {
-    return desc + (bytes >> 4);
-}
-
-// d (64 x 64) = a (64 rows, K-major) b^T (64 rows, K-major) over the four k-steps of D = 64; overwrites d.
-__device__ __forceinline__ void issue_abt(float (&d)[32], unsigned long long da, unsigned long long db) {
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_m64n64k16_ss(d, desc_advance(da, 32 * ks), desc_advance(db, 32 * ks), ks);
-}
-
-// d (64 x 64) += a (64 x 64, registers, four k-steps) b (64 rows = the reduction, MN-major in shared memory).
-__device__ __forceinline__ void issue_rb(float (&d)[32], const unsigned (&a)[4][4], unsigned long long db) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_m64n64k16_rs_tb(d, a[kk], desc_advance(db, 2048 * kk));
-}
-
-// Accumulators (64 x 64 float) -> A fragments (bf16) of the four k-steps of the next product.
-__device__ __forceinline__ void pack_a(unsigned (&a)[4][4], const float (&s)[32]) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[kk][r] = cvt_bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-    }
-}
-
-__device__ __forceinline__ unsigned tile_offset(int row, int chunk) {
-    return static_cast<unsigned>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
-template <int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile_async(unsigned tile, const bf16* __restrict__ src, long long rs, int row0,
-                                                int rows_valid) {
-    constexpr int CHUNKS = ROWS * 8;
-#pragma unroll
-    for (int i = 0; i < (CHUNKS + THREADS - 1) / THREADS; ++i) {
-        const int e = i * THREADS + threadIdx.x;
-        if (CHUNKS % THREADS == 0 || e < CHUNKS) {
-            const int r = e >> 3, c = e & 7;
-            const int row = row0 + r;
-            const bool valid = row < rows_valid;
-            cp_async_16(tile + tile_offset(r, c), src + (valid ? row : 0) * rs + c * 8, valid);
-        }
-    }
-}
+#include "attention.cuh"
+#include "wgmma.cuh"
 
 // Accumulator rows row_g, row_g + 8 (64 d columns) -> bf16 rows of dst, times `mul`; rows at or past n skipped.
 __device__ __forceinline__ void store_acc_rows(bf16* dst, long long rs, const float (&acc)[32], int row_g, int n,
@@ -278,7 +118,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dq(const bf16* __restrict__ q, co
     const int row_g = warp_row0 + (lane >> 2);
     const bf16* kb = head_rows(k, lk, batch, head);
     const bf16* vb = head_rows(v, lv, batch, head);
-    const float scale_log2 = scale * WGMMA_BWD_LOG2E;
+    const float scale_log2 = scale * ATTN_LOG2E;
     const int key_end = causal ? min(S, q0 + BM) : S;
     const int n_tiles = (key_end + BN - 1) / BN;
     const int n_wg = causal ? min(n_tiles, (min(S, wg_row0 + 64) + BN - 1) / BN) : n_tiles;
@@ -306,7 +146,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dq(const bf16* __restrict__ q, co
             }
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc += dot_bf16x8(ov[i], dv[i]);
-            l2 = lse[(long long)bh * L + row] * WGMMA_BWD_LOG2E;
+            l2 = lse[(long long)bh * L + row] * ATTN_LOG2E;
         }
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (half == 0) {
@@ -339,7 +179,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dq(const bf16* __restrict__ q, co
     for (int j = 0; j < n_tiles; ++j) {
         // Tile j (the only cp.async group in flight) has landed: publish it to the async proxy and the block;
         // the barrier also ends every warpgroup's products of tile j - 1, releasing stage (j + 1) % 2.
-        cp_async_wait_all();
+        cp_async_wait<0>();
         fence_proxy_async_shared();
         __syncthreads();
         if (j == 0) {
@@ -427,7 +267,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
     const bf16* ob = head_rows(dout, ldo, batch, head);
     const float* lb = lse2 + (long long)bh * L;
     const float* db_ = delta + (long long)bh * L;
-    const float scale_log2 = scale * WGMMA_BWD_LOG2E;
+    const float scale_log2 = scale * ATTN_LOG2E;
     // Causal: queries before k0 see none of these keys (k0 is a multiple of BM).
     const int q_begin = causal ? k0 : 0;
     const int n_tiles = q_begin < L ? (L - q_begin + BM - 1) / BM : 0;
@@ -470,7 +310,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
     for (int i = 0; i < n_tiles; ++i) {
         const int q0 = q_begin + i * BM;
         const int stage = i % STAGES;
-        cp_async_wait_all();
+        cp_async_wait<0>();
         fence_proxy_async_shared();
         __syncthreads();
         if (i + 1 < n_tiles) {
@@ -526,7 +366,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
             fence_registers(dsf);
         }
     }
-    if (n_tiles == 0) cp_async_wait_all();  // causal keys past the last query: zero gradients
+    if (n_tiles == 0) cp_async_wait<0>();  // causal keys past the last query: zero gradients
 
     const int key_row = wg_key0 + 16 * warp + (lane >> 2);
     store_acc_rows(head_rows(dk, ldk, batch, head), ldk.row, dk_acc, key_row, S, scale);
@@ -544,22 +384,9 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
 // One cp.async group is committed per step, empty past the last tile, so wait_group PREFETCH - 1 always
 // means "tile j has landed". Predicted: the softmax (about a third of a step's issue time at wg1) leaves the
 // tensor cores' critical path; 10-20% off each kernel (310.5 us -> about 260 at GPT-2's causal shape);
-// PREFETCH = 2 a few % more if L2 latency still shows at the barrier.
-
-template <int pending> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
-}
-
-// GLOBAL_ORDER: under causal masking, blocks renumbered in launch order (x fastest) so that every head's
-// longest tile starts before any head's second longest (the plain order is longest first within each head
-// only): lin = rank * B*H + bh. Predicted 2-5% causal (shorter tail of the last wave), nothing non-causal.
-__device__ __forceinline__ int global_order_bh(int causal) {
-    return causal ? (blockIdx.x + blockIdx.y * gridDim.x) % gridDim.y : blockIdx.y;
-}
-
-__device__ __forceinline__ int global_order_rank(int causal) {
-    return causal ? (blockIdx.x + blockIdx.y * gridDim.x) / gridDim.y : blockIdx.x;
-}
+// PREFETCH = 2 a few % more if L2 latency still shows at the barrier. GLOBAL_ORDER: causal tiles heavy-first
+// across all heads (attention.cuh's global_order_*); predicted 2-5% causal (shorter tail of the last wave),
+// nothing non-causal.
 
 template <int PREFETCH, bool GLOBAL_ORDER>
 __device__ __forceinline__ void attn_wgmma_bwd_dq_pipe(const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -590,7 +417,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dq_pipe(const bf16* __restrict__ 
     const int row_g = warp_row0 + (lane >> 2);
     const bf16* kb = head_rows(k, lk, batch, head);
     const bf16* vb = head_rows(v, lv, batch, head);
-    const float scale_log2 = scale * WGMMA_BWD_LOG2E;
+    const float scale_log2 = scale * ATTN_LOG2E;
     const int key_end = causal ? min(S, q0 + BM) : S;
     const int n_tiles = (key_end + BN - 1) / BN;  // >= 1; one warpgroup: every tile reaches its rows
 
@@ -623,7 +450,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dq_pipe(const bf16* __restrict__ 
             }
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc += dot_bf16x8(ov[i], dv[i]);
-            l2 = lse[(long long)bh * L + row] * WGMMA_BWD_LOG2E;
+            l2 = lse[(long long)bh * L + row] * ATTN_LOG2E;
         }
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (half == 0) {
@@ -764,7 +591,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv_pipe(const bf16* __restrict__
     const bf16* ob = head_rows(dout, ldo, batch, head);
     const float* lb = lse2 + (long long)bh * L;
     const float* db_ = delta + (long long)bh * L;
-    const float scale_log2 = scale * WGMMA_BWD_LOG2E;
+    const float scale_log2 = scale * ATTN_LOG2E;
     // Causal: queries before k0 see none of these keys (k0 is a multiple of BM); one warpgroup owns all 64
     // keys, so every query tile from q_begin on reaches them.
     const int q_begin = causal ? k0 : 0;
@@ -909,8 +736,6 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv_pipe(const bf16* __restrict__
 // ---------------------------------------------------------------------------------------------- entry points
 // attn_wgmma_bwd_{dq,dkv}_d64_wg<WG>: WG warpgroups; arguments exactly those of attention_bf16.cu's
 // attn_bf16_bwd_dq_d64_* and attn_bf16_bwd_dkv_d64_*.
-#define LAYOUT_PARAMS(x) long long x##_b, long long x##_h, long long x##_r
-#define LAYOUT(x) RowLayout{x##_b, x##_h, x##_r}
 #define ATTN_WGMMA_DQ(NAME, WG, MIN_BLOCKS)                                                                 \
     extern "C" __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS) attn_wgmma_bwd_dq_d64_##NAME(        \
         const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse,   \
