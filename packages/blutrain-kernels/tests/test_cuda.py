@@ -24,18 +24,7 @@ from blutrain.tensor.cpu import reduction as cpu_rd
 from blutrain.tensor.cpu.elementwise import gelu as cpu_gelu
 from blutrain.tensor.cpu.elementwise import gelu_backward as cpu_gelu_backward
 
-
-def _gpu_count() -> int:
-    try:
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
-
-
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU and CuPy"),
-              pytest.mark.usefixtures("poisoned_memory")]
+pytestmark = pytest.mark.cuda  # conftest: skipped without a GPU, run with poisoned device memory
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float32), BF16]

@@ -14,18 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-
-def _gpu_count() -> int:
-    try:
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
-
-
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU and CuPy"),
-              pytest.mark.usefixtures("poisoned_memory")]
+pytestmark = pytest.mark.cuda  # conftest: skipped without a GPU, run with poisoned device memory
 
 F32, BF16, F16 = np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)
 PAIRS = [(s, d) for s in (F32, BF16, F16) for d in (F32, BF16, F16) if s != d]

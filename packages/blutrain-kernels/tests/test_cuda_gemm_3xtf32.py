@@ -17,18 +17,7 @@ import pytest
 
 from blutrain.tensor.errors import ShapeError
 
-
-def _gpu_count() -> int:
-    try:
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
-
-
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_gpu_count() == 0, reason="needs an NVIDIA GPU and CuPy"),
-              pytest.mark.usefixtures("poisoned_memory")]
+pytestmark = pytest.mark.cuda  # conftest: skipped without a GPU, run with poisoned device memory
 
 LAYOUTS = {"nt": (False, True), "nn": (False, False), "tn": (True, False), "tt": (True, True)}
 ODD = (1, 7, 65, 129, 1000)
