@@ -11,7 +11,7 @@
 #    the rest of packages/ and plugins/ (the fused-kernel tests against float64 references).
 # 3. The conformance suite on device cuda, when blutrain.kernels.conformance exists.
 # 4. tools/bench_kernels.py: ours against PyTorch, CUDA events, medians, random data.
-# 5. With --sanitize: compute-sanitizer memcheck over the fused-kernel tests (test_cuda.py, the 3xTF32 GEMM,
+# 5. With --sanitize: compute-sanitizer memcheck over the fused-kernel tests (the kernel library's test_cuda*.py,
 #    the cuBLASLt epilogues, the compiler's generated fused kernels,
 #    the cuBLAS binding and the fused LM-head loss), after the
 #    benchmark: it is the slowest stage, and a call that runs out of time loses the least there.
@@ -229,8 +229,7 @@ if [[ $SANITIZE == 1 ]]; then
     # BluTrain's caching allocator, for the same reason.
     BLUTRAIN_CUDA_ALLOCATOR=cupy timeout -k 10 240 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 99 --print-limit 20 \
         "$PY" -c 'import sys, cupy, pytest; cupy.cuda.set_allocator(None); sys.exit(pytest.main(sys.argv[1:]))' \
-        -q -p no:cacheprovider -m cuda packages/blutrain-kernels/tests/test_cuda.py \
-        packages/blutrain-kernels/tests/test_cuda_gemm_3xtf32.py \
+        -q -p no:cacheprovider -m cuda packages/blutrain-kernels/tests/test_cuda*.py \
         "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_gemm_into_multiplies_row_major_matrices_and_accumulates" \
         "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_linear_cross_entropy_matches_float64_on_the_cpu" \
         "plugins/blutrain-backend-cupy/tests/test_cuda_backend.py::test_gemm_into_adds_bias_and_addend_in_the_epilogue" \
