@@ -187,9 +187,14 @@ def test_grad_scale_equals_scaling_the_grads_in_place_first_bit_for_bit(dtype: A
         np.testing.assert_array_equal(got, want)  # read, not written
 
 
-def test_a_grad_scale_not_of_the_parameters_dtype_or_not_0d_is_refused() -> None:
+def test_a_grad_scale_not_of_the_gradients_dtype_or_not_0d_is_refused() -> None:
+    from blutrain.tensor.errors import TensorTypeError
+
     x = [np.ones(3, np.float32)]
     scalars = np.array(adamw_step_scalars(1e-2, 0.9, 0.95, 1), np.float64)
     for bad in (np.asarray(0.5, np.float64), np.ones(1, np.float32), 0.5):
-        with pytest.raises(ValueError, match="grad_scale must be a 0-d array of the parameters' dtype float32"):
+        with pytest.raises(TensorTypeError, match="grad_scale must be a 0-d array of the gradients' dtype float32"):
             adamw_multi_tensor(x, x, x, x, scalars, 0.9, 0.95, 1e-8, 0.0, bad)
+    mixed = [np.ones(3, np.float32), np.ones(2, np.float64)]
+    with pytest.raises(TensorTypeError, match="grad 1 has dtype float64, grad_scale float32"):
+        adamw_multi_tensor(mixed, mixed, mixed, mixed, scalars, 0.9, 0.95, 1e-8, 0.0, np.asarray(0.5, np.float32))

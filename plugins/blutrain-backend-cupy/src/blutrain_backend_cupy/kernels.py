@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.kernels import cuda as fused
+from blutrain.tensor.cpu.indexing import check_embedding_addend
 from blutrain.tensor.cpu.kernels import HALF, STATISTICS, TABLE
 from blutrain.tensor.dtype import ALL_DTYPES, DType, as_dtype
 from blutrain.tensor.kernel import KernelRegistry
@@ -210,8 +211,6 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int, addend: Arr
     ``addend`` (and a 0-d ``addend_scale``): ``addend * addend_scale + sums``, the product, the sums and the
     add each rounded to grad's dtype as the separate ops round them (half dtypes through float32), as the
     CPU kernel computes it."""
-    from blutrain.tensor.cpu.indexing import check_embedding_addend
-
     cp = _cp()
     check_embedding_addend(grad, num_embeddings, addend, addend_scale)
     dim = grad.shape[-1]

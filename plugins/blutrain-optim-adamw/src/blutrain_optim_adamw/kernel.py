@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 from blutrain.tensor import array_module
+from blutrain.tensor.errors import TensorTypeError
 
 Array = Any
 
@@ -34,7 +35,7 @@ def adamw_multi_tensor(params: list[Array], grads: list[Array], exp_avgs: list[A
 
     ``step_scalars``: float64 [3] on the parameters' device, (lr, 1 − β1ᵗ, √(1 − β2ᵗ)).
 
-    ``grad_scale``: None, or a 0-d array of the parameters' dtype on their device, read when the kernel runs:
+    ``grad_scale``: None, or a 0-d array of the gradients' dtype on their device, read when the kernel runs:
     g is ``grad · grad_scale``, the product rounded to that dtype, as ``scale_multi_tensor`` stores it (the same
     ufunc on the same operands), so the step equals scaling the gradients in place first and updating after,
     bit for bit, and leaves the gradients as they were. The compiler's ``adamw-grad-scale`` pass hands the
@@ -46,11 +47,17 @@ def adamw_multi_tensor(params: list[Array], grads: list[Array], exp_avgs: list[A
     if not params:
         return
     dtype = params[0].dtype
-    if grad_scale is not None and (getattr(grad_scale, "shape", None) != () or grad_scale.dtype != dtype):
-        # another dtype would round the product differently from the in-place scale this stands for
-        raise ValueError(f"adamw_multi_tensor: grad_scale must be a 0-d array of the parameters' dtype {dtype}, got "
-                         f"{getattr(grad_scale, 'dtype', type(grad_scale).__name__)} "
-                         f"{tuple(getattr(grad_scale, 'shape', ()))}")
+    if grad_scale is not None:
+        # another dtype would round the product differently from the in-place scale this stands for, which
+        # takes one dtype for the gradients and the coefficient alike (the cuda kernel checks the same)
+        if getattr(grad_scale, "shape", None) != () or getattr(grad_scale, "dtype", None) != grads[0].dtype:
+            raise TensorTypeError(f"adamw_multi_tensor: grad_scale must be a 0-d array of the gradients' dtype "
+                                  f"{grads[0].dtype}, got {getattr(grad_scale, 'dtype', type(grad_scale).__name__)} "
+                                  f"{tuple(getattr(grad_scale, 'shape', ()))}")
+        for i, g in enumerate(grads):
+            if g.dtype != grad_scale.dtype:
+                raise TensorTypeError(f"adamw_multi_tensor: grad {i} has dtype {g.dtype}, grad_scale "
+                                      f"{grad_scale.dtype}; grad_scale must have every gradient's dtype")
     # The host computed these in float64 and the ufuncs took them as Python floats, rounded to the
     # parameters' dtype: the same float64 arithmetic and one rounding here give the same bits.
     lr, bias_correction1, bias_correction2_sqrt = step_scalars[0], step_scalars[1], step_scalars[2]

@@ -20,9 +20,7 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import Operand, encode, kernel_op_class, type_info
-from blutrain.compiler.passes.patterns import Scan, kernel_values, only_use, plain_kernel, same_type_add
-
-FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+from blutrain.compiler.passes.patterns import FLOATS, Scan, kernel_values, only_use, plain_kernel, same_type_add
 
 
 def match(linear: Operation) -> tuple[Operation, SSAValue, list[Operation]] | None:

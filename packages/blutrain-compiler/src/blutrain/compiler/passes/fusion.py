@@ -26,11 +26,11 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from blutrain.compiler.dialect import FusedOp, Operand, YieldOp, decode, is_kernel, kernel_name, type_info
 from blutrain.compiler.graph import body
 from blutrain.compiler.passes.aliasing import analyse
+from blutrain.compiler.passes.patterns import FLOATS
 
 # ops whose kernels are one ufunc each, in the same form on every array module (codegen mirrors them)
 ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
                          "tanh", "abs"})
-FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 HALF = frozenset({"float16", "bfloat16"})
 _NUMBER = (int, float, np.integer, np.floating)
 

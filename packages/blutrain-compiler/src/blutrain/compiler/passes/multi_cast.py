@@ -27,12 +27,11 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import KernelOp, Operand, decode, encode, type_info
 from blutrain.compiler.graph import body
-from blutrain.compiler.passes.patterns import Scan, plain_kernel, written_between
+from blutrain.compiler.passes.patterns import FLOATS, Scan, plain_kernel, written_between
 from blutrain.tensor.dtype import as_dtype
 from blutrain.tensor.errors import KernelNotFoundError
 from blutrain.tensor.kernel import kernels
 
-FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 KERNEL = "cast_multi_tensor"
 
 Group = tuple[str, str, str]  # (device, source dtype, target dtype)

@@ -19,16 +19,13 @@ from xdsl.ir import Operation
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from blutrain.compiler.dialect import Operand, decode, encode, is_kernel, kernel_name, kernel_op_class, type_info
-from blutrain.compiler.passes.patterns import Scan, only_use, plain_kernel
-
-FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+from blutrain.compiler.dialect import Operand, decode, encode, kernel_op_class, type_info
+from blutrain.compiler.passes.patterns import FLOATS, Scan, only_use, plain_call, plain_kernel
 
 
 def match(op: Operation) -> Operation | None:
     """The cast that is the one reader of a ``layer_norm``'s output, or None."""
-    if (not is_kernel(op) or kernel_name(op) != "layer_norm" or "dynamic" in op.properties
-            or "writes" in op.properties):
+    if not plain_call(op, "layer_norm"):
         return None
     args = decode(op.properties["args"])
     ret = decode(op.properties["ret"])

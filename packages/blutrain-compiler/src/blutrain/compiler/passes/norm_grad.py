@@ -21,16 +21,16 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from blutrain.compiler.dialect import Operand, decode, encode, is_kernel, kernel_name, kernel_op_class
-from blutrain.compiler.passes.patterns import Scan, same_type_add
+from blutrain.compiler.dialect import Operand, decode, encode, kernel_op_class
+from blutrain.compiler.passes.patterns import Scan, plain_call, same_type_add
 
 DTYPES = frozenset({"float32", "float64"})
 
 
 def match(op: Operation) -> tuple[Operation, SSAValue] | None:
     """(the add, the other gradient) for a ``layer_norm_backward`` whose dx is added to another gradient."""
-    if (not is_kernel(op) or kernel_name(op) != "layer_norm_backward" or "dynamic" in op.properties
-            or "writes" in op.properties or op.properties["dtype"].data not in DTYPES):  # type: ignore[attr-defined]
+    if (not plain_call(op, "layer_norm_backward")
+            or op.properties["dtype"].data not in DTYPES):  # type: ignore[attr-defined]
         return None
     args = decode(op.properties["args"])
     ret = decode(op.properties["ret"])

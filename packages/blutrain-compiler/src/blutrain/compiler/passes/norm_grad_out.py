@@ -41,18 +41,15 @@ from blutrain.compiler.dialect import (
     ViewOp,
     decode,
     encode,
-    is_kernel,
-    kernel_name,
     kernel_op_class,
     type_info,
 )
-from blutrain.compiler.passes.patterns import Scan, plain_kernel
+from blutrain.compiler.passes.patterns import Scan, plain_call, plain_kernel
 
 
 def _dx(op: Operation) -> SSAValue | None:
     """The float32 dx of a plain ``layer_norm_backward`` that does not yet write dx's other forms."""
-    if (not is_kernel(op) or kernel_name(op) != "layer_norm_backward" or "dynamic" in op.properties
-            or "writes" in op.properties):
+    if not plain_call(op, "layer_norm_backward"):
         return None
     args = decode(op.properties["args"])
     ret = decode(op.properties["ret"])

@@ -47,13 +47,11 @@ from blutrain.compiler.dialect import (
     Operand,
     decode,
     encode,
-    is_kernel,
-    kernel_name,
     kernel_op_class,
     tensor_type,
     type_info,
 )
-from blutrain.compiler.passes.patterns import Scan, kernel_values, only_use, plain_kernel
+from blutrain.compiler.passes.patterns import Scan, kernel_values, only_use, plain_call, plain_kernel
 from blutrain.tensor.dtype import bfloat16
 
 HALF = "bfloat16"
@@ -111,8 +109,7 @@ def _linear_add_form(op: Operation, total: SSAValue) -> ResidualSum | None:
 def match(norm: Operation, linear_add: bool = False) -> ResidualSum | None:
     """The float32 residual sum that a plain ``layer_norm`` reads, made by the add form (or, with
     ``linear_add``, by a ``linear_add``), or None."""
-    if (not is_kernel(norm) or kernel_name(norm) != "layer_norm" or "dynamic" in norm.properties
-            or "writes" in norm.properties):
+    if not plain_call(norm, "layer_norm"):
         return None
     args = decode(norm.properties["args"])
     ret = decode(norm.properties["ret"])

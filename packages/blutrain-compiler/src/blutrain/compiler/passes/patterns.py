@@ -23,10 +23,18 @@ def only_use(v: SSAValue) -> Operation | None:
     return uses[0].operation if len(uses) == 1 else None
 
 
-def plain_kernel(op: Operation, name: str) -> bool:
-    """A one-result call of kernel ``name`` with no data-dependent shape and no in-place write."""
+FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})  # the dtypes the fusing passes handle
+
+
+def plain_call(op: Operation, name: str) -> bool:
+    """A call of kernel ``name`` with no data-dependent shape and no in-place write (any number of results)."""
     return (is_kernel(op) and kernel_name(op) == name and "dynamic" not in op.properties
-            and "writes" not in op.properties and len(op.results) == 1)
+            and "writes" not in op.properties)
+
+
+def plain_kernel(op: Operation, name: str) -> bool:
+    """A one-result :func:`plain_call`."""
+    return plain_call(op, name) and len(op.results) == 1
 
 
 def kernel_values(op: Operation) -> list[SSAValue | None] | None:
@@ -86,4 +94,5 @@ class Scan:
         return written_between(self.info, self.ops, self.pos[first], self.pos[last], values)
 
 
-__all__ = ["Scan", "kernel_values", "only_use", "plain_kernel", "same_type_add", "written_between"]
+__all__ = ["FLOATS", "Scan", "kernel_values", "only_use", "plain_call", "plain_kernel", "same_type_add",
+           "written_between"]

@@ -21,6 +21,7 @@ Importing this module does not import CuPy; nothing here runs without a GPU.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import weakref
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.tensor.dtype import bfloat16, float16, float32
-from blutrain.tensor.errors import ShapeError, TensorTypeError
+from blutrain.tensor.errors import PluginError, ShapeError, TensorTypeError
 
 Array = Any
 _DIR = Path(__file__).parent
@@ -88,61 +89,69 @@ def module(family: str) -> Any:
         if family in HOPPER_FAMILIES:
             mod = hopper_module(family)
             if mod is None:
-                raise RuntimeError(f"the {family} kernels need a compute capability 9.0 GPU and NVRTC for sm_90a")
+                raise PluginError(f"the {family} kernels need a compute capability 9.0 GPU and NVRTC >= 12.0 "
+                                  "(sm_90a)")
         else:
             mod = cp.RawModule(code=source(family), options=_OPTIONS)
         _modules[key] = mod
     return mod
 
 
-_hopper: dict[tuple[int, str], Any] = {}
+_hopper: dict[tuple[int, str], Any] = {}  # (device, family) -> module, or None where sm_90a cannot run
+_NVRTC_SM90A = (12, 0)  # the first NVRTC that targets sm_90a
 
 
 def hopper_module(family: str) -> Any | None:
     """``family`` built for sm_90a (wgmma and the other instructions plain sm_90 lacks), or None where the
-    current device is not compute capability 9.0 or NVRTC cannot build it (the callers then keep their
-    sm_80-level kernels). CuPy's RawModule always appends its own ``-arch=sm_90``, so NVRTC is called here
-    and the cubin loaded as a module; it is kept on disk in CuPy's kernel cache directory, keyed by the
-    source, the options and NVRTC's version, as RawModule keeps its own."""
-    import hashlib
-
+    current device is not compute capability 9.0 or NVRTC predates sm_90a (the callers then keep their
+    sm_80-level kernels). Decided once per device: later calls are one dictionary lookup. CuPy's RawModule
+    always appends its own ``-arch=sm_90``, so NVRTC is called here and the cubin loaded as a module; it is
+    kept on disk in CuPy's kernel cache directory, keyed by the source, the options and NVRTC's version, as
+    RawModule keeps its own. A source that does not compile raises :class:`PluginError` with NVRTC's log:
+    falling back silently would hide a broken kernel behind slower ones."""
     cp = _cp()
-    dev = cp.cuda.Device()
-    key = (dev.id, family)
+    key = (cp.cuda.runtime.getDevice(), family)
     if key in _hopper:
         return _hopper[key]
     mod = None
-    if dev.compute_capability == "90":
+    if cp.cuda.Device(key[0]).compute_capability == "90":
         from cupy_backends.cuda.libs import nvrtc
 
-        code = source(family)
-        options = [*_OPTIONS, "-arch=sm_90a", f"-I{Path(cp.__file__).parent / '_core' / 'include'}"]  # as CuPy's
-        version = ".".join(map(str, nvrtc.getVersion()))
-        digest = hashlib.sha256("\0".join([code, *options, version]).encode()).hexdigest()[:32]
-        # CuPy's kernel cache directory, as its compiler names it (CUPY_CACHE_DIR, else ~/.cupy/kernel_cache)
-        cache_dir = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
-        cache = Path(cache_dir) / f"blutrain_{family}_{digest}.cubin"
-        image = cache.read_bytes() if cache.is_file() else None
-        if image is None:
-            prog = nvrtc.createProgram(code, f"{family}.cu", [], [])
-            try:
-                nvrtc.compileProgram(prog, options)
-                image = nvrtc.getCUBIN(prog)
-            except Exception:  # an older NVRTC: the sm_80-level kernels stay in use
-                image = None
-            finally:
-                nvrtc.destroyProgram(prog)
-            if image is not None:
-                with contextlib.suppress(OSError):  # a read-only home: compiled again by the next process
-                    cache.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-                    tmp.write_bytes(image)
-                    tmp.replace(cache)  # whole or absent for another process reading it
-        if image is not None:
+        if tuple(nvrtc.getVersion()) >= _NVRTC_SM90A:
             mod = cp.cuda.function.Module()
-            mod.load(image)
+            mod.load(_hopper_cubin(family, nvrtc))
     _hopper[key] = mod
     return mod
+
+
+def _hopper_cubin(family: str, nvrtc: Any) -> bytes:
+    """The sm_90a cubin of ``family``: from CuPy's cache directory, else compiled by NVRTC and stored there."""
+    cp = _cp()
+    code = source(family)
+    options = [*_OPTIONS, "-arch=sm_90a", f"-I{Path(cp.__file__).parent / '_core' / 'include'}"]  # as CuPy's
+    version = ".".join(map(str, nvrtc.getVersion()))
+    digest = hashlib.sha256("\0".join([code, *options, version]).encode()).hexdigest()[:32]
+    # CuPy's kernel cache directory, as its compiler names it (CUPY_CACHE_DIR, else ~/.cupy/kernel_cache)
+    cache_dir = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+    cache = Path(cache_dir) / f"blutrain_{family}_{digest}.cubin"
+    if cache.is_file():
+        return cache.read_bytes()
+    prog = nvrtc.createProgram(code, f"{family}.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, options)
+        except Exception as e:
+            raise PluginError(f"{family}.cu does not compile for sm_90a with NVRTC {version} ({e}):\n"
+                              f"{nvrtc.getProgramLog(prog)}") from e
+        image: bytes = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    with contextlib.suppress(OSError):  # a read-only home: compiled again by the next process
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(image)
+        tmp.replace(cache)  # whole or absent for another process reading it
+    return image
 
 
 def function(family: str, name: str) -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.tensor.backend import array_module
+from blutrain.tensor.errors import ShapeError, TensorTypeError, TensorValueError
 
 Array = Any
 
@@ -101,8 +102,6 @@ _HALF = frozenset({"float16", "bfloat16"})
 def check_embedding_addend(grad: Array, num_embeddings: int, addend: Array | None, addend_scale: Array | None) -> None:
     """The addend's contract, checked before any compute: a user who calls the kernel directly learns which
     argument is wrong instead of getting a broadcast result of another shape or dtype."""
-    from blutrain.tensor.errors import ShapeError, TensorTypeError, TensorValueError
-
     if addend is None:
         if addend_scale is not None:
             raise TensorValueError("embedding_backward: addend_scale needs an addend; got addend=None")
@@ -113,9 +112,11 @@ def check_embedding_addend(grad: Array, num_embeddings: int, addend: Array | Non
     if addend.dtype != grad.dtype:
         raise TensorTypeError(f"embedding_backward: addend must have grad's dtype {grad.dtype.name}, got "
                               f"{addend.dtype.name}")
-    if addend_scale is not None and (addend_scale.shape != () or addend_scale.dtype != grad.dtype):
-        raise TensorTypeError(f"embedding_backward: addend_scale must be a 0-d {grad.dtype.name} array, got "
-                              f"{addend_scale.dtype.name} of shape {tuple(addend_scale.shape)}")
+    if addend_scale is not None and (getattr(addend_scale, "shape", None) != ()
+                                     or getattr(addend_scale, "dtype", None) != grad.dtype):
+        got = (f"{addend_scale.dtype.name} of shape {tuple(addend_scale.shape)}" if hasattr(addend_scale, "dtype")
+               else type(addend_scale).__name__)
+        raise TensorTypeError(f"embedding_backward: addend_scale must be a 0-d {grad.dtype.name} array, got {got}")
 
 
 def _row_sums(xp: Any, grad: Array, idx: Array, num_embeddings: int) -> Array:

@@ -18,6 +18,7 @@ from blutrain.tensor.cpu import linalg as la
 from blutrain.tensor.cpu import nn
 from blutrain.tensor.cpu import reduction as rd
 from blutrain.tensor.dtype import ALL_DTYPES, FLOATING_DTYPES, INTEGER_DTYPES, DType, bool_, float32
+from blutrain.tensor.errors import TensorTypeError
 from blutrain.tensor.kernel import KernelRegistry
 from blutrain.tensor.plugins import hookimpl
 
@@ -177,6 +178,10 @@ def cast_multi_tensor(arrays: list[Any], dtype: Any) -> list[Any]:
     array each, in a list. A multi-tensor kernel (outside the catalogue of tensor ops): the compiler's
     ``multi-tensor-cast`` pass gives it a step's casts of parameters to one dtype (autocast's bf16 copies of
     the weights), which a backend may run as one launch."""
+    for i, a in enumerate(arrays):
+        if a.dtype != arrays[0].dtype:  # as the cuda kernel, which takes one source dtype per launch
+            raise TensorTypeError(f"cast_multi_tensor: array {i} has dtype {a.dtype}, array 0 {arrays[0].dtype}; "
+                                  "expected one dtype")
     return [a.astype(dtype) for a in arrays]
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from blutrain.tensor.backend import array_module
 from blutrain.tensor.cpu.elementwise import gelu, gelu_backward
 from blutrain.tensor.cpu.reduction import logsumexp
+from blutrain.tensor.errors import ShapeError, TensorTypeError
 
 Array = Any
 _quiet = functools.partial(np.errstate, all="ignore")
@@ -43,6 +44,13 @@ def layer_norm(x: Array, w: Array | None, b: Array | None, eps: float, k: int, o
     its bf16 product and nothing else. x widens exactly and the add rounds once, residual first (NumPy keeps
     the first operand's payload when both are NaN), as eager's float32 add of the upcast product does."""
     if residual is not None:
+        if residual.shape != x.shape:
+            raise ShapeError(f"layer_norm: residual must have x's shape {list(x.shape)}, got "
+                             f"{list(residual.shape)}")
+        if (residual.dtype.kind != "f" and residual.dtype.name != "bfloat16") or \
+                np.dtype(residual.dtype).itemsize < np.dtype(x.dtype).itemsize:
+            raise TensorTypeError(f"layer_norm: residual must be a floating dtype at least as wide as x's "
+                                  f"{x.dtype.name}, got {residual.dtype.name}")
         s = residual + x.astype(residual.dtype, copy=False)
         return (*layer_norm(s, w, b, eps, k, out_dtype), s)
     xp = array_module(x)
