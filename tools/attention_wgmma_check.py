@@ -50,12 +50,10 @@ from attention_check_common import (
     write_json,
 )
 
-# name: (warpgroups, keys per tile, K/V stages) as attention_wgmma.cu instantiates them (pipelined: 3 stages; p2:
-# two tiles ahead, 4; s: causal tiles heavy-first across heads, same grid)
+# name: (warpgroups, keys per tile, K/V stages) as attention_wgmma.cu instantiates them (pipelined: 3 stages)
 VARIANTS: dict[str, tuple[int, int, int]] = {
     "wg2n64": (2, 64, 2), "wg2n128": (2, 128, 2), "wg3n64": (3, 64, 2), "wg3n128": (3, 128, 2),
     "wg2n64p": (2, 64, 3), "wg2n128p": (2, 128, 3), "wg3n64p": (3, 64, 3), "wg3n128p": (3, 128, 3),
-    "wg2n64p2": (2, 64, 4), "wg2n64ps": (2, 64, 3), "wg2n64p2s": (2, 64, 4),
 }
 CHECK_SHAPES = [(16, 12, 1024), (4, 12, 1024), (1, 16, 2048), (2, 3, 200), (1, 1, 64)]
 TIME_SHAPES = [(16, 12, 1024), (1, 16, 2048)]

@@ -59,16 +59,3 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // ---- end of PTX wrappers --------------------------------------------------------------------------
-
-// Launch order of a (tiles, B*H) grid under causal masking, where tiles differ in length: blocks start in
-// launch order (x fastest), and these renumber block (blockIdx.x, blockIdx.y), launched lin-th, as
-// (global_order_bh, rank global_order_rank) with lin = rank * B*H + bh, so that every head's longest tile
-// (rank 0) starts before any head's second longest (the plain order is longest first within each head only).
-// Without causal masking the plain numbering.
-__device__ __forceinline__ int global_order_bh(int causal) {
-    return causal ? (blockIdx.x + blockIdx.y * gridDim.x) % gridDim.y : blockIdx.y;
-}
-
-__device__ __forceinline__ int global_order_rank(int causal) {
-    return causal ? (blockIdx.x + blockIdx.y * gridDim.x) / gridDim.y : blockIdx.x;
-}

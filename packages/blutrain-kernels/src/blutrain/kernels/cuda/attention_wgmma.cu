@@ -29,10 +29,10 @@
 //   Pipelined variants (suffix p): per tile j, S_j = q k_j^T and O += P_{j-1} v_{j-1} are issued back to
 //   back; the softmax of S_j runs while P_{j-1} v_{j-1} is still on the tensor cores (wait_group 1, then 0
 //   before O is rescaled). v_{j-1} stays live one tile longer, so three K/V stages.
-//   wg2n64p2 / wg2n64ps / wg2n64p2s (end of file): wg2n64p with K/V two tiles ahead (four stages, 82944
-//   bytes) and/or causal tiles launched heavy-first across all heads. H100 at 42d3ab8, causal 16 x 12 x 1024:
-//   101.9 / 102.3 / 97.9 us against wg2n64p's 102.8 in the same run; non-causal 151.3 / 155.4 / 164.0 against
-//   151.7: within a few per cent, so wg2n64p stays the production kernel (all 220 checks passed).
+//   Tried and removed (code in commit 42d3ab8): wg2n64p with K/V two tiles ahead (four stages) and/or causal
+//   tiles launched heavy-first across all heads. H100 at 42d3ab8, causal 16 x 12 x 1024: 101.9 / 102.3 / 97.9
+//   us against wg2n64p's 102.8 in the same run; non-causal 151.3 / 155.4 / 164.0 against 151.7: within a few
+//   per cent either way (all 220 checks passed).
 //
 // Fragments (PTX ISA, "Register Fragments", .m64nNk16; warp w of the warpgroup, lane = 4 g + t):
 //   Accumulator D 64 x N float: warp w holds rows 16w .. 16w + 15; d[4i + 0], d[4i + 1] = (row g, columns
@@ -115,7 +115,7 @@ __device__ __forceinline__ void rescale_o(float (&o)[32], const float (&alpha)[2
     for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
 }
 
-template <int WG, int BN, bool PIPELINED, int PREFETCH = 1, bool GLOBAL_ORDER = false>
+template <int WG, int BN, bool PIPELINED>
 __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                const bf16* __restrict__ v, bf16* __restrict__ out,
                                                float* __restrict__ lse, int L, int S, float scale, int causal,
@@ -123,19 +123,16 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
     static_assert(BN == 64 || BN == 128, "BN: 64 or 128 keys per tile");
     constexpr int THREADS = 128 * WG;
     constexpr int BM = 64 * WG;
-    static_assert(PREFETCH == 1 || (PIPELINED && PREFETCH == 2), "PREFETCH: 1, or 2 when pipelined");
-    constexpr int STAGES = PIPELINED ? PREFETCH + 2 : 2;
+    constexpr int STAGES = PIPELINED ? 3 : 2;
     constexpr unsigned Q_TILE_BYTES = BM * 128, KV_TILE_BYTES = BN * 128;  // multiples of 1024
     extern __shared__ unsigned char smem_raw[];
     const unsigned sQ = (shared_address(smem_raw) + 1023u) & ~1023u;
     const unsigned sK = sQ + Q_TILE_BYTES;  // STAGES tiles each
     const unsigned sV = sK + STAGES * KV_TILE_BYTES;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    // Causal query tiles differ in length: launch the longest first so that short ones fill the tail. Blocks
-    // start in launch order (x fastest); GLOBAL_ORDER renumbers them (global_order_bh / _rank) so that every
-    // head's longest tile comes before any head's second longest, not only within each head.
-    const int bh = GLOBAL_ORDER ? global_order_bh(causal) : blockIdx.y, batch = bh / H, head = bh - batch * H;
-    const int q0 = (causal ? gridDim.x - 1 - (GLOBAL_ORDER ? global_order_rank(causal) : blockIdx.x) : blockIdx.x) * BM;
+    // Causal query tiles differ in length: launch the longest first so that short ones fill the tail.
+    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
+    const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const int wg_row0 = q0 + 64 * wg;            // this warpgroup's first query
     const int warp_row0 = wg_row0 + 16 * warp;   // this warp's
     const int row_g = warp_row0 + (lane >> 2);   // this thread's rows: row_g, row_g + 8
@@ -152,15 +149,6 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
     load_tile_async<BN, THREADS>(sK, kb, lk.row, 0, S);
     load_tile_async<BN, THREADS>(sV, vb, lv.row, 0, S);
     cp_async_commit();
-    if constexpr (PREFETCH == 2) {
-        // Tile 1 as its own group (empty when there is none): one group per tile index, so that
-        // wait_group 1 always means "tile j has landed".
-        if (n_tiles > 1) {
-            load_tile_async<BN, THREADS>(sK + KV_TILE_BYTES, kb, lk.row, BN, S);
-            load_tile_async<BN, THREADS>(sV + KV_TILE_BYTES, vb, lv.row, BN, S);
-        }
-        cp_async_commit();
-    }
 
     float o[32], s[BN / 2];
     unsigned p[BN / 16][4];
@@ -178,29 +166,15 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
     // Tile j (the only cp.async group in flight) has landed: publish it to the async proxy, then to the block
     // (the barrier also means every warpgroup has finished the products of step j - 1); then start loading
     // tile j + 1 into the stage of tile j + 1 - STAGES, which that barrier released.
-    // PREFETCH = 2: all groups but the newest (tile j + 1's) have landed; tile j + 2 goes to the stage of
-    // tile j - 2 (STAGES = 4), whose last product (P_{j-2} v_{j-2}) was waited for before this barrier.
     auto sync_and_prefetch = [&](int j) {
-        if constexpr (PREFETCH == 1) {
-            cp_async_wait<0>();
-            fence_proxy_async_shared();
-            __syncthreads();
-            if (j + 1 < n_tiles) {
-                const unsigned st = ((j + 1) % STAGES) * KV_TILE_BYTES;
-                load_tile_async<BN, THREADS>(sK + st, kb, lk.row, (j + 1) * BN, S);
-                load_tile_async<BN, THREADS>(sV + st, vb, lv.row, (j + 1) * BN, S);
-                cp_async_commit();
-            }
-        } else {
-            cp_async_wait<1>();
-            fence_proxy_async_shared();
-            __syncthreads();
-            if (j + 2 < n_tiles) {
-                const unsigned st = ((j + 2) % STAGES) * KV_TILE_BYTES;
-                load_tile_async<BN, THREADS>(sK + st, kb, lk.row, (j + 2) * BN, S);
-                load_tile_async<BN, THREADS>(sV + st, vb, lv.row, (j + 2) * BN, S);
-            }
-            cp_async_commit();  // empty past the last tile
+        cp_async_wait<0>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        if (j + 1 < n_tiles) {
+            const unsigned st = ((j + 1) % STAGES) * KV_TILE_BYTES;
+            load_tile_async<BN, THREADS>(sK + st, kb, lk.row, (j + 1) * BN, S);
+            load_tile_async<BN, THREADS>(sV + st, vb, lv.row, (j + 1) * BN, S);
+            cp_async_commit();
         }
     };
     float alpha[2];
@@ -274,7 +248,7 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
     if constexpr (PIPELINED) {
         // This warpgroup's last P v (tile n_wg - 1). Its stage is intact: at most STAGES - 1 tiles were loaded
         // after it (the tiles a causal warpgroup skips, at most ceil((BM - 64) / BN)).
-        // (A load overwrites the stage of the tile STAGES before it; STAGES = PREFETCH + 2 keeps that true.)
+        // (A load overwrites the stage of the tile STAGES before it.)
         static_assert((BM - 64 + BN - 1) / BN < STAGES, "a skipped tile would overwrite the last one used");
         fence_registers(o);
         fence_registers(p);
@@ -284,7 +258,6 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
         wgmma_wait<0>();
         fence_registers(o);
     }
-    if constexpr (PREFETCH == 2) cp_async_wait<0>();  // only empty groups can remain; leave none behind
 
     bf16* ob = head_rows(out, lo, batch, head);
     float* lb = lse + (long long)bh * L;
@@ -323,23 +296,3 @@ ATTN_WGMMA_FWD(wg2n64p, 2, 64, true, 2)
 ATTN_WGMMA_FWD(wg2n128p, 2, 128, true, 1)
 ATTN_WGMMA_FWD(wg3n64p, 3, 64, true, 1)
 ATTN_WGMMA_FWD(wg3n128p, 3, 128, true, 1)
-
-// New variants beside the production one (tools/attention_wgmma_check.py times them all), wg2n64p otherwise:
-//   wg2n64p2: K/V two tiles ahead through four stages (81 KB of shared memory, still two blocks per SM). A
-//     64-key step of a block is about 0.5 us of tensor-core work, near one L2 round trip for its 16 KB, so
-//     one tile ahead may leave the barrier waiting on cp.async. Predicted 0-5% (larger non-causal).
-//   wg2n64ps: causal tiles renumbered heavy-first across all heads (same grid). With 8 tiles of 1..8 units
-//     per head and ~264 resident blocks over 1536, the last wave still holds some heads' 8-unit tiles;
-//     heavy-first leaves only 1-unit tiles at the end. Predicted 3-6% causal, nothing non-causal.
-//   wg2n64p2s: both.
-#define ATTN_WGMMA_FWD_X(NAME, WG, BN, PREFETCH, GLOBAL_ORDER, MIN_BLOCKS)                                  \
-    extern "C" __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS) attn_wgmma_fwd_d64_##NAME(          \
-        const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, int L, int S, float scale,      \
-        int causal, int H, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o)) {        \
-        attn_wgmma_fwd<WG, BN, true, PREFETCH, GLOBAL_ORDER>(q, k, v, out, lse, L, S, scale, causal, H,     \
-                                                             LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(o));   \
-    }
-
-ATTN_WGMMA_FWD_X(wg2n64p2, 2, 64, 2, false, 2)
-ATTN_WGMMA_FWD_X(wg2n64ps, 2, 64, 1, true, 2)
-ATTN_WGMMA_FWD_X(wg2n64p2s, 2, 64, 2, true, 2)
