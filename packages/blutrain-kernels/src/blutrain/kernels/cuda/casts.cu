@@ -26,21 +26,16 @@
 // multi-tensor kernels read 32 bytes of table per block besides (n the elements of all tensors).
 // FLOPs: none (a few integer operations per element; the kernels are bound by memory bandwidth).
 
+#include "bf16_cast.cuh"
+#include "multi_tensor.cuh"
+
 typedef unsigned short u16;
 
 struct F32 { typedef float T; };
 struct BF16 { typedef u16 T; };
 struct F16 { typedef u16 T; };
 
-__device__ __forceinline__ bool f32_isnan(unsigned int u) { return (u & 0x7fffffffu) > 0x7f800000u; }
-
-// float32 -> bfloat16, round to nearest even (the carry of 0x7fff + lsb rounds a tie to the even
-// neighbour and lets the largest finite floats overflow to inf); a NaN becomes the quiet NaN of its sign.
-__device__ __forceinline__ u16 f32_to_bf16(float x) {
-    const unsigned int u = __float_as_uint(x);
-    if (f32_isnan(u)) return (u16)(((u >> 16) & 0x8000u) | 0x7fc0u);
-    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+// float32 -> bfloat16: f32_to_bf16 (bf16_cast.cuh), round to nearest even, a NaN the quiet NaN of its sign.
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float((unsigned int)h << 16); }
 
@@ -165,25 +160,12 @@ __device__ __forceinline__ void cast_v1(const typename From::T* __restrict__ src
 #define CAST_TILE 4096  // elements per block of the multi-tensor kernels: 256 threads x 2 vectors of 8
 #define CAST_TILE_VECTORS (CAST_TILE / (8 * 256))
 
-// The tensor that owns block b: the last whose first block (column 3) is <= b; empty tensors own no block.
-__device__ __forceinline__ int cast_tile_owner(const long long* __restrict__ table, int n, long long b) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (table[4 * mid + 3] <= b) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return lo;
-}
 
 // One tile of one tensor of the table; blockDim.x must be 256 (CAST_TILE_VECTORS vectors per thread).
 template <typename From, typename To>
 __device__ __forceinline__ void cast_tile(const long long* __restrict__ table, int n) {
     const long long b = blockIdx.x;
-    const int t = cast_tile_owner(table, n, b);
+    const int t = tile_owner<4, 3>(table, n, b);  // rows: source, result, numel, first block
     const long long sp = table[4 * t], dp = table[4 * t + 1], numel = table[4 * t + 2];
     const typename From::T* __restrict__ src = reinterpret_cast<const typename From::T*>(sp);
     typename To::T* __restrict__ dst = reinterpret_cast<typename To::T*>(dp);

@@ -24,6 +24,7 @@
 // cast kernel does (NaN -> the quiet NaN of its sign), the cast that ends the generic half multiply and add.
 // A row no id selects is product + 0.f (a -0 product gives +0, as the add of the zero row does).
 #include "common.cuh"
+#include "bf16_cast.cuh"
 
 template <typename T, int VEC>
 __device__ __forceinline__ void embedding_fwd(const T* __restrict__ weight, const long long* __restrict__ idx,
@@ -47,9 +48,7 @@ __device__ __forceinline__ void embedding_fwd(const T* __restrict__ weight, cons
 template <typename T> __device__ __forceinline__ float cast_round(float x);
 template <> __device__ __forceinline__ float cast_round<float>(float x) { return x; }
 template <> __device__ __forceinline__ float cast_round<bf16>(float x) {
-    const unsigned int u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float((u & 0x80000000u) | 0x7fc00000u);
-    return __uint_as_float(((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16);
+    return __uint_as_float((unsigned int)f32_to_bf16(x) << 16);
 }
 
 // addend * scale + sum with the separate ops' roundings (see the header); scale may be null (addend + sum).

@@ -48,6 +48,7 @@
 //                    the dx sums) per x-thread, the 16 y-lanes split the G rows and add in a fixed order
 //                    (deterministic). Bytes: read tables*G*C, write tables*C.
 #include "common.cuh"
+#include "bf16_cast.cuh"
 
 // x as floats: bf16 in fours is one 8-byte load (the residual kernels' VEC = 4 layout), otherwise load_vec.
 template <int VEC> __device__ __forceinline__ void load_x(const float* p, float (&o)[VEC]) { load_vec<VEC>(p, o); }
@@ -61,21 +62,19 @@ template <int VEC> __device__ __forceinline__ void load_x(const bf16* p, float (
     }
 }
 
-// dx's bf16 copy from the float32 values just stored: round to nearest even, and a NaN becomes the quiet NaN
-// of its sign, as casts.cu's float32 -> bfloat16 makes it (the shared bf16 store keeps a payload), so the
-// copy is the cast kernel's bits of the stored dx. Four elements go as one 8-byte store.
+// dx's bf16 copy from the float32 values just stored: the cast kernel's rounding (bf16_cast.cuh: a NaN becomes
+// the quiet NaN of its sign, where the shared bf16 store keeps a payload), so the copy is the cast kernel's bits
+// of the stored dx. Four elements go as one 8-byte store.
 template <int VEC>
 __device__ __forceinline__ void store_bf16_copy(bf16* __restrict__ p, const float* o) {
-    float c[VEC];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) c[k] = o[k] != o[k] ? copysignf(__int_as_float(0x7fc00000), o[k]) : o[k];
     if constexpr (VEC == 4) {
         uint2 u;
-        u.x = pack_bf16x2(c[0], c[1]);
-        u.y = pack_bf16x2(c[2], c[3]);
+        u.x = (unsigned int)f32_to_bf16(o[0]) | ((unsigned int)f32_to_bf16(o[1]) << 16);
+        u.y = (unsigned int)f32_to_bf16(o[2]) | ((unsigned int)f32_to_bf16(o[3]) << 16);
         *reinterpret_cast<uint2*>(p) = u;
     } else {
-        store_vec<VEC>(p, c);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) p[k].bits = f32_to_bf16(o[k]);
     }
 }
 

@@ -15,27 +15,14 @@
 // to rounding the float product of the widened operands (what NumPy/ml_dtypes and CuPy do).
 // Bytes: read and write each element once.
 #include "common.cuh"
+#include "multi_tensor.cuh"
 
 #define SCALE_TILE 4096
-
-// The tensor that owns block b: the last whose first block is <= b (empty tensors own no block).
-__device__ __forceinline__ int tile_owner(const long long* __restrict__ table, int n, long long b) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (table[3 * mid + 2] <= b) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return lo;
-}
 
 template <typename T>
 __device__ __forceinline__ void scale_tile(const long long* __restrict__ table, int n, float c) {
     const long long b = blockIdx.x;
-    const int lo = tile_owner(table, n, b);
+    const int lo = tile_owner<3, 2>(table, n, b);
     T* x = reinterpret_cast<T*>(table[3 * lo]);
     const long long numel = table[3 * lo + 1];
     const long long start = (b - table[3 * lo + 2]) * SCALE_TILE;
@@ -59,7 +46,7 @@ template <typename T>
 __device__ __forceinline__ void sqnorm_tile(const long long* __restrict__ table, int n, float* __restrict__ partial) {
     __shared__ float red[33];
     const long long b = blockIdx.x;
-    const int t = tile_owner(table, n, b);
+    const int t = tile_owner<3, 2>(table, n, b);
     const T* x = reinterpret_cast<const T*>(table[3 * t]);
     const long long numel = table[3 * t + 1];
     const long long start = (b - table[3 * t + 2]) * SCALE_TILE;
