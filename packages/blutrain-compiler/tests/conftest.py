@@ -70,3 +70,42 @@ def sgd_runs(loss: Callable[..., Any], params: list[np.ndarray[Any, Any] | None]
 def sgd_eager_and_compiled() -> Callable[..., tuple[list[Any], list[Any], str]]:
     """``sgd_eager_and_compiled(loss, params, x, steps=4)``: see :func:`sgd_runs`."""
     return sgd_runs
+
+
+def run_gpt_steps(model: Any, opt: Any, passes: list[str] | tuple[str, ...] | None, *, steps: int = 4,
+                  shape: tuple[int, int] = (4, 16), ids: int = 64, device: str = "cpu", autocast: bool = True,
+                  clip: float | None = None, return_logits: bool = True) -> tuple[list[np.ndarray[Any, Any]], Any]:
+    """``steps`` training steps of a GPT on seeded random tokens in [0, ids) of ``shape`` (under bf16 autocast,
+    optionally clipping the gradients' norm to ``clip``), eagerly (``passes`` None) or compiled with
+    ``passes``: each step's loss and the final parameters as host arrays, and the compiled function (None when
+    eager). The one training loop of the passes' compiled-against-eager tests on GPT-2."""
+    import blutrain.compiler as bc
+    import blutrain.tensor as bt
+    from blutrain.amp import autocast as region
+    from blutrain.optim import clip_grad_norm_
+
+    params = list(model.parameters())
+
+    def step(x: Any, y: Any) -> Any:
+        with region(dtype="bfloat16", enabled=autocast):
+            _, loss = model(x, y) if return_logits else model(x, y, return_logits=False)
+        loss.backward()
+        if clip is not None:
+            clip_grad_norm_(params, clip)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    fn: Any = step if passes is None else bc.compile(step, passes=list(passes))
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(steps):
+        x, y = (bt.tensor(rng.integers(0, ids, shape), device=device) for _ in range(2))
+        out.append(fn(x, y).detach().cpu().numpy().copy().reshape(-1))
+    return out + [p.detach().cpu().numpy().copy() for p in params], None if passes is None else fn
+
+
+@pytest.fixture(scope="session")
+def gpt_steps() -> Callable[..., tuple[list[np.ndarray[Any, Any]], Any]]:
+    """:func:`run_gpt_steps`."""
+    return run_gpt_steps

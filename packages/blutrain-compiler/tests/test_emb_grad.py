@@ -141,43 +141,28 @@ def test_the_sum_is_eager_bit_for_bit_with_nan_infinity_and_signed_zeros(same_bi
     _compiled_matches_eager(_scaled_sum, arrays, same_bits)
 
 
-def _tiny_gpt_steps(device: str, compiled: bool, autocast: bool,
+def _tiny_gpt_steps(gpt_steps: Any, device: str, compiled: bool, autocast: bool,
                     passes: tuple[str, ...] | None = None) -> tuple[list[np.ndarray[Any, Any]], str]:
     """Four AdamW steps of a tiny tied GPT-2 (linear_cross_entropy head) with clip_grad_norm_: the losses and
-    the final parameters, and the compiled IR."""
-    from blutrain.amp import autocast as region
+    the final parameters, and the compiled IR (``passes``: the default pipeline when None)."""
     from blutrain.models.gpt2 import GPT2, GPT2Config
-    from blutrain.optim import clip_grad_norm_, create
+    from blutrain.optim import create
 
     bt.manual_seed(0)
     model = GPT2(GPT2Config.preset("tiny", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32))
     model.to(device)
-    params = list(model.parameters())
-    opt = create("adamw", params, lr=1e-2, weight_decay=0.1)
-
-    def step(x: bt.Tensor, y: bt.Tensor) -> bt.Tensor:
-        with region(dtype="bfloat16", enabled=autocast):
-            _, loss = model(x, y, return_logits=False)
-        assert loss is not None
-        loss.backward()
-        clip_grad_norm_(params, 0.5)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    fn: Any = bc.compile(step, passes=passes) if compiled else step
-    rng = np.random.default_rng(0)
-    out = []
-    for _ in range(4):
-        x, y = (bt.tensor(rng.integers(0, 48, (4, 16)), device=device) for _ in range(2))  # ids >= 48 unused
-        out.append(fn(x, y).detach().cpu().numpy().copy())
-    return out + [p.detach().cpu().numpy().copy() for p in params], fn.ir() if compiled else ""
+    opt = create("adamw", list(model.parameters()), lr=1e-2, weight_decay=0.1)
+    pipeline = (passes or bc.DEFAULT_PIPELINE) if compiled else None
+    out, fn = gpt_steps(model, opt, pipeline, ids=48, device=device, autocast=autocast, clip=0.5,
+                        return_logits=False)  # ids >= 48 unused
+    return out, "" if fn is None else str(fn.ir())
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast-bf16"])
-def test_compiled_tied_gpt_with_clip_and_adamw_is_eager_bit_for_bit(same_bits: Any, autocast: bool) -> None:
-    eager, _ = _tiny_gpt_steps("cpu", False, autocast)
-    compiled, ir = _tiny_gpt_steps("cpu", True, autocast)
+def test_compiled_tied_gpt_with_clip_and_adamw_is_eager_bit_for_bit(same_bits: Any, autocast: bool,
+                                                                     gpt_steps: Any) -> None:
+    eager, _ = _tiny_gpt_steps(gpt_steps, "cpu", False, autocast)
+    compiled, ir = _tiny_gpt_steps(gpt_steps, "cpu", True, autocast)
     assert len(SCALED.findall(ir)) == 1, ir
     for c, e in zip(compiled, eager, strict=True):
         same_bits(np.atleast_1d(c), np.atleast_1d(e))
@@ -185,8 +170,8 @@ def test_compiled_tied_gpt_with_clip_and_adamw_is_eager_bit_for_bit(same_bits: A
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast-bf16"])
-def test_on_cuda_the_compiled_tied_gpt_with_the_pass_is_bit_for_bit_without_it(same_bits: Any,
-                                                                              autocast: bool) -> None:
+def test_on_cuda_the_compiled_tied_gpt_with_the_pass_is_bit_for_bit_without_it(same_bits: Any, autocast: bool,
+                                                                              gpt_steps: Any) -> None:
     """On cuda the embedding backward's addend rounds as the elementwise-fusion kernel it replaces
     (__fmul_rn, then __fadd_rn with the product first): the compiled steps with the pass are the compiled steps
     without it, bit for bit (both graphs run the same GEMMs and reductions, so eager's cuBLAS choices play no
@@ -197,8 +182,8 @@ def test_on_cuda_the_compiled_tied_gpt_with_the_pass_is_bit_for_bit_without_it(s
     from blutrain.compiler.passes import DEFAULT_PIPELINE
 
     without = tuple(p for p in DEFAULT_PIPELINE if p != "embedding-grad-add")
-    base, base_ir = _tiny_gpt_steps("cuda", True, autocast, without)
-    fused, ir = _tiny_gpt_steps("cuda", True, autocast)
+    base, base_ir = _tiny_gpt_steps(gpt_steps, "cuda", True, autocast, without)
+    fused, ir = _tiny_gpt_steps(gpt_steps, "cuda", True, autocast)
     assert len(SCALED.findall(ir)) == 1 and not SCALED.search(base_ir), ir
     for c, e in zip(fused, base, strict=True):
         same_bits(np.atleast_1d(c), np.atleast_1d(e))

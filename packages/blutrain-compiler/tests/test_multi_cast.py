@@ -96,9 +96,9 @@ def test_a_cast_after_a_write_of_its_source_stays_after_the_write() -> None:
     assert ops.index(late) > writer
 
 
-def _tiny_gpt_losses(optimizer: str, passes: list[str] | None, steps: int = 4) -> tuple[list[Any], str]:
+def _tiny_gpt_losses(gpt_steps: Any, optimizer: str, passes: list[str] | None) -> tuple[list[Any], Any]:
     """Losses and final parameters of a tiny GPT trained under bf16 autocast, compiled (with ``passes``, or
-    eagerly when None): the forward casts each linear's weight and bias to bf16."""
+    eagerly when None), and the compiled function: the forward casts each linear's weight and bias to bf16."""
     from blutrain.models.gpt2 import GPT2, GPT2Config
     from blutrain.optim import create
 
@@ -107,24 +107,12 @@ def _tiny_gpt_losses(optimizer: str, passes: list[str] | None, steps: int = 4) -
     model = GPT2(cfg)
     extra: dict[str, Any] = {"betas": (0.9, 0.95)} if optimizer == "adamw" else {}
     opt = create(optimizer, model.parameters(), lr=1e-2, **extra)
+    out, fn = gpt_steps(model, opt, passes)
+    return out, fn
 
-    def step(x: bt.Tensor, y: bt.Tensor) -> bt.Tensor:
-        with bt.autocast(dtype="bfloat16"):
-            _, loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
 
-    fn: Any = step if passes is None else bc.compile(step, passes=passes)
-    rng = np.random.default_rng(0)
-    out = []
-    for _ in range(steps):
-        x = bt.tensor(rng.integers(0, 64, (4, 16)))
-        y = bt.tensor(rng.integers(0, 64, (4, 16)))
-        out.append(fn(x, y).detach().numpy().copy())
-    out += [p.detach().numpy().copy() for p in model.parameters()]
-    return out, "" if passes is None else fn.ir()
+def _ir(fn: Any) -> str:
+    return "" if fn is None else str(fn.ir())
 
 
 # gemm-epilogue adds a half-precision residual with one rounding less than eager (see the README's limits):
@@ -133,19 +121,21 @@ EXACT = [p for p in bc.DEFAULT_PIPELINE if p != "gemm-epilogue"]
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_compiled_autocast_gpt_trains_as_eager_bit_for_bit(optimizer: str, same_bits: Any) -> None:
-    eager, _ = _tiny_gpt_losses(optimizer, None)
-    compiled, ir = _tiny_gpt_losses(optimizer, EXACT)
-    assert ir.count(f'op = "{MULTI}"') == 1
+def test_compiled_autocast_gpt_trains_as_eager_bit_for_bit(optimizer: str, same_bits: Any, gpt_steps: Any) -> None:
+    eager, _ = _tiny_gpt_losses(gpt_steps, optimizer, None)
+    compiled, fn = _tiny_gpt_losses(gpt_steps, optimizer, EXACT)
+    assert _ir(fn).count(f'op = "{MULTI}"') == 1
     for a, c in zip(eager, compiled, strict=True):
         same_bits(c, a)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_the_default_pipeline_gives_the_same_bits_with_and_without_the_pass(optimizer: str, same_bits: Any) -> None:
-    with_pass, ir = _tiny_gpt_losses(optimizer, list(bc.DEFAULT_PIPELINE))
-    without, ir_without = _tiny_gpt_losses(optimizer, [p for p in bc.DEFAULT_PIPELINE if p != "multi-tensor-cast"])
-    assert f'op = "{MULTI}"' in ir and f'op = "{MULTI}"' not in ir_without
+def test_the_default_pipeline_gives_the_same_bits_with_and_without_the_pass(optimizer: str, same_bits: Any,
+                                                                            gpt_steps: Any) -> None:
+    with_pass, fn = _tiny_gpt_losses(gpt_steps, optimizer, list(bc.DEFAULT_PIPELINE))
+    without, fn_without = _tiny_gpt_losses(gpt_steps, optimizer,
+                                           [p for p in bc.DEFAULT_PIPELINE if p != "multi-tensor-cast"])
+    assert f'op = "{MULTI}"' in _ir(fn) and f'op = "{MULTI}"' not in _ir(fn_without)
     for a, b in zip(without, with_pass, strict=True):
         same_bits(b, a)
 
@@ -242,7 +232,8 @@ def test_on_cuda_compiled_casts_of_arguments_have_the_cast_kernels_bits(same_bit
 
 
 @pytest.mark.cuda
-def test_on_cuda_the_compiled_autocast_step_casts_once_and_matches_the_pass_free_pipeline_bit_for_bit() -> None:
+def test_on_cuda_the_compiled_autocast_step_casts_once_and_matches_the_pass_free_pipeline_bit_for_bit(
+        gpt_steps: Any) -> None:
     """On cuda the multi-tensor kernel gives each weight the single cast kernel's bits: a GPT step compiled
     with the pass (one cast_multi_tensor in the IR) trains to the same losses and parameters, bit for bit, as
     the same pipeline without it, for 6 AdamW steps replayed as a CUDA graph."""
@@ -258,23 +249,7 @@ def test_on_cuda_the_compiled_autocast_step_casts_once_and_matches_the_pass_free
         cfg = GPT2Config.preset("tiny", vocab_size=256, block_size=64, n_layer=2, n_head=2, n_embd=128)
         model = GPT2(cfg).to("cuda")
         opt = create("adamw", model.parameters(), lr=1e-3, betas=(0.9, 0.95))
-
-        def step(x: bt.Tensor, y: bt.Tensor) -> bt.Tensor:
-            with bt.autocast(dtype="bfloat16"):
-                _, loss = model(x, y, return_logits=False)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-
-        fn = bc.compile(step, passes=passes)
-        rng = np.random.default_rng(0)
-        out = []
-        for _ in range(6):
-            x = bt.tensor(rng.integers(0, 256, (8, 64)), device="cuda")
-            y = bt.tensor(rng.integers(0, 256, (8, 64)), device="cuda")
-            out.append(fn(x, y).detach().cpu().numpy().copy())
-        out += [p.detach().cpu().numpy().copy() for p in model.parameters()]
+        out, fn = gpt_steps(model, opt, passes, steps=6, shape=(8, 64), ids=256, device="cuda", return_logits=False)
         return out, fn
 
     with_pass, fn = run(list(bc.DEFAULT_PIPELINE))

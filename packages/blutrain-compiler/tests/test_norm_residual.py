@@ -217,8 +217,8 @@ def _gpt(hooked: bool, device: str = "cpu", n_embd: int = 32, vocab: int = 64, b
 _LAST: dict[str, str] = {}  # the executor the last compiled run replayed with, and why it fell back if it did
 
 
-def _gpt_runs(optimizer: str, passes: list[str] | None, hooked: bool, device: str = "cpu", steps: int = 4,
-              big: bool = False) -> tuple[list[Any], str]:
+def _gpt_runs(gpt_steps: Any, optimizer: str, passes: list[str] | None, hooked: bool, device: str = "cpu",
+              steps: int = 4, big: bool = False) -> tuple[list[Any], str]:
     """Losses and final parameters of a tiny GPT trained under bf16 autocast (``big``: C = 128, vocab 256,
     T = 64, batch 8), compiled with ``passes`` or eagerly (None), and the compiled IR."""
     from blutrain.optim import create
@@ -227,24 +227,8 @@ def _gpt_runs(optimizer: str, passes: list[str] | None, hooked: bool, device: st
     model = _gpt(hooked, device, n_embd=128 if big else 32, vocab=vocab, block=T)
     extra: dict[str, Any] = {"betas": (0.9, 0.95)} if optimizer == "adamw" else {}
     opt = create(optimizer, model.parameters(), lr=1e-2, **extra)
-
-    def step(x: bt.Tensor, y: bt.Tensor) -> bt.Tensor:
-        with bt.autocast(dtype="bfloat16"):
-            _, loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    fn: Any = step if passes is None else bc.compile(step, passes=passes)
-    rng = np.random.default_rng(0)
-    out = []
-    for _ in range(steps):
-        x = bt.tensor(rng.integers(0, vocab, (B, T)), device=device)
-        y = bt.tensor(rng.integers(0, vocab, (B, T)), device=device)
-        out.append(fn(x, y).detach().cpu().numpy().copy().reshape(-1))
-    out += [p.detach().cpu().numpy().copy() for p in model.parameters()]
-    if passes is None:
+    out, fn = gpt_steps(model, opt, passes, steps=steps, shape=(B, T), ids=vocab, device=device)
+    if fn is None:
         return out, ""
     executor = fn.last.executor
     _LAST["executor"] = f"{type(executor).__name__} eager={getattr(executor, 'eager', None)} " \
@@ -253,13 +237,13 @@ def _gpt_runs(optimizer: str, passes: list[str] | None, hooked: bool, device: st
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_compiled_autocast_gpt_with_unfused_projections_trains_as_eager_bit_for_bit(optimizer: str,
-                                                                                     same_bits: Any) -> None:
+def test_compiled_autocast_gpt_with_unfused_projections_trains_as_eager_bit_for_bit(optimizer: str, same_bits: Any,
+                                                                                     gpt_steps: Any) -> None:
     """The default pipeline on a GPT whose blocks trace ``r + proj(h)``: all four sums (two blocks, each read by
     ln_2 and the next ln_1 or ln_f) go into their LayerNorms, none into a GEMM epilogue, and four steps are
     eager's bits."""
-    eager, _ = _gpt_runs(optimizer, None, hooked=True)
-    compiled, ir = _gpt_runs(optimizer, list(bc.DEFAULT_PIPELINE), hooked=True)
+    eager, _ = _gpt_runs(gpt_steps, optimizer, None, hooked=True)
+    compiled, ir = _gpt_runs(gpt_steps, optimizer, list(bc.DEFAULT_PIPELINE), hooked=True)
     assert ir.count(", 3 : index], ret = [0 : index, 1 : index, 2 : index, 3 : index]") == 4
     assert "linear_add" not in ir
     for a, c in zip(eager, compiled, strict=True):
@@ -296,15 +280,16 @@ def _cuda() -> None:
 
 
 @pytest.mark.cuda
-def test_on_cuda_the_compiled_gpt_with_unfused_projections_matches_eager_bit_for_bit() -> None:
+def test_on_cuda_the_compiled_gpt_with_unfused_projections_matches_eager_bit_for_bit(gpt_steps: Any) -> None:
     """The residual LayerNorm kernel on cuda gives the bits of the add followed by the float32 (or
     float32-to-bf16) LayerNorm kernel: six AdamW steps of the hooked tiny GPT (C = 128: the VEC 4 kernels),
     replayed as a CUDA graph, are eager's bits."""
     _cuda()
     from blutrain.compiler.executor import CUDAGraphExecutor
 
-    eager, _ = _gpt_runs("adamw", None, hooked=True, device="cuda", steps=6, big=True)
-    compiled, ir = _gpt_runs("adamw", list(bc.DEFAULT_PIPELINE), hooked=True, device="cuda", steps=6, big=True)
+    eager, _ = _gpt_runs(gpt_steps, "adamw", None, hooked=True, device="cuda", steps=6, big=True)
+    compiled, ir = _gpt_runs(gpt_steps, "adamw", list(bc.DEFAULT_PIPELINE), hooked=True, device="cuda", steps=6,
+                             big=True)
     assert ir.count(", 3 : index], ret = [0 : index, 1 : index, 2 : index, 3 : index]") == 4
     assert "linear_add" not in ir
     for a, c in zip(eager, compiled, strict=True):

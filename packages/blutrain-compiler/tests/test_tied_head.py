@@ -73,40 +73,25 @@ def test_no_fusion_across_an_in_place_write_of_a_member(same_bits: Any) -> None:
         same_bits(fn(*args).numpy(), want)
 
 
-def _tiny_gpt_steps(compiled: bool, autocast: bool) -> tuple[list[np.ndarray[Any, Any]], str]:
-    """Four SGD steps of a tied-head GPT through linear_cross_entropy under clip_grad_norm_: the losses and
-    the final parameters, and the compiled IR."""
-    from blutrain.amp import autocast as region
+def _tiny_gpt_steps(gpt_steps: Any, compiled: bool, autocast: bool) -> tuple[list[np.ndarray[Any, Any]], str]:
+    """Four SGD steps of a tied-head GPT through linear_cross_entropy under clip_grad_norm_ (0.5: small enough
+    to scale every step's gradients in place): the losses and the final parameters, and the compiled IR."""
     from blutrain.models.gpt2 import GPT2, GPT2Config
-    from blutrain.optim import clip_grad_norm_, create
+    from blutrain.optim import create
 
     bt.manual_seed(0)
     model = GPT2(GPT2Config.preset("tiny", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32))
-    params = list(model.parameters())
-    opt = create("sgd", params, lr=1e-2)
-
-    def step(x: bt.Tensor, y: bt.Tensor) -> bt.Tensor:
-        with region(dtype="bfloat16", enabled=autocast):
-            _, loss = model(x, y, return_logits=False)
-        assert loss is not None
-        loss.backward()
-        clip_grad_norm_(params, 0.5)  # small enough to scale every step's gradients in place
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    fn: Any = bc.compile(step) if compiled else step
-    rng = np.random.default_rng(0)
-    out = [fn(bt.tensor(rng.integers(0, 64, (4, 16))), bt.tensor(rng.integers(0, 64, (4, 16)))).detach().numpy().copy()
-           for _ in range(4)]
-    return out + [p.detach().numpy().copy() for p in params], fn.ir() if compiled else ""
+    opt = create("sgd", list(model.parameters()), lr=1e-2)
+    out, fn = gpt_steps(model, opt, bc.DEFAULT_PIPELINE if compiled else None, autocast=autocast, clip=0.5,
+                        return_logits=False)
+    return out, "" if fn is None else str(fn.ir())
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast-bf16"])
-def test_compiled_tied_gpt_sums_the_weight_gradients_in_one_kernel_bit_for_bit(same_bits: Any,
-                                                                              autocast: bool) -> None:
-    eager, _ = _tiny_gpt_steps(False, autocast)
-    compiled, ir = _tiny_gpt_steps(True, autocast)
+def test_compiled_tied_gpt_sums_the_weight_gradients_in_one_kernel_bit_for_bit(same_bits: Any, autocast: bool,
+                                                                              gpt_steps: Any) -> None:
+    eager, _ = _tiny_gpt_steps(gpt_steps, False, autocast)
+    compiled, ir = _tiny_gpt_steps(gpt_steps, True, autocast)
     for c, e in zip(compiled, eager, strict=True):
         same_bits(np.atleast_1d(c), np.atleast_1d(e))
     assert _summed_in_the_embedding_backward(ir, "64x32"), ir

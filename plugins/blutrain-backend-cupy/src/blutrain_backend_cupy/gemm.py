@@ -525,6 +525,15 @@ def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool,
     return gx, gw, gb
 
 
+def astype_by_kernel(v: Any, dtype: np.dtype[Any]) -> Any:
+    """``v.astype(dtype)``, by the cast kernels where they cover it (a contiguous CuPy array of float32,
+    bfloat16 or float16; bit-identical to the CPU backend's astype), else by CuPy."""
+    import cupy as cp
+
+    out = fused.cast(v, dtype) if type(v) is cp.ndarray else None
+    return v.astype(dtype) if out is None else out
+
+
 def _compute_operand(a: Array, dtype: np.dtype[Any]) -> Array:
     """``a`` in the GEMMs' compute dtype, C-contiguous. Under autocast that is a cast of float32 x and of the
     whole (tied) weight to bfloat16 every step: BluTrain's cast kernel (16-byte accesses, near copy speed on
@@ -534,10 +543,7 @@ def _compute_operand(a: Array, dtype: np.dtype[Any]) -> Array:
     NaN logits and loss."""
     import cupy as cp
 
-    if a.dtype == dtype:
-        return cp.ascontiguousarray(a)
-    out = fused.cast(a, dtype)
-    return cp.ascontiguousarray(a.astype(dtype) if out is None else out)
+    return cp.ascontiguousarray(a if a.dtype == dtype else astype_by_kernel(a, dtype))
 
 
 def linear_cross_entropy(x: Array, w: Array, target: Array, ignore_index: int, label_smoothing: float, mean: bool,

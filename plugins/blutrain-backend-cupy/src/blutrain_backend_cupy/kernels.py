@@ -50,19 +50,12 @@ def _cp() -> Any:
 _F32 = np.dtype(np.float32)
 
 
-def _astype(v: Any, dtype: np.dtype[Any]) -> Any:
-    """``v.astype(dtype)``, by the cast kernels where they cover it (a contiguous CuPy array of float32,
-    bfloat16 or float16; bit-identical to astype), else by CuPy."""
-    out = fused.cast(v, dtype) if type(v) is _cp().ndarray else None
-    return v.astype(dtype) if out is None else out
-
-
 def _up(v: Any) -> Any:
     if isinstance(v, list):
         return [_up(x) for x in v]
     dt = getattr(v, "dtype", None)
     if dt is not None and dt.name in HALF and type(v) is not np.ndarray:
-        return _astype(v, _F32)
+        return gemm.astype_by_kernel(v, _F32)
     return v
 
 
@@ -70,7 +63,7 @@ def _down(v: Any, dtype: np.dtype[Any]) -> Any:
     if isinstance(v, tuple):
         return tuple(_down(x, dtype) for x in v)
     if v is not None and getattr(v, "dtype", None) == np.float32 and type(v) is not np.ndarray:
-        return _astype(v, dtype)
+        return gemm.astype_by_kernel(v, dtype)
     return v
 
 
