@@ -117,6 +117,7 @@ class Hyper:
     clip: float = 1.0
     seed: int = 0
     compile_passes: tuple[str, ...] | None = None  # blutrain-compile's pipeline (--compile-replace); None: default
+    model: str = "gpt2"  # the BluTrain model family (--model); the PyTorch reference here is GPT-2's
 
 
 @dataclass
@@ -510,14 +511,14 @@ class BluTrainRunner:
                  state: dict[str, np.ndarray[Any, Any]] | None = None) -> None:
         import blutrain.tensor as bt
         from blutrain.amp import autocast
-        from blutrain.models.gpt2 import GPT2
+        from blutrain.models import model_spec
         from blutrain.optim import clip_grad_norm_, create, weight_decay_groups
 
         self.bt = bt
         self.device = device
         self.clock = Clock("cupy" if device == "cuda" else "host")
         bt.manual_seed(hp.seed)
-        self.model = GPT2(cfg)
+        self.model = model_spec(hp.model).build(cfg)
         if state is not None:
             self.model.load_state_dict({k: bt.from_numpy(v) for k, v in state.items()})
         self.model.to(device)
@@ -674,9 +675,20 @@ def non_embedding_params(cfg: Any) -> int:
     return cfg.vocab_size * C + L * per_block + 2 * C
 
 
-def flops_per_token(cfg: Any, seq: int) -> float:
-    """6·N + 12·L·H·Q·T (H·Q = n_embd)."""
-    return 6.0 * non_embedding_params(cfg) + 12.0 * cfg.n_layer * cfg.n_embd * seq
+def counted_non_embedding_params(model: str, cfg: Any) -> int:
+    """Parameters outside embedding tables of the BluTrain model ``model`` of ``cfg``, counted on a CPU copy (a
+    family other than GPT-2, whose count has no closed form here)."""
+    from blutrain.models import model_spec
+    from blutrain.nn import Embedding
+
+    net = model_spec(model).build(cfg)
+    return sum(p.numel() for m in net.modules() if not isinstance(m, Embedding) for p in m.parameters(recurse=False))
+
+
+def flops_per_token(cfg: Any, seq: int, non_embedding: int | None = None) -> float:
+    """6·N + 12·L·H·Q·T (H·Q = n_embd); N from GPT-2's closed form unless given."""
+    n = non_embedding_params(cfg) if non_embedding is None else non_embedding
+    return 6.0 * n + 12.0 * cfg.n_layer * cfg.n_embd * seq
 
 
 def gemm_ceilings(device: str, precisions: list[str]) -> dict[str, float]:
@@ -729,13 +741,15 @@ class Bench:
         self.device: str = args.device
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        from blutrain.models.gpt2 import GPT2Config
+        from blutrain.models import model_spec
 
-        self.cfg = GPT2Config.preset(args.preset)
+        self.cfg: Any = model_spec(args.model).config(args.preset)
         self.hp = Hyper(lr=args.lr, clip=args.clip, seed=args.seed,
-                        compile_passes=compile_pipeline(args.compile_replace))
+                        compile_passes=compile_pipeline(args.compile_replace), model=args.model)
         self.tokens = args.batch_size * args.seq_len
-        self.fpt = flops_per_token(self.cfg, args.seq_len)
+        self.non_embedding = (non_embedding_params(self.cfg) if args.model == "gpt2" else
+                              counted_non_embedding_params(args.model, self.cfg))
+        self.fpt = flops_per_token(self.cfg, args.seq_len, self.non_embedding)
         self.notes: list[str] = []
         self.rows: list[Row] = []
         self.result: dict[str, Any] = {}
@@ -778,7 +792,7 @@ class Bench:
             "hyper": asdict(self.hp), "fp32_gemm": a.fp32_gemm, "python": sys.version.split()[0],
             "numpy": np.__version__,
             "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "non_embedding_params": non_embedding_params(self.cfg),
+            "non_embedding_params": self.non_embedding, "model": a.model,
             "flops_per_token": self.fpt, "flops_formula": "6*N + 12*L*H*Q*T (N without position embedding)",
             "gemm_ceiling_tflops": self.peaks, "spec_peak_name": self.spec_name, "spec_peak_tflops": self.spec,
             "optimizers": self.optimizers,
@@ -1066,8 +1080,8 @@ class Bench:
             ax.plot(steps, p["curves"]["blutrain-compile"], label="BluTrain compiled", lw=1.0, ls=":")
         ax.set_ylabel("training loss")
         warm = f", lr warm-up {p['lr_warmup_steps']} steps" if p.get("lr_warmup_steps") else ", constant lr"
-        ax.set_title(f"GPT-2 {self.args.preset} loss parity, {p['precision']}{warm}, same initial weights and "
-                     f"batches\nmax |Δloss| {p['max_abs_dloss']:.2e} over {p['steps']} steps", fontsize=10)
+        ax.set_title(f"{self.args.model} {self.args.preset} loss parity, {p['precision']}{warm}, same initial "
+                     f"weights and batches\nmax |Δloss| {p['max_abs_dloss']:.2e} over {p['steps']} steps", fontsize=10)
         ax.legend()
         ax.grid(alpha=0.3)
         diffs = [max(abs(t - b), 1e-12) for t, b in zip(p["curves"]["torch"], p["curves"]["blutrain"], strict=True)]
@@ -1218,7 +1232,7 @@ class Bench:
     # -- the end -----------------------------------------------------------------------------------------
     def table(self) -> str:
         a = self.args
-        cfgtxt = (f"GPT-2 {a.preset} ({non_embedding_params(self.cfg) / 1e6:.2f} M params without wpe) on "
+        cfgtxt = (f"{a.model} {a.preset} ({self.non_embedding / 1e6:.2f} M params without embeddings) on "
                   f"{self.result['meta'].get('gpu') or self.result['meta'].get('cpu') or self.device}, "
                   f"micro-batch {a.batch_size} × T {a.seq_len} = {self.tokens:,} tokens/step, median of "
                   f"{a.steps} timed steps")
@@ -1290,8 +1304,8 @@ class Bench:
                 rsrv = [(self.row(p, impl).peak_reserved or 0) / GIB if self.row(p, impl) else 0 for p in precs]
                 axes[0][1].bar(xs, rsrv, width, color=colors[impl], alpha=0.3, hatch="//", edgecolor=colors[impl])
                 axes[0][1].bar(xs, alloc, width, color=colors[impl], label=impl)
-        axes[0][0].set_title(f"GPT-2 {self.args.preset}, {self.tokens:,} tokens/step: tokens/s (higher is better)",
-                             fontsize=9)
+        axes[0][0].set_title(f"{self.args.model} {self.args.preset}, {self.tokens:,} tokens/step: tokens/s "
+                             "(higher is better)", fontsize=9)
         axes[0][0].set_xticks(range(len(precs)), precs)
         axes[0][0].legend(fontsize=8)
         if with_mem:
@@ -1315,7 +1329,7 @@ class Bench:
             set_fp32_gemm(a.fp32_gemm)  # BluTrain's float32 GEMMs; PyTorch's stay strict cuBLAS
             self.note(f"BluTrain's float32 GEMMs (fp32 rows) run as {a.fp32_gemm}; PyTorch's as strict SGEMM")
         self.result["meta"] = self.metadata()
-        print(f"GPT-2 {a.preset} on {self.device}: precisions {','.join(a.precision)}; implementations "
+        print(f"{a.model} {a.preset} on {self.device}: precisions {','.join(a.precision)}; implementations "
               f"{','.join(self.impls)}; {a.steps} timed steps after {a.warmup} warm-up; "
               f"out {self.out}", flush=True)
         self.ceilings()
@@ -1370,7 +1384,7 @@ class Bench:
         for impl, text in self.optimizers.items():
             self.note(f"optimizer {impl}: {text}")
         self.note(f"FLOPs per token {self.fpt / 1e6:,.1f} M = 6·N + 12·L·H·Q·T with N = "
-                  f"{non_embedding_params(self.cfg):,} (no position embedding), T = {a.seq_len}; MFU against the "
+                  f"{self.non_embedding:,} (no position embedding), T = {a.seq_len}; MFU against the "
                   "measured GEMM ceiling of the mode" + (f", MFU spec against {self.spec_name} dense datasheet peaks"
                                                          if self.spec else ""))
         sources = sorted({r.memory_source for r in self.rows if r.memory_source and r.peak_allocated is not None})
@@ -1490,7 +1504,10 @@ def _csv(choices: tuple[str, ...] | None) -> Callable[[str], list[str]]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--preset", help="GPT-2 preset (default gpt2-124m on cuda, tiny on cpu)")
+    ap.add_argument("--model", default="gpt2", help="a registered BluTrain model family (default gpt2); the PyTorch "
+                                                    "implementations and --parity are GPT-2's, so another family runs "
+                                                    "with --impl blutrain,blutrain-compile")
+    ap.add_argument("--preset", help="the family's preset (default gpt2-124m on cuda, tiny on cpu)")
     ap.add_argument("--batch-size", type=int, default=16, help="micro-batch (default 16)")
     ap.add_argument("--seq-len", type=int, help="T (default 1024 on cuda, 128 on cpu; at most block_size)")
     ap.add_argument("--precision", type=_csv(PRECISIONS), help="default fp32,tf32,bf16 (cuda), fp32 (cpu)")
@@ -1535,6 +1552,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.preset = a.preset or ("tiny" if cpu else "gpt2-124m")
     a.seq_len = a.seq_len or (128 if cpu else 1024)
     a.precision = a.precision or (["fp32"] if cpu else list(PRECISIONS))
+    if a.model != "gpt2":  # the PyTorch implementations here are GPT-2's
+        a.impl = a.impl or (["blutrain"] if cpu else ["blutrain", "blutrain-compile"])
     a.impl = a.impl or (["blutrain", "torch"] if cpu or a.quick else ["blutrain", "torch", "torch-compile"])
     a.warmup = a.warmup if a.warmup is not None else (2 if a.quick else 3)
     if a.parity == -1:
@@ -1555,13 +1574,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from blutrain.models.gpt2 import PRESETS
+    from blutrain.models import models
 
-    if args.preset not in PRESETS:
-        raise SystemExit(f"--preset: unknown preset {args.preset!r}; expected one of {', '.join(PRESETS)}")
-    if args.seq_len > PRESETS[args.preset]["block_size"]:
+    if args.model not in models():
+        raise SystemExit(f"--model: no model {args.model!r}; installed: {models().describe()}")
+    presets = models().get(args.model).presets
+    if args.preset not in presets:
+        raise SystemExit(f"--preset: unknown preset {args.preset!r} of {args.model}; expected one of "
+                         f"{', '.join(presets)}")
+    if args.seq_len > presets[args.preset]["block_size"]:
         raise SystemExit(f"--seq-len {args.seq_len} exceeds the preset's block_size "
-                         f"{PRESETS[args.preset]['block_size']}")
+                         f"{presets[args.preset]['block_size']}")
+    torch_impls = [i for i in args.impl if i.startswith("torch")]
+    if args.model != "gpt2" and (torch_impls or args.parity):
+        raise SystemExit(f"--model {args.model}: the PyTorch implementations of this tool and --parity are GPT-2's; "
+                         "give --impl blutrain,blutrain-compile and no --parity")
     if args.device == "cuda":
         from blutrain_backend_cupy import cuda
 

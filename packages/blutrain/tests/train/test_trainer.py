@@ -148,7 +148,7 @@ def test_run_writes_metrics_config_checkpoint_and_plot(dataset: Path, tmp_path: 
     assert [m["step"] for m in lines] == [1, 2]
     assert {"step", "loss", "lr", "grad_norm", "tok_per_s"} <= set(lines[0])
     assert "val_loss" in lines[0]
-    assert (tmp_path / "config.toml").read_text().startswith('preset = "tiny"')
+    assert (tmp_path / "config.toml").read_text().startswith('model = "gpt2"\npreset = "tiny"')
     assert Path(result["checkpoint"]).exists()
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -131,7 +131,7 @@ class ContextParallelGPT2(Module):
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         model: GPT2 = self.module
-        model._check_idx(idx)
+        model.check_ids(idx)
         rank = self.group.rank
         layout = ChunkLayout(idx.shape[1], self.group.size)
         tr = model.transformer

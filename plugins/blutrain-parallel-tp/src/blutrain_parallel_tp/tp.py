@@ -128,7 +128,7 @@ class TensorParallelGPT2(Module):
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         model: GPT2 = self.module
-        model._check_idx(idx)
+        model.check_ids(idx)
         x = model.transformer(idx)
         head = model.lm_head
         logits: Tensor = (column_parallel_linear(x, head.weight, head.bias, self.group, self.async_chunks)

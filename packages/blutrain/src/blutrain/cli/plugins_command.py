@@ -26,6 +26,7 @@ _REGISTRIES = (
     ("blutrain.dist.registry", "comm_backends"),
     ("blutrain.dist.registry", "parallel_modes"),
     ("blutrain.compiler.registry", "passes"),
+    ("blutrain.models.registry", "models"),
 )
 
 

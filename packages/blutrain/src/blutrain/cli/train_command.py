@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 _FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("preset", str, "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"),
+    ("model", str, "a registered model family (see `blutrain plugins`): gpt2 (default), ..."),
+    ("preset", str, "the family's preset, e.g. tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"),
     ("data", str, "a shard directory (from `blutrain prepare`) or a glob of .bin shards; default: built-in corpus"),
     ("tokenizer", str, "byte or gpt2 (for --data given as a glob)"),
     ("device", str, "auto, cpu, cuda or cuda:N"),
@@ -50,9 +51,10 @@ _SWITCHES: tuple[tuple[str, str], ...] = (
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("train", help="train a GPT model (default: the tiny preset on the built-in corpus)",
-                       description="Train GPT-2. With no arguments: the tiny preset on the interpreter's own "
-                                   "standard library, on the CPU or a GPU if one is available.")
+    p = sub.add_parser("train", help="train a model (default: the GPT-2 tiny preset on the built-in corpus)",
+                       description="Train a registered model family (--model, GPT-2 by default). With no "
+                                   "arguments: the tiny preset on the interpreter's own standard library, on the "
+                                   "CPU or a GPU if one is available.")
     p.add_argument("--config", type=Path, help="a TOML file of TrainConfig fields")
     for flag, kind, text in _FLAGS:
         p.add_argument(f"--{flag}", type=kind, default=None, help=text)
@@ -113,13 +115,15 @@ def run_train(args: argparse.Namespace) -> int:
 def run_generate(args: argparse.Namespace) -> int:
     import blutrain.tensor as bt
     from blutrain.data import get_tokenizer
-    from blutrain.models.gpt2 import GPT2, GPT2Config
+    from blutrain.models import DEFAULT_MODEL, model_spec
     from blutrain.train.sharded import load_any_checkpoint
     from blutrain.train.trainer import resolve_device
 
     device = resolve_device(args.device)
     state = load_any_checkpoint(args.checkpoint, device=device)
-    model = GPT2(GPT2Config(**state["config"]["model"])).to(device)
+    spec = model_spec(state["config"]["train"].get("model", DEFAULT_MODEL))
+    model: Any = spec.build(spec.config_from_dict(state["config"]["model"]))  # a Model and a blutrain.nn.Module
+    model.to(device)
     model.load_state_dict(state["model"])
     tok = get_tokenizer(state["config"]["train"].get("tokenizer", "byte"))
     ids = tok.encode(args.prompt) or [tok.eot_token]

@@ -1,6 +1,13 @@
-"""blutrain.models: model definitions built from blutrain.nn (GPT-2 for now)."""
+"""blutrain.models: model families as plugins, and the built-in GPT-2.
+
+A family registers a :class:`ModelSpec` through ``blutrain_register_models``; :func:`models` lists what
+is installed and :func:`model_spec` finds one by name. ``blutrain.models.gpt2`` is the built-in family.
+"""
 
 from blutrain.models.errors import ModelError, PretrainedError
 from blutrain.models.gpt2 import GPT2, PRESETS, GPT2Config
+from blutrain.models.registry import DEFAULT_MODEL, ModelRegistry, model_spec, models
+from blutrain.models.spec import ConfigClass, HFMapping, Model, ModelClass, ModelConfig, ModelSpec
 
-__all__ = ["GPT2", "PRESETS", "GPT2Config", "ModelError", "PretrainedError"]
+__all__ = ["DEFAULT_MODEL", "GPT2", "PRESETS", "ConfigClass", "GPT2Config", "HFMapping", "Model", "ModelClass",
+           "ModelConfig", "ModelError", "ModelRegistry", "ModelSpec", "PretrainedError", "model_spec", "models"]

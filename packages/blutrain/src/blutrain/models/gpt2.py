@@ -176,9 +176,9 @@ class Transformer(Module):
         self.h = ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = LayerNorm(config.n_embd, eps=config.layer_norm_eps)
 
-    def forward(self, idx: Tensor) -> Tensor:
-        T = idx.shape[1]
-        pos = arange(T, dtype="int64", device=idx.device)
+    def forward(self, idx: Tensor, positions: Tensor | None = None) -> Tensor:
+        """Hidden states of tokens ``idx`` (B, T) at ``positions`` (T,), by default ``0 .. T-1``."""
+        pos = arange(idx.shape[1], dtype="int64", device=idx.device) if positions is None else positions
         x: Tensor = self.drop(self.wte(idx) + self.wpe(pos))
         # Checkpointing keeps each block's input and recomputes its activations in backward; it only
         # pays when a graph is being recorded, and needs an input that requires grad to hang the node on.
@@ -223,7 +223,8 @@ class GPT2(Module):
                     nn_init.zeros_(m.bias)
 
     # -- forward -----------------------------------------------------------------------------
-    def _check_idx(self, idx: Tensor, argument: str = "idx", check_length: bool = True) -> None:
+    def check_ids(self, idx: Tensor, argument: str = "idx", check_length: bool = True) -> None:
+        """Refuse anything but (batch, time) integer token ids no longer than ``block_size``."""
         if not isinstance(idx, Tensor) or idx.dtype.is_floating or idx.dtype.name == "bool":
             got = idx.dtype.name if isinstance(idx, Tensor) else type(idx).__name__
             raise TensorTypeError(f"GPT2: {argument} must be an integer Tensor of token ids, got {got}")
@@ -243,8 +244,8 @@ class GPT2(Module):
         and returns ``(None, loss)``: for training, where the [B, T, vocab] logits and their gradient
         are the largest tensors of the step (2 × 3 GiB for GPT-2 124M at 16 × 1024 in float32).
         """
-        self._check_idx(idx)
-        x = self.transformer(idx)
+        self.check_ids(idx)
+        x = self.hidden_states(idx)
         if targets is not None:
             if not isinstance(targets, Tensor) or targets.shape != idx.shape:
                 got = list(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
@@ -257,6 +258,11 @@ class GPT2(Module):
         B, T, V = logits.shape
         loss = cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
         return logits, loss
+
+    def hidden_states(self, idx: Tensor, positions: Tensor | None = None) -> Tensor:
+        """The final-LayerNorm hidden states (B, T, n_embd) of ``idx`` at ``positions`` (default 0 .. T-1)."""
+        out: Tensor = self.transformer(idx, positions)
+        return out
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Parameters counted once each (the tied head is the token embedding); ``non_embedding``
@@ -278,7 +284,7 @@ class GPT2(Module):
         untouched; without it they come from the device's default generator (``manual_seed``).
         Sampling happens on the host: one (B, vocab) copy per token, which is cheap next to a forward.
         """
-        self._check_idx(idx, check_length=False)
+        self.check_ids(idx, check_length=False)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ModelError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         if not isinstance(temperature, (int, float)) or temperature < 0 or not math.isfinite(temperature):

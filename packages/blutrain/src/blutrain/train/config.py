@@ -60,6 +60,7 @@ def _option(raw: str) -> int | float | str:
 class TrainConfig:
     """Everything a run depends on. Field names are the CLI flags with ``-`` for ``_``."""
 
+    model: str = "gpt2"  # a registered model family (see `blutrain plugins`)
     preset: str = "tiny"
     data: str | None = None  # a shard directory or glob; None → the built-in stdlib corpus
     tokenizer: str = "byte"

@@ -24,7 +24,7 @@ import blutrain.tensor as bt
 from blutrain.autograd import no_grad
 from blutrain.data import TokenLoader, get_tokenizer, stdlib_corpus
 from blutrain.data.prepare import PrepareReport
-from blutrain.models.gpt2 import GPT2, GPT2Config
+from blutrain.models import ModelError, model_spec
 from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
 from blutrain.tensor import plugins
 from blutrain.train.checkpoint import (
@@ -105,7 +105,8 @@ def smaller_micro_batch(global_batch: int, micro_batch: int) -> int:
 
 
 class Trainer:
-    """Trains a GPT-2 model as ``TrainConfig`` says; ``run()`` returns the final metrics."""
+    """Trains the model family ``TrainConfig.model`` names as ``TrainConfig`` says; ``run()`` returns the final
+    metrics."""
 
     def __init__(self, cfg: TrainConfig, stream: TextIO | None = None) -> None:
         cfg.validate()
@@ -143,19 +144,20 @@ class Trainer:
         overrides = dict(cfg.model_overrides)
         if cfg.preset == "tiny":
             overrides.setdefault("vocab_size", self.data.vocab_size)
-        self.model_config = GPT2Config.preset(cfg.preset, **overrides)
+        self.model_spec = self._model_spec()
+        self.model_config = self.model_spec.config(cfg.preset, **overrides)
         if cfg.seq_len > self.model_config.block_size:
             raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's block_size {self.model_config.block_size}")
         if self.data.vocab_size > self.model_config.vocab_size:
             raise ConfigError(f"the data's vocabulary ({self.data.vocab_size}) is larger than the model's "
                               f"({self.model_config.vocab_size})")
-        self.net = GPT2(self.model_config).to(self.device)  # the model itself; self.model is what trains it
+        self.net = self.model_spec.build(self.model_config).to(self.device)  # self.model is what trains it
         self.n_params = self.net.num_parameters()
         modes = self._parallel_modes()
         self.model: Any = self.net
         for mode in modes:  # tp rewrites self.net in place: the optimizer is built over what it leaves
             self.model = self._configured(mode.wrap_model, self.model)
-        # the loss without the [B, T, vocab] logits (the fused head and loss of GPT2.forward); tp and cp
+        # the loss without the [B, T, vocab] logits (the fused head and loss of the model's forward); tp and cp
         # compute their own sharded loss in their forward, which takes no such option
         sharded_loss = self.plan is not None and bool({"tp", "cp"} & set(self.plan.mesh))
         self.loss_options: dict[str, Any] = {} if sharded_loss else {"return_logits": False}
@@ -191,6 +193,13 @@ class Trainer:
         self.writer = CheckpointWriter() if cfg.async_checkpoint and self._writes_a_file() else None
         if resume is not None:
             self._resume(cfg.resume or "", resume)
+
+    def _model_spec(self) -> Any:
+        """The family ``--model`` names; an unknown name is a ConfigError listing the installed ones."""
+        try:
+            return model_spec(self.cfg.model)
+        except (LookupError, ModelError) as exc:
+            raise ConfigError(f"model: {exc}; see `blutrain plugins`") from None
 
     def _make_loader(self) -> TokenLoader:
         return TokenLoader(self.data.train_pattern, self.cfg.batch_size, self.cfg.seq_len, seed=self.cfg.seed,
@@ -633,7 +642,7 @@ class Trainer:
         net = self.net
         if self.plan is not None and ("tp" in self.plan.mesh or "cp" in self.plan.mesh):
             # tp and cp rewrote the model's layers for sharded inputs: sample with a whole copy
-            net = GPT2(self.model_config).to(self.device)
+            net = self.model_spec.build(self.model_config).to(self.device)
             net.load_state_dict(self.gatherer.full_state_dict() if self.gatherer is not None else self.net.state_dict())
         gathered = getattr(self.model, "gathered", None)  # zero=3: the whole model, on every rank
         with gathered() if gathered is not None else contextlib.nullcontext():
@@ -646,7 +655,7 @@ class Trainer:
         if self.rank == 0:
             (self.out / "config.toml").write_text(cfg.to_toml())
         ranks = f" × {self.world} ranks ({cfg.parallel})" if self.group is not None else ""
-        self._print(f"BluTrain: GPT-2 '{cfg.preset}' ({self.n_params / 1e6:.2f} M parameters) on {self.device}, "
+        self._print(f"BluTrain: {cfg.model} '{cfg.preset}' ({self.n_params / 1e6:.2f} M parameters) on {self.device}, "
                     f"{cfg.optimizer}, {cfg.batch_size}×{cfg.seq_len} tokens × {self.accum} per step{ranks}, "
                     f"{cfg.max_steps} steps")
         if self.data.baseline_nats is not None:
