@@ -11,7 +11,7 @@ import blutrain.tensor as bt
 from blutrain.dist import DistArgumentError, parallel_modes
 from blutrain.models import GPT2, GPT2Config
 from blutrain_comm_mpi import create_group
-from blutrain_parallel_cp import CP, ChunkLayout, ContextParallelGPT2
+from blutrain_parallel_cp import CP, ChunkLayout, ContextParallelModel
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +81,6 @@ def test_an_unknown_attention_is_an_error_naming_the_choices(group) -> None:  # 
 
 
 def test_a_sequence_length_that_does_not_split_is_named_at_forward(group) -> None:  # type: ignore[no-untyped-def]
-    model = ContextParallelGPT2(tiny(), group)
+    model = ContextParallelModel(tiny(), group)
     with pytest.raises(DistArgumentError, match="sequence length 7 must be a multiple of 2·cp = 2"):
         model(bt.zeros(1, 7, dtype="int64"))

@@ -13,7 +13,7 @@ from blutrain import optim as bt_optim
 from blutrain.dist import DistArgumentError, parallel_modes
 from blutrain.models import GPT2, GPT2Config
 from blutrain_comm_mpi import create_group
-from blutrain_parallel_tp import TP, Shard, TensorParallelGPT2, slice_shard, vocab_parallel_cross_entropy
+from blutrain_parallel_tp import TP, Shard, TensorParallelModel, slice_shard, vocab_parallel_cross_entropy
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_the_rewritten_model_in_a_group_of_one_equals_gpt2(group) -> None:  # ty
     ref_loss.backward()
     model = tiny()
     tp = TP(group).wrap_model(model)
-    assert isinstance(tp, TensorParallelGPT2)
+    assert isinstance(tp, TensorParallelModel)
     logits, loss = tp(x, y)
     assert loss is not None
     loss.backward()
@@ -94,7 +94,8 @@ def test_vocab_parallel_cross_entropy_names_a_bad_target(group) -> None:  # type
 
 
 def test_wrapping_something_else_than_gpt2_is_an_error(group) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(DistArgumentError, match="model must be a GPT2, got Linear"):
+    with pytest.raises(DistArgumentError, match=r"model must be a blutrain.models.Model with a parallel_plan .*, got "
+                                                r"Linear"):
         TP(group).wrap_model(nn.Linear(2, 2))
 
 
@@ -119,7 +120,7 @@ def test_async_chunks_must_be_a_positive_int(group) -> None:  # type: ignore[no-
         TP(group, async_chunks=-2)
 
 
-def trained_one_step(group, seed: int) -> tuple[TensorParallelGPT2, bt_optim.Optimizer]:  # type: ignore[no-untyped-def]
+def trained_one_step(group, seed: int) -> tuple[TensorParallelModel, bt_optim.Optimizer]:  # type: ignore[no-untyped-def]
     tokens = np.random.default_rng(seed).integers(0, 256, (2, 9))
     bt.manual_seed(seed)
     tp = TP(group).wrap_model(GPT2(GPT2Config.preset("tiny", n_layer=2, n_head=4, n_embd=32, block_size=8)))

@@ -17,7 +17,7 @@ from blutrain_parallel_cp.attention import (
     ulysses_attention,
 )
 from blutrain_parallel_cp.comm import all_gather, all_to_all, ring_shift, start_ring_shift
-from blutrain_parallel_cp.cp import CP, ContextParallelGPT2, ContextParallelSelfAttention, sequence_loss
+from blutrain_parallel_cp.cp import CP, ContextParallelAttentionCore, ContextParallelModel, sequence_loss
 from blutrain_parallel_cp.layout import ChunkLayout
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def blutrain_register_parallel_modes(registry: ParallelModeRegistry) -> None:
     registry.register("cp", CP)
 
 
-__all__ = ["ATTENTION_KINDS", "CP", "ChunkLayout", "ContextParallelGPT2", "ContextParallelSelfAttention",
+__all__ = ["ATTENTION_KINDS", "CP", "ChunkLayout", "ContextParallelAttentionCore", "ContextParallelModel",
            "all_gather", "all_to_all", "allgather_attention", "attend", "blutrain_register_parallel_modes",
            "context_parallel_attention", "merge_partials", "ring_attention", "ring_shift", "sequence_loss",
            "start_ring_shift", "ulysses_attention"]

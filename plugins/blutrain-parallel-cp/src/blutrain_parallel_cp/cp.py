@@ -1,9 +1,14 @@
-"""The "cp" mode: a GPT-2 whose sequence is sharded over the context-parallel group.
+"""The "cp" mode: a model whose sequence is sharded over the context-parallel group.
 
-Every cp rank holds the whole model and is given the whole batch; it keeps its two chunks of each
-sequence (:class:`ChunkLayout`), embeds them with their global positions, and runs the blocks on
-them. Only attention looks across ranks (:mod:`blutrain_parallel_cp.attention`, ``attn=`` ring,
-allgather or ulysses); every other layer is per position. The attention collectives run on their
+The mode knows no particular model: it sets the ``attention_core`` of every attention module the
+model's :class:`blutrain.models.ModelParallelPlan` names, and runs the model's trunk
+(``hidden_states(idx, positions)``) and head. Every cp rank holds the whole model and is given the
+whole batch; it keeps its two chunks of each sequence (:class:`ChunkLayout`), embeds them with their
+global positions (learned position embeddings, or rotary ones at those positions), and runs the blocks
+on them. Only attention looks across ranks (:mod:`blutrain_parallel_cp.attention`, ``attn=`` ring,
+allgather or ulysses); every other layer is per position. Grouped-query attention's K/V heads are
+repeated to the query heads before the cross-rank attention (a copy of K/V per layer: the ring and
+all-gather kernels take one K/V head per query head). The attention collectives run on their
 own communicator (a split of the cp group), so they never interleave with the gradient
 reduction's collectives, whose place in backward may differ between ranks.
 
@@ -30,11 +35,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from blutrain.autograd import checkpoint, derivative, is_grad_enabled, no_grad, record
+from blutrain.autograd import derivative, no_grad, record
 from blutrain.autograd.rules import save_nothing
 from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, get_process_group, traceable
-from blutrain.models import GPT2
-from blutrain.nn import CausalSelfAttention, Module
+from blutrain.models import ModelParallelPlan, module_at
+from blutrain.nn import Module
 from blutrain.tensor import Tensor, cross_entropy, float64, full_like, stack
 from blutrain.tensor.errors import ShapeError
 from blutrain_parallel_cp.attention import ATTENTION_KINDS, context_parallel_attention
@@ -44,40 +49,32 @@ from blutrain_parallel_ddp import DEFAULT_BUCKET_CAP_MB, DistributedDataParallel
 SEQUENCE_LOSS = "cp_sequence_loss"
 
 
-class ContextParallelSelfAttention(Module):
-    """GPT-2's ``CausalSelfAttention`` (same ``c_attn``, ``c_proj``, ``resid_dropout``) over a sharded
-    sequence: input (B, T_local, C) in the layout of ``group``, attention by ``kind``."""
+class ContextParallelAttentionCore:
+    """The ``attention_core`` (:class:`blutrain.models.PlannedAttention`) this mode gives each planned
+    attention: q (B, H, T_local, D) and k, v (B, H_kv, T_local, D) in the layout of ``group``, attended by
+    ``kind`` across the ranks; K/V heads repeated to H first where H_kv < H (grouped-query attention)."""
 
-    def __init__(self, attn: CausalSelfAttention, group: ProcessGroup, kind: str = "ring") -> None:
-        super().__init__()
-        if not isinstance(attn, CausalSelfAttention):
-            raise DistArgumentError(f"ContextParallelSelfAttention: attn must be a CausalSelfAttention, got "
-                                    f"{type(attn).__name__}")
+    def __init__(self, group: ProcessGroup, kind: str = "ring") -> None:
         if kind not in ATTENTION_KINDS:
-            raise DistArgumentError(f"ContextParallelSelfAttention: kind must be one of "
+            raise DistArgumentError(f"ContextParallelAttentionCore: kind must be one of "
                                     f"{', '.join(ATTENTION_KINDS)}, got {kind!r}")
-        self.n_embd = attn.n_embd
-        self.n_head = attn.n_head
-        self.c_attn = attn.c_attn
-        self.c_proj = attn.c_proj
-        self.resid_dropout = attn.resid_dropout
         self.group = group
         self.kind = kind
 
-    def forward(self, x: Tensor) -> Tensor:
-        if x.ndim != 3 or x.shape[2] != self.n_embd:
-            raise ShapeError(f"ContextParallelSelfAttention: input must be (B, T_local, {self.n_embd}), got "
-                             f"{list(x.shape)}")
-        B, T, C = x.shape
-        H = self.n_head
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if q.ndim != 4 or k.shape != v.shape or k.ndim != 4 or q.shape[1] % k.shape[1]:
+            raise ShapeError(f"ContextParallelAttentionCore: q must be (B, H, T_local, D) and k, v (B, H_kv, "
+                             f"T_local, D) with H a multiple of H_kv, got {list(q.shape)}, {list(k.shape)}, "
+                             f"{list(v.shape)}")
+        B, H, T, D = q.shape
+        groups = H // k.shape[1]
+        if groups > 1:
+            k, v = (t.unsqueeze(2).expand(B, t.shape[1], groups, T, D).reshape(B, H, T, D) for t in (k, v))
         layout = ChunkLayout(T * self.group.size, self.group.size)
-        q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
-        y = context_parallel_attention(q, k, v, self.group, layout, self.kind)
-        out: Tensor = self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, C)))
-        return out
+        return context_parallel_attention(q, k, v, self.group, layout, self.kind)
 
-    def extra_repr(self) -> str:
-        return f"n_embd={self.n_embd}, n_head={self.n_head}, attn={self.kind}, cp={self.group.size}"
+    def __repr__(self) -> str:
+        return f"ContextParallelAttentionCore(attn={self.kind}, cp={self.group.size})"
 
 
 def sequence_loss(local_sum: Tensor, local_count: Tensor | int, group: ProcessGroup) -> Tensor:
@@ -102,49 +99,57 @@ def _sequence_loss_backward(node: Any, grads: list[Any], create_graph: bool) -> 
     return (g * node.attrs["scale"].to(dtype=g.dtype),)
 
 
-class ContextParallelGPT2(Module):
-    """``model`` (a :class:`~blutrain.models.GPT2`) with its attention made context-parallel over ``group``.
+def plan_of(where: str, model: Any) -> ModelParallelPlan:
+    """The parallel plan ``model`` declares (:class:`blutrain.models.Model`); an error naming what was given
+    when it is no such model or declares none."""
+    plan = getattr(type(model), "parallel_plan", None) if isinstance(model, Module) else None
+    if not isinstance(plan, ModelParallelPlan):
+        raise DistArgumentError(f"{where}: model must be a blutrain.models.Model with a parallel_plan (a "
+                                f"ModelParallelPlan), got {type(model).__name__}; register the family with one")
+    return plan
+
+
+class ContextParallelModel(Module):
+    """``model`` (a :class:`blutrain.models.Model`) with its planned attentions made context-parallel over
+    ``group``.
 
     ``forward(idx, targets=None)`` takes the whole batch (B, T), T a multiple of 2·cp, and returns
     ``(logits, loss)``: the logits of this rank's positions (B, T / cp, vocab) in layout order, and
     the mean cross-entropy over all positions (targets of -1 ignored), the same on every cp rank.
     """
 
-    def __init__(self, model: GPT2, group: ProcessGroup, attn: str = "ring") -> None:
+    def __init__(self, model: Any, group: ProcessGroup, attn: str = "ring") -> None:
         super().__init__()
-        if not isinstance(model, GPT2):
-            raise DistArgumentError(f"ContextParallelGPT2: model must be a GPT2, got {type(model).__name__}")
+        where = "ContextParallelModel"
+        self.plan = plan_of(where, model)
         if attn not in ATTENTION_KINDS:
-            raise DistArgumentError(f"ContextParallelGPT2: attn must be one of {', '.join(ATTENTION_KINDS)}, got "
-                                    f"{attn!r}")
-        if attn == "ulysses" and model.config.n_head % group.size:
-            raise DistArgumentError(f"ContextParallelGPT2: attn='ulysses' needs n_head ({model.config.n_head}) "
-                                    f"divisible by the context-parallel size {group.size}")
+            raise DistArgumentError(f"{where}: attn must be one of {', '.join(ATTENTION_KINDS)}, got {attn!r}")
+        heads = self.plan.head_attributes[0]  # the query heads: K/V heads are repeated to them
+        for _, planned in self.plan.attentions(model):
+            if attn == "ulysses" and getattr(planned, heads) % group.size:
+                raise DistArgumentError(f"{where}: attn='ulysses' needs {heads} ({getattr(planned, heads)}) "
+                                        f"divisible by the context-parallel size {group.size}")
         # both declared for blutrain.compiler (see the module's doc)
         self.group: ProcessGroup = traceable(group)
         self.attn = attn
         # the attention's own communicator (see the module's doc); a split is collective over the group
         self.attention_group: ProcessGroup = traceable(group.split(0, group.rank) if group.size > 1 else group)
-        for block in model.transformer.h:
-            block.add_module("attn", ContextParallelSelfAttention(block.attn, self.attention_group, attn))
+        for _, planned in self.plan.attentions(model):
+            planned.attention_core = ContextParallelAttentionCore(self.attention_group, attn)
         self.module = model
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        model: GPT2 = self.module
+        model = self.module
         model.check_ids(idx)
         rank = self.group.rank
         layout = ChunkLayout(idx.shape[1], self.group.size)
-        tr = model.transformer
-        x: Tensor = tr.drop(tr.wte(layout.shard(idx, rank)) + tr.wpe(layout.position_ids(rank, idx.device)))
-        recompute = model.config.checkpoint_activations and self.training and is_grad_enabled() and x.requires_grad
-        for block in tr.h:
-            x = checkpoint(block, x) if recompute else block(x)
-        logits: Tensor = model.lm_head(tr.ln_f(x))
+        x = model.hidden_states(layout.shard(idx, rank), layout.position_ids(rank, idx.device))
+        logits: Tensor = module_at(model, self.plan.head)(x)
         if targets is None:
             return logits, None
         if not isinstance(targets, Tensor) or targets.shape != idx.shape:
             got = list(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
-            raise ShapeError(f"ContextParallelGPT2: targets must have the shape of idx {list(idx.shape)}, got {got}")
+            raise ShapeError(f"ContextParallelModel: targets must have the shape of idx {list(idx.shape)}, got {got}")
         mine = layout.shard(targets, rank).reshape(-1)
         B, T, V = logits.shape
         local = cross_entropy(logits.reshape(B * T, V), mine, ignore_index=-1, reduction="sum")
@@ -155,13 +160,13 @@ class ContextParallelGPT2(Module):
 
 
 class CP:
-    """The "cp" parallelism mode: ``CP(mesh, attn="ring"|"allgather"|"ulysses").wrap_model(gpt2)`` over
+    """The "cp" parallelism mode: ``CP(mesh, attn="ring"|"allgather"|"ulysses").wrap_model(model)`` over
     the mesh's "cp" dimension (or a process group itself). Without a "dp" dimension the result is
     also wrapped in ``DistributedDataParallel`` over the cp group (gradient averaging); with one,
     the dp mode averages over dp × cp. The optimizer is unchanged."""
 
     dim = "cp"
-    compiles = True  # ContextParallelGPT2 declares its groups with blutrain.dist.traceable (see the module doc)
+    compiles = True  # ContextParallelModel declares its groups with blutrain.dist.traceable (see the module doc)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, attn: str = "ring",
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
@@ -177,7 +182,7 @@ class CP:
         self.bucket_cap_mb = bucket_cap_mb
 
     def wrap_model(self, model: Any) -> Module:
-        wrapped = ContextParallelGPT2(model, self.group, self.attn)
+        wrapped = ContextParallelModel(model, self.group, self.attn)
         if self.average_gradients and self.group.size > 1:
             return DistributedDataParallel(wrapped, self.group, self.bucket_cap_mb)
         return wrapped
@@ -186,4 +191,4 @@ class CP:
         return optimizer
 
 
-__all__ = ["CP", "ContextParallelGPT2", "ContextParallelSelfAttention", "sequence_loss"]
+__all__ = ["CP", "ContextParallelAttentionCore", "ContextParallelModel", "sequence_loss"]

@@ -20,7 +20,7 @@ from blutrain_parallel_tp.layers import (
     slice_shard,
 )
 from blutrain_parallel_tp.overlap import column_parallel_linear, row_parallel_linear
-from blutrain_parallel_tp.tp import TP, TensorParallelGPT2
+from blutrain_parallel_tp.tp import TP, TensorParallelModel
 
 if TYPE_CHECKING:
     from blutrain.dist import ParallelModeRegistry
@@ -31,7 +31,7 @@ def blutrain_register_parallel_modes(registry: ParallelModeRegistry) -> None:
     registry.register("tp", TP)
 
 
-__all__ = ["TP", "ColumnParallelLinear", "RowParallelLinear", "Shard", "TensorParallelGPT2", "VocabParallelEmbedding",
+__all__ = ["TP", "ColumnParallelLinear", "RowParallelLinear", "Shard", "TensorParallelModel", "VocabParallelEmbedding",
            "blutrain_register_parallel_modes", "column_parallel_linear", "copy_to_tp_region", "full_shape",
            "gather_shard", "reduce_from_tp_region", "row_parallel_linear", "shard_range", "slice_shard",
            "vocab_parallel_cross_entropy"]

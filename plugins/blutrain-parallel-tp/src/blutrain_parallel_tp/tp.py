@@ -1,20 +1,21 @@
-"""The "tp" mode: a GPT-2 rewritten in place into Megatron tensor parallelism.
+"""The "tp" mode: a model rewritten in place into Megatron tensor parallelism, as its parallel plan says.
 
-In every block ``attn.c_attn`` becomes column-parallel by heads (each rank keeps ``n_head / tp``
-whole heads: its rows of q, of k and of v), ``attn.c_proj`` row-parallel, ``mlp.c_fc``
-column-parallel and ``mlp.c_proj`` row-parallel; so each block does two all-reduces forward (one
-per row-parallel layer) and two backward (one per column-parallel layer). The token embedding
-``wte`` becomes vocab-parallel and the tied LM head uses the same shard: each rank computes the
-logits of its part of the vocabulary, and the vocab-parallel cross-entropy reduces three values
-per token, so no rank holds full logits. LayerNorms, ``wpe`` and the row-parallel biases are
-replicated; their gradients are equal on every rank (their inputs and output gradients are), so
-they need no reduction.
+The mode knows no particular model: it applies the model's :class:`blutrain.models.ModelParallelPlan`.
+In every block the plan's column-parallel Linears are cut by output features (a fused q/k/v projection
+in its three parts, so each rank keeps whole heads: its rows of q, of k and of v), its row-parallel ones
+by input features, and the attention's head counts divided by the group size; so each block does one
+all-reduce forward per row-parallel layer and one backward per column-parallel input. The token
+embedding becomes vocab-parallel and the LM head too (a tied head uses the embedding's shard, an untied
+one is a column-parallel Linear over the vocabulary): each rank computes the logits of its part of the
+vocabulary, and the vocab-parallel cross-entropy reduces three values per token, so no rank holds full
+logits. Everything else (norms, position embeddings, row-parallel biases) is replicated; their gradients
+are equal on every rank (their inputs and output gradients are), so they need no reduction.
 
 The model is cut from full weights: rank 0 of the group broadcasts its parameters first (so every
 rank starts from the same model) and each rank slices its part, hence a single-process checkpoint
-loads by loading it into ``GPT2`` before wrapping; :meth:`TensorParallelGPT2.full_parameters`
-gathers them back. A wrapped model loads whole state too (:meth:`~TensorParallelGPT2.load_full_state_dict`,
-each rank slicing its blocks), and :meth:`~TensorParallelGPT2.checkpoint_shard` describes each rank's
+loads by loading it into the model before wrapping; :meth:`TensorParallelModel.full_parameters`
+gathers them back. A wrapped model loads whole state too (:meth:`~TensorParallelModel.load_full_state_dict`,
+each rank slicing its blocks), and :meth:`~TensorParallelModel.checkpoint_shard` describes each rank's
 blocks as ranges of the full tensors, so every rank writes its own part of a checkpoint.
 
 ``async_chunks=k`` (k >= 1) runs the parallel Linears and the LM head as the fused ops of
@@ -36,8 +37,8 @@ from typing import Any
 
 from blutrain.autograd import no_grad
 from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, StateShard, get_process_group, traceable
-from blutrain.models import GPT2
-from blutrain.nn import CausalSelfAttention, Embedding, Linear, Module
+from blutrain.models import ModelParallelPlan, module_at, replace_module
+from blutrain.nn import Embedding, Linear, Module
 from blutrain.tensor import Tensor, clamp, norm, stack, zeros
 from blutrain.tensor.errors import ShapeError
 from blutrain_parallel_tp.comm import copy_to_tp_region
@@ -61,26 +62,39 @@ def _expect(where: str, what: str, value: object, kind: type) -> Any:
     return value
 
 
-class TensorParallelGPT2(Module):
-    """``model`` (a :class:`~blutrain.models.GPT2`) rewritten for tensor parallelism over ``group``.
+def plan_of(where: str, model: Any) -> ModelParallelPlan:
+    """The parallel plan ``model`` declares (:class:`blutrain.models.Model`); an error naming what was given
+    when it is no such model or declares none."""
+    plan = getattr(type(model), "parallel_plan", None) if isinstance(model, Module) else None
+    if not isinstance(plan, ModelParallelPlan):
+        raise DistArgumentError(f"{where}: model must be a blutrain.models.Model with a parallel_plan (a "
+                                f"ModelParallelPlan), got {type(model).__name__}; register the family with one")
+    return plan
 
-    ``forward(idx, targets=None)`` returns ``(logits, loss)`` as GPT2's, where ``logits`` is this
+
+class TensorParallelModel(Module):
+    """``model`` (a :class:`blutrain.models.Model`) rewritten for tensor parallelism over ``group`` as its
+    ``parallel_plan`` says.
+
+    ``forward(idx, targets=None)`` returns ``(logits, loss)`` as the model's, where ``logits`` is this
     rank's vocabulary shard (B, T, vocab_size / tp) and ``loss`` the full mean cross-entropy, the
     same on every rank. Parameter names are the model's, under ``module.``. ``async_chunks`` > 0: the
     parallel Linears and the LM head overlap their all-reduce with their GEMMs in that many row blocks.
     """
 
-    def __init__(self, model: GPT2, group: ProcessGroup, broadcast_parameters: bool = True,
+    def __init__(self, model: Any, group: ProcessGroup, broadcast_parameters: bool = True,
                  async_chunks: int = 0) -> None:
         super().__init__()
-        where = "TensorParallelGPT2"
-        _expect(where, "model", model, GPT2)
+        where = "TensorParallelModel"
+        self.plan = plan_of(where, model)
         self.async_chunks = check_chunks(where, async_chunks) if async_chunks else 0
         size = group.size
         c = model.config
-        if c.n_head % size:
-            raise DistArgumentError(f"{where}: n_head ({c.n_head}) must be divisible by the tensor-parallel size "
-                                    f"{size} (each rank keeps whole heads)")
+        for _, attn in self.plan.attentions(model):
+            for name in self.plan.head_attributes:
+                if getattr(attn, name) % size:
+                    raise DistArgumentError(f"{where}: {name} ({getattr(attn, name)}) must be divisible by the "
+                                            f"tensor-parallel size {size} (each rank keeps whole heads)")
         if c.vocab_size % size:
             raise DistArgumentError(f"{where}: vocab_size ({c.vocab_size}) must be divisible by the tensor-parallel "
                                     f"size {size}; pad the vocabulary (GPT-2's 50257 → 50304)")
@@ -99,52 +113,55 @@ class TensorParallelGPT2(Module):
             self._shards[id(getattr(m, name))] = shard
         return m
 
-    def _rewrite(self, model: GPT2) -> None:
-        g, k = self.group, self.async_chunks
-        for i, block in enumerate(model.transformer.h):
-            attn = _expect(f"TensorParallelGPT2: transformer.h.{i}", "attn", block.attn, CausalSelfAttention)
-            attn.c_attn = self._parallel(ColumnParallelLinear.from_linear(
-                _expect("TensorParallelGPT2", "attn.c_attn", attn.c_attn, Linear), g, parts=3, async_chunks=k))
-            attn.c_proj = self._parallel(RowParallelLinear.from_linear(
-                _expect("TensorParallelGPT2", "attn.c_proj", attn.c_proj, Linear), g, async_chunks=k))
-            attn.n_head = attn.n_head // g.size  # the heads this rank computes; self_attention splits by it
-            mlp = block.mlp
-            mlp.c_fc = self._parallel(ColumnParallelLinear.from_linear(
-                _expect("TensorParallelGPT2", "mlp.c_fc", mlp.c_fc, Linear), g, async_chunks=k))
-            mlp.c_proj = self._parallel(RowParallelLinear.from_linear(
-                _expect("TensorParallelGPT2", "mlp.c_proj", mlp.c_proj, Linear), g, async_chunks=k))
-        wte = self._parallel(VocabParallelEmbedding.from_embedding(
-            _expect("TensorParallelGPT2", "transformer.wte", model.transformer.wte, Embedding), g))
-        model.transformer.wte = wte
-        model.lm_head.weight = wte.weight  # still tied: the head's rows are this rank's vocabulary
-        model.lm_head.out_features = wte.per_rank
-
-    @property
-    def vocab_start(self) -> int:
-        """The first vocabulary id whose logit this rank computes."""
-        wte = self.module.transformer.wte
-        assert isinstance(wte, VocabParallelEmbedding)  # put there by _rewrite
-        return wte.vocab_start
+    def _rewrite(self, model: Module) -> None:
+        g, k, plan = self.group, self.async_chunks, self.plan
+        where = "TensorParallelModel"
+        for prefix, block in plan.block_modules(model):
+            for path, parts in plan.column.items():
+                full = _expect(where, f"{prefix}.{path}", module_at(block, path), Linear)
+                replace_module(block, path, self._parallel(ColumnParallelLinear.from_linear(
+                    full, g, parts=parts, async_chunks=k)))
+            for path in plan.row:
+                full = _expect(where, f"{prefix}.{path}", module_at(block, path), Linear)
+                replace_module(block, path, self._parallel(RowParallelLinear.from_linear(full, g, async_chunks=k)))
+            attn = module_at(block, plan.attention)
+            for name in plan.head_attributes:  # the heads this rank computes; the attention splits by them
+                setattr(attn, name, getattr(attn, name) // g.size)
+        emb = _expect(where, plan.vocab_embedding, module_at(model, plan.vocab_embedding), Embedding)
+        head = _expect(where, plan.head, module_at(model, plan.head), Linear)
+        tied = head.weight is emb.weight
+        wte = self._parallel(VocabParallelEmbedding.from_embedding(emb, g))
+        replace_module(model, plan.vocab_embedding, wte)
+        if tied:
+            head.weight = wte.weight  # still tied: the head's rows are this rank's vocabulary
+            head.out_features = wte.per_rank
+        else:  # this rank's rows of the head: the logits of the embedding shard's vocabulary
+            replace_module(model, plan.head, self._parallel(ColumnParallelLinear.from_linear(head, g, async_chunks=k)))
+        self.vocab_start = wte.vocab_start  # the first vocabulary id whose logit this rank computes
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        model: GPT2 = self.module
+        model = self.module
         model.check_ids(idx)
-        x = model.transformer(idx)
-        head = model.lm_head
-        logits: Tensor = (column_parallel_linear(x, head.weight, head.bias, self.group, self.async_chunks)
-                          if self.async_chunks and self.group.size > 1 else head(copy_to_tp_region(x, self.group)))
+        x = model.hidden_states(idx)
+        head = module_at(model, self.plan.head)
+        logits: Tensor
+        if isinstance(head, ColumnParallelLinear):  # an untied head, cut by _rewrite
+            logits = head(x)
+        else:
+            logits = (column_parallel_linear(x, head.weight, head.bias, self.group, self.async_chunks)
+                      if self.async_chunks and self.group.size > 1 else head(copy_to_tp_region(x, self.group)))
         if targets is None:
             return logits, None
         if not isinstance(targets, Tensor) or targets.shape != idx.shape:
             got = list(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
-            raise ShapeError(f"TensorParallelGPT2: targets must have the shape of idx {list(idx.shape)}, got {got}")
+            raise ShapeError(f"TensorParallelModel: targets must have the shape of idx {list(idx.shape)}, got {got}")
         B, T, V = logits.shape
         loss = vocab_parallel_cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), self.group,
                                             self.vocab_start, ignore_index=-1)
         return logits, loss
 
     def full_parameters(self) -> dict[str, Tensor]:
-        """Every parameter of the single-process model, by its GPT2 name (collective over the group:
+        """Every parameter of the single-process model, by its name (collective over the group:
         sharded ones are all-gathered)."""
         out: dict[str, Tensor] = {}
         for name, p in self.module.named_parameters():
@@ -153,7 +170,7 @@ class TensorParallelGPT2(Module):
         return out
 
     def full_state_dict(self) -> dict[str, Tensor]:
-        """The single-process GPT2's ``state_dict()`` (collective over the group: sharded parameters are
+        """The single-process model's ``state_dict()`` (collective over the group: sharded parameters are
         all-gathered)."""
         return {**self.module.state_dict(), **self.full_parameters()}
 
@@ -173,7 +190,7 @@ class TensorParallelGPT2(Module):
         return {**state, "state": full}
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
-        """Load the single-process GPT2's ``state_dict()`` (a plain checkpoint's, or merged shards):
+        """Load the single-process model's ``state_dict()`` (a plain checkpoint's, or merged shards):
         each rank keeps its block of every sharded tensor. No collective."""
         tensors = dict(self.module.named_parameters(remove_duplicate=False))
         local = {}
@@ -255,7 +272,7 @@ class TensorParallelGPT2(Module):
         applies the same coefficient; returns the norm before clipping."""
         if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0 or not \
                 math.isfinite(max_norm):
-            raise DistArgumentError(f"TensorParallelGPT2.clip_grad_norm_: max_norm must be a finite number > 0, "
+            raise DistArgumentError(f"TensorParallelModel.clip_grad_norm_: max_norm must be a finite number > 0, "
                                     f"got {max_norm!r}")
         total = self.grad_norm()
         with no_grad():
@@ -271,12 +288,12 @@ class TensorParallelGPT2(Module):
 
 
 class TP:
-    """The "tp" parallelism mode: ``TP(mesh).wrap_model(gpt2)`` over the mesh's "tp" dimension (or a
+    """The "tp" parallelism mode: ``TP(mesh).wrap_model(model)`` over the mesh's "tp" dimension (or a
     process group itself); the optimizer is unchanged (it updates each rank's shards). ``async_chunks``
     k >= 1: async TP, each layer's all-reduce in k row blocks overlapping its GEMMs (0: synchronous)."""
 
     dim = "tp"
-    compiles = True  # TensorParallelGPT2 declares its group with blutrain.dist.traceable (see the module doc)
+    compiles = True  # TensorParallelModel declares its group with blutrain.dist.traceable (see the module doc)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, broadcast_parameters: bool = True,
                  async_chunks: int = 0) -> None:
@@ -287,11 +304,11 @@ class TP:
         self.broadcast_parameters = broadcast_parameters
         self.async_chunks = check_chunks("TP", async_chunks) if async_chunks else 0
 
-    def wrap_model(self, model: Any) -> TensorParallelGPT2:
-        return TensorParallelGPT2(model, self.group, self.broadcast_parameters, self.async_chunks)
+    def wrap_model(self, model: Any) -> TensorParallelModel:
+        return TensorParallelModel(model, self.group, self.broadcast_parameters, self.async_chunks)
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         return optimizer
 
 
-__all__ = ["TP", "TensorParallelGPT2"]
+__all__ = ["TP", "TensorParallelModel"]

@@ -22,6 +22,7 @@ import numpy as np
 
 from blutrain.autograd import checkpoint, is_grad_enabled, no_grad
 from blutrain.models.errors import ModelError, PretrainedError
+from blutrain.models.parallel_plan import ModelParallelPlan
 from blutrain.nn import GELU, CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
 from blutrain.nn import init as nn_init
 from blutrain.nn.linear import project
@@ -192,6 +193,13 @@ class Transformer(Module):
 
 class GPT2(Module):
     """GPT-2 language model. ``model(idx, targets=None)`` returns ``(logits, loss)`` as nanoGPT's does."""
+
+    # Megatron's cut: q/k/v (one fused Linear, three parts) and c_fc column parallel, the output
+    # projections row parallel, heads split, the token embedding and the tied head vocab parallel.
+    parallel_plan = ModelParallelPlan(
+        blocks="transformer.h", attention="attn", head_attributes=("n_head",),
+        column={"attn.c_attn": 3, "mlp.c_fc": 1}, row=("attn.c_proj", "mlp.c_proj"),
+        vocab_embedding="transformer.wte", head="lm_head")
 
     def __init__(self, config: GPT2Config) -> None:
         super().__init__()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from blutrain.models.errors import ModelError
+from blutrain.models.parallel_plan import ModelParallelPlan
 from blutrain.tensor import Tensor
 
 
@@ -37,9 +38,13 @@ class Model(Protocol):
     ``hidden_states(idx, positions)`` is the trunk alone: the final-normalised hidden states (B, T, C) of
     tokens ``idx`` at sequence ``positions`` (int64, (T,); default ``0 .. T-1``), what a parallel mode
     feeds its own head and loss (context parallelism gives each rank's chunks their global positions).
+    ``parallel_plan`` (a class attribute) says what tensor and context parallelism cut; None: neither applies.
     """
 
     config: Any
+
+    @property
+    def parallel_plan(self) -> ModelParallelPlan | None: ...
 
     def __call__(self, idx: Tensor, targets: Tensor | None = None, *,
                  return_logits: bool = True) -> tuple[Tensor | None, Tensor | None]: ...
@@ -57,7 +62,11 @@ class Model(Protocol):
 
 
 class ModelClass(Protocol):
-    """The module class of a family: built from its config, or from a Hugging Face directory."""
+    """The module class of a family: built from its config, or from a Hugging Face directory; its
+    ``parallel_plan`` is the models'."""
+
+    @property
+    def parallel_plan(self) -> ModelParallelPlan | None: ...
 
     def __call__(self, config: Any) -> Model: ...
 
@@ -112,6 +121,11 @@ class ModelSpec:
         except TypeError as exc:  # an unknown field name
             raise ModelError(f"model {self.name!r}: {exc}; the preset fields are "
                              f"{', '.join(sorted(next(iter(self.presets.values()))))}") from None
+
+    @property
+    def parallel_plan(self) -> ModelParallelPlan | None:
+        """What tensor and context parallelism cut in this family's models (declared by its module class)."""
+        return self.model_class.parallel_plan
 
     def build(self, config: ModelConfig) -> Model:
         """A freshly initialised model of ``config`` (weights from the default generator)."""

@@ -2,7 +2,7 @@
 
 from blutrain.nn import functional, init
 from blutrain.nn.activation import GELU, Dropout
-from blutrain.nn.attention import CausalSelfAttention
+from blutrain.nn.attention import AttentionCore, CausalSelfAttention
 from blutrain.nn.container import ModuleList, Sequential
 from blutrain.nn.embedding import Embedding
 from blutrain.nn.errors import ModuleError, StateDictError
@@ -11,6 +11,6 @@ from blutrain.nn.module import LoadResult, Module, RemovableHandle
 from blutrain.nn.normalization import LayerNorm
 from blutrain.nn.parameter import Parameter
 
-__all__ = ["GELU", "CausalSelfAttention", "Dropout", "Embedding", "LayerNorm", "Linear", "LoadResult",
+__all__ = ["GELU", "AttentionCore", "CausalSelfAttention", "Dropout", "Embedding", "LayerNorm", "Linear", "LoadResult",
            "Module", "ModuleError", "ModuleList", "Parameter", "RemovableHandle", "Sequential",
            "StateDictError", "functional", "init"]

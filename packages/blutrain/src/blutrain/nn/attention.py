@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from blutrain.nn.activation import Dropout
 from blutrain.nn.errors import ModuleError
 from blutrain.nn.linear import Linear, project
 from blutrain.nn.module import Module
 from blutrain.tensor import Tensor, scaled_dot_product_attention, self_attention
 from blutrain.tensor.errors import ShapeError
+
+# Causal attention of q (B, H, T, D) over k, v (B, H_kv, T, D), H a multiple of H_kv (query head h reads
+# key/value head h // (H / H_kv)), returning (B, H, T, D): the step of an attention module that context
+# parallelism replaces (blutrain.models.PlannedAttention).
+AttentionCore = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 class CausalSelfAttention(Module):
@@ -38,12 +45,16 @@ class CausalSelfAttention(Module):
         self.c_proj = Linear(n_embd, n_embd, bias=bias)
         self.resid_dropout = Dropout(dropout)
         self.packed = packed
+        self.attention_core: AttentionCore | None = None
 
     def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         if x.ndim != 3 or x.shape[2] != self.n_embd:
             raise ShapeError(f"CausalSelfAttention: input must be (B, T, {self.n_embd}), got {list(x.shape)}")
         qkv = self.c_attn(x)
-        y = self_attention(qkv, self.n_head, is_causal=True) if self.packed else self._split_heads_attention(qkv)
+        if self.packed and self.attention_core is None:
+            y = self_attention(qkv, self.n_head, is_causal=True)
+        else:
+            y = self._split_heads_attention(qkv)
         return project(self.c_proj, self.resid_dropout, y, residual)
 
     def _split_heads_attention(self, qkv: Tensor) -> Tensor:
@@ -54,12 +65,14 @@ class CausalSelfAttention(Module):
         q = q.reshape(B, T, self.n_head, hs).transpose(1, 2)
         k = k.reshape(B, T, self.n_head, hs).transpose(1, 2)
         v = v.reshape(B, T, self.n_head, hs).transpose(1, 2)
-        y = scaled_dot_product_attention(q, k, v, is_causal=True)
+        core = self.attention_core
+        y = scaled_dot_product_attention(q, k, v, is_causal=True) if core is None else core(q, k, v)
         return y.transpose(1, 2).reshape(B, T, C)
 
     def extra_repr(self) -> str:
         packed = "" if self.packed else ", packed=False"
-        return f"n_embd={self.n_embd}, n_head={self.n_head}{packed}"
+        core = "" if self.attention_core is None else f", attention_core={self.attention_core!r}"
+        return f"n_embd={self.n_embd}, n_head={self.n_head}{packed}{core}"
 
 
-__all__ = ["CausalSelfAttention"]
+__all__ = ["AttentionCore", "CausalSelfAttention"]
