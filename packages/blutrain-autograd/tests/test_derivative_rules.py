@@ -403,6 +403,26 @@ def _rms_norm(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     return inputs, lambda x, w: bt.rms_norm(x, ns, w, eps=1e-6) + bt.rms_norm(x, ns, eps=1e-6)
 
 
+@case("rope")
+def _rope(data: st.DataObject, rng: np.random.Generator) -> Drawn:
+    B, T, kv = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 4)), data.draw(st.integers(1, 2))
+    H, D = kv * data.draw(st.integers(1, 2)), data.draw(st.sampled_from((2, 4, 6)))
+    angles = rng.uniform(-4.0, 4.0, (T, D // 2))
+    cos, sin = bt.tensor(np.cos(angles)), bt.tensor(np.sin(angles))
+
+    def fn(q: Tensor, k: Tensor) -> Tensor:
+        qo, ko = bt.rope(q, k, cos.to(dtype=q.dtype), sin.to(dtype=q.dtype))
+        return bt.cat([qo.reshape(-1), (ko * 3).reshape(-1)])
+
+    return [rng.standard_normal((B, T, H, D)), rng.standard_normal((B, T, kv, D))], fn
+
+
+@case("swiglu")
+def _swiglu(data: st.DataObject, rng: np.random.Generator) -> Drawn:
+    shape = data.draw(shapes(0, 3))
+    return [rng.standard_normal(shape) * 2, rng.standard_normal(shape)], lambda g, u: bt.swiglu(g, u)
+
+
 @case("bias_gelu")
 def _bias_gelu(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     shape = data.draw(shapes(1, 3))

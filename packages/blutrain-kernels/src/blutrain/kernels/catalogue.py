@@ -665,6 +665,30 @@ def sdpa_packed_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sampl
 
 
 @_composite
+def rope_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
+    """q (B, T, H, D) and k (B, T, H_kv, D) in any layout but expanded, D even (2 to 64), H_kv dividing H
+    (grouped-query attention); cos and sin (T, D/2) of real angles of each position and frequency."""
+    st = _st()
+    rng, seed = _rng(draw)
+    B, T = draw(st.integers(1, 3)), draw(st.sampled_from((0, 1, 2, 5, 9, 17)))
+    kv = draw(st.integers(1, 3))
+    H, D = kv * draw(st.integers(1, 3)), draw(st.sampled_from((2, 4, 6, 16, 64)))
+    q = _draw_arg(draw, rng, (B, T, H, D), dtype, grad=grad, layouts=LAYOUTS[:-1])
+    k = _draw_arg(draw, rng, (B, T, kv, D), dtype, grad=grad, layouts=LAYOUTS[:-1])
+    angles = np.outer(np.arange(T) + draw(st.integers(0, 4000)), 10000.0 ** (-np.arange(D // 2) * 2.0 / D))
+    return Sample((q, k, Arg(np.cos(angles)), Arg(np.sin(angles))), {}, seed)
+
+
+@_composite
+def swiglu_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
+    """gate and up of one shape (0 to 4 dims), each in any layout."""
+    rng, seed = _rng(draw)
+    shape = _draw_shape(draw, 0, 4)
+    gate = _draw_arg(draw, rng, shape, dtype, grad=grad)
+    return Sample((gate, _draw_arg(draw, rng, shape, dtype, grad=grad)), {}, seed)
+
+
+@_composite
 def dropout_samples(draw: DrawFn, dtype: DType) -> Sample:
     rng, seed = _rng(draw)
     x = _draw_arg(draw, rng, _draw_shape(draw), dtype, "nonzero", grad=True)
@@ -737,6 +761,12 @@ def _dropout_reference(outputs: tuple[Tensor, Tensor], x: Tensor, p: float) -> t
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     with_x = bt.where(kept, x.detach() * scale, 0.0)
     return with_x, bt.where(kept, bt.full(y.shape, 2.0 * scale, dtype=float64), 0.0)
+
+
+def _rope_joined(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Both outputs of rope in one tensor, so the backward entry's one output gradient reaches q and k."""
+    qo, ko = bt.rope(q, k, cos, sin)
+    return bt.cat([qo.reshape(-1), ko.reshape(-1)])
 
 
 def _fn(name: str) -> Callable[..., Any]:
@@ -988,6 +1018,16 @@ _op("bias_gelu", "bias_gelu(input, bias, approximate='tanh') -> Tensor",
 _op("bias_gelu_backward", "bias_gelu(...) → backward",
     "dx = dy·gelu'(x + bias); dbias = Σ dx over all but the last dim", FLOATS,
     lambda dt: bias_gelu_samples(dt, grad=True), _fn("bias_gelu"), backward=True)
+_op("rope", "rope(q, k, cos, sin) -> (Tensor, Tensor)",
+    "rotary embedding of q and k in one kernel, rotate-half: (x₁ cos − x₂ sin, x₂ cos + x₁ sin)", FLOATS,
+    lambda dt: rope_samples(dt), _fn("rope"))
+_op("rope_backward", "rope(...) → backward", "the gradients of q and k rotated back by the same angles", FLOATS,
+    lambda dt: rope_samples(dt, grad=True), _rope_joined, backward=True)
+_op("swiglu", "swiglu(gate, up) -> Tensor", "silu(gate) · up (Llama's gated MLP)", FLOATS,
+    lambda dt: swiglu_samples(dt), _fn("swiglu"))
+_op("swiglu_backward", "swiglu(...) → backward",
+    "d gate = dy·up·σ(g)(1 + g(1 − σ(g))), d up = dy·silu(g)", FLOATS, lambda dt: swiglu_samples(dt, grad=True),
+    _fn("swiglu"), backward=True)
 _op("dropout", "dropout(input, p=0.5, training=True) -> Tensor",
     "zeroes each element with probability p, scales the rest by 1/(1−p)", FLOATS, dropout_samples, _dropout,
     reference=_dropout_reference)

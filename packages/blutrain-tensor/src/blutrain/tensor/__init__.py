@@ -108,8 +108,10 @@ from blutrain.tensor.ops.nn import (
     layer_norm,
     linear_cross_entropy,
     rms_norm,
+    rope,
     scaled_dot_product_attention,
     self_attention,
+    swiglu,
 )
 from blutrain.tensor.ops.reduction import (
     amax,
@@ -275,6 +277,7 @@ __all__ = [
     "relu",
     "result_type",
     "rms_norm",
+    "rope",
     "rsqrt",
     "save_file",
     "scaled_dot_product_attention",
@@ -291,6 +294,7 @@ __all__ = [
     "std",
     "sub",
     "sum",
+    "swiglu",
     "tanh",
     "tensor",
     "tril",

@@ -3,7 +3,8 @@
 What each saves is decided here: LayerNorm and RMSNorm keep the input and the per-row statistics;
 cross-entropy keeps the logits and per-row log-sum-exp (no softmax tensor); attention keeps q, k, v
 (packed self-attention: the one qkv tensor), its output and the log-sum-exp (no T×S matrix);
-bias+GELU keeps its input and bias (not their sum; the backward kernel adds them again); dropout keeps
+bias+GELU keeps its input and bias (not their sum; the backward kernel adds them again); rope keeps only
+its angles (cos, sin: its backward is the inverse rotation); swiglu keeps gate and up; dropout keeps
 its boolean mask; embedding keeps only the indices; the fused LM-head loss (linear_cross_entropy)
 keeps the input and weight gradients its forward already computed, nothing of the logits.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from blutrain.autograd.rules import derivative, no_double_backward, save_inputs, save_nothing
-from blutrain.tensor import dispatch
+from blutrain.tensor import dispatch, zeros
 from blutrain.tensor.tensor import Tensor
 
 
@@ -48,6 +49,36 @@ def _rms_norm(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...
     gx, gw = dispatch.kernel("rms_norm_backward", x.device.type, x.dtype)(
         grads[0]._data, x._data, None if w is None else w._data, rstd._data, node.attrs["k"], node.needs[1])
     return (_wrap(gx, x) if node.needs[0] else None, _wrap(gw, x))
+
+
+def _save_angles(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
+    return ()  # the angles are attributes (cos, sin); rope keeps no activation
+
+
+@derivative("rope", save=_save_angles)
+def _rope(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("rope", create_graph)
+    gq, gk = grads  # an output no loss reads has no gradient: zero
+    like = gq if gq is not None else gk
+    shapes = [meta[0] for meta in node.out_meta]
+    gq_data = gq._data if gq is not None else _zeros_like(like, shapes[0])
+    gk_data = gk._data if gk is not None else _zeros_like(like, shapes[1])
+    dq, dk = dispatch.kernel("rope_backward", like.device.type, like.dtype)(
+        gq_data, gk_data, node.attrs["cos"]._data, node.attrs["sin"]._data)
+    return (_wrap(dq, like) if node.needs[0] else None, _wrap(dk, like) if node.needs[1] else None)
+
+
+def _zeros_like(like: Tensor, shape: tuple[int, ...]) -> Any:
+    return zeros(*shape, dtype=like.dtype, device=like.device)._data
+
+
+@derivative("swiglu", save=save_inputs)
+def _swiglu(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
+    no_double_backward("swiglu", create_graph)
+    gate, up = node.saved
+    gg, gu = dispatch.kernel("swiglu_backward", gate.device.type, gate.dtype)(
+        grads[0]._data, gate._data, up._data, node.needs[0], node.needs[1])
+    return (_wrap(gg, gate), _wrap(gu, gate))
 
 
 @derivative("bias_gelu", save=save_inputs)

@@ -132,11 +132,11 @@ _add(("scatter_add", "index_add"), ix, ALL_DTYPES)
 _add(("embedding_backward",), ix, FLOATS, math=False)  # rounds half sums, product and addend sum itself
 _add(("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "bias_gelu", "bias_gelu_backward",
       "dropout", "cross_entropy", "cross_entropy_backward", "sdpa", "sdpa_backward", "sdpa_packed",
-      "sdpa_packed_backward"), nn, FLOATS)
+      "sdpa_packed_backward", "rope", "rope_backward", "swiglu", "swiglu_backward"), nn, FLOATS)
 _add(("linear_cross_entropy",), nn, FLOATS, math=False)  # handles half dtypes itself (float32 accumulation)
 
 # outputs of forward kernels that are statistics for backward: kept in float32 for half inputs
-STATISTICS: dict[str, tuple[int, ...]] = {"layer_norm": (1, 2), "rms_norm": (1,), "cross_entropy": (1,),
+STATISTICS: dict[str, tuple[int, ...]] = {"layer_norm": (1, 2), "rms_norm": (1, 2), "cross_entropy": (1,),
                                           "sdpa": (1,), "sdpa_packed": (1,)}
 
 

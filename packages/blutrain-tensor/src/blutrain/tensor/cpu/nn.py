@@ -102,7 +102,22 @@ def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rst
     return gx, gw, gb, copy, total
 
 
-def rms_norm(x: Array, w: Array | None, eps: float, k: int) -> tuple[Array, Array]:
+def rms_norm(x: Array, w: Array | None, eps: float, k: int, residual: Array | None = None) -> tuple[Array, ...]:
+    """(y, rstd) of y = x / sqrt(mean(x²) + eps) · w over the trailing ``k`` dims.
+
+    With ``residual`` (x's shape, a floating dtype at least as wide as x's) the normalized row is
+    s = residual + x in residual's dtype and the result is (y, rstd, s): a pre-norm block's residual add
+    and the next norm in one pass (as :func:`layer_norm`'s ``residual``), the add rounded once, residual
+    first."""
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ShapeError(f"rms_norm: residual must have x's shape {list(x.shape)}, got {list(residual.shape)}")
+        if (residual.dtype.kind != "f" and residual.dtype.name != "bfloat16") or \
+                np.dtype(residual.dtype).itemsize < np.dtype(x.dtype).itemsize:
+            raise TensorTypeError(f"rms_norm: residual must be a floating dtype at least as wide as x's "
+                                  f"{x.dtype.name}, got {residual.dtype.name}")
+        s = residual + x.astype(residual.dtype, copy=False)
+        return (*rms_norm(s, w, eps, k), s)
     xp = array_module(x)
     rows = _rows(x, k)
     with _quiet():
@@ -124,6 +139,46 @@ def rms_norm_backward(grad: Array, x: Array, w: Array | None, rstd: Array, k: in
     with _quiet():
         gx = r * (gxhat - xhat * _row_mean(gxhat * xhat))
     return gx.reshape(x.shape), gw
+
+
+def rope(q: Array, k: Array, cos: Array, sin: Array) -> tuple[Array, Array]:
+    """Rotary position embedding of ``q`` (B, T, H, D) and ``k`` (B, T, H_kv, D) in one call, in the
+    rotate-half layout (Hugging Face's Llama): with x₁, x₂ the first and second halves of each head,
+    (x₁ cos − x₂ sin, x₂ cos + x₁ sin); ``cos``, ``sin`` (T, D/2) are the angles of each position and
+    frequency. Each output has its input's dtype."""
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def rope_backward(grad_q: Array, grad_k: Array, cos: Array, sin: Array) -> tuple[Array, Array]:
+    """The gradients of :func:`rope`'s inputs: each pair rotated back (the transpose of a rotation is the
+    rotation by the opposite angle), so backward keeps only the angles, no activation."""
+    return _rotate(grad_q, cos, -sin), _rotate(grad_k, cos, -sin)
+
+
+def _rotate(x: Array, cos: Array, sin: Array) -> Array:
+    xp = array_module(x)
+    half = x.shape[-1] // 2
+    c = cos.reshape(cos.shape[0], 1, half)  # (T, 1, D/2): one angle per position and frequency, every head
+    s = sin.reshape(sin.shape[0], 1, half)
+    x1, x2 = x[..., :half], x[..., half:]
+    out = xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    return out.astype(x.dtype, copy=False)
+
+
+def swiglu(gate: Array, up: Array) -> Array:
+    """silu(gate) · up: the gated MLP of Llama (SwiGLU), one pass over both projections."""
+    with _quiet():
+        return gate / (1 + np.exp(-gate)) * up
+
+
+def swiglu_backward(grad: Array, gate: Array, up: Array, need_gate: bool,
+                    need_up: bool) -> tuple[Array | None, Array | None]:
+    """d gate = dy · up · σ(g)(1 + g(1 − σ(g))), d up = dy · silu(g) (σ recomputed from the saved gate)."""
+    with _quiet():
+        sig = 1 / (1 + np.exp(-gate))
+        gg = grad * up * (sig * (1 + gate * (1 - sig))) if need_gate else None
+        gu = grad * (gate * sig) if need_up else None
+    return gg, gu
 
 
 def bias_gelu(x: Array, bias: Array, approximate: str) -> Array:

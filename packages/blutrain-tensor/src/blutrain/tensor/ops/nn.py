@@ -133,6 +133,47 @@ def bias_gelu(input: Tensor, bias: Tensor, approximate: str = "tanh") -> Tensor:
     return res
 
 
+def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotary position embeddings applied to queries and keys in one kernel: ``q`` (B, T, H, D) and ``k``
+    (B, T, H_kv, D), the layout their projections write, D even; ``cos``, ``sin`` (T, D/2) the angles
+    of each position and frequency (q's dtype, or float32 for half q and k). Rotate-half layout: each
+    head's first and second halves x₁, x₂ become (x₁ cos − x₂ sin, x₂ cos + x₁ sin), as Hugging Face's
+    Llama. Backward rotates the gradients back and keeps only the angles."""
+    _floating("rope", q, "q")
+    _floating("rope", k, "k")
+    if q.ndim != 4 or k.ndim != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3] or q.shape[3] % 2:
+        raise ShapeError(f"rope: q must be (B, T, H, D) and k (B, T, H_kv, D) with D even, got {list(q.shape)} and "
+                         f"{list(k.shape)}")
+    _same("rope", q, "k", k, None, "q")
+    angles = (q.shape[1], q.shape[3] // 2)
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor) or t.device is not q.device or t.shape != angles:
+            got = f"{list(t.shape)} on {t.device}" if isinstance(t, Tensor) else type(t).__name__
+            raise ShapeError(f"rope: {name} must be a (T, D/2) = {list(angles)} tensor on {q.device}, got {got}")
+        if t.dtype is not q.dtype and not (t.dtype is float32 and q.dtype.itemsize == 2):
+            raise TensorTypeError(f"rope: {name} must have q's dtype {q.dtype.name} (or float32 for half q), got "
+                                  f"{t.dtype.name}")
+    qd, kd = _kernel("rope", q.device.type, q.dtype)(q._data, k._data, cos._data, sin._data)
+    out = (Tensor._make(qd, q.dtype, q.device), Tensor._make(kd, k.dtype, k.device))
+    if _needs_grad(q, k):
+        dispatch.recorder("rope", (q, k), out, {"cos": cos.detach(), "sin": sin.detach()})  # type: ignore[misc]
+    return out
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """``silu(gate) * up`` in one kernel each way: Llama's gated MLP between its gate/up and down
+    projections. Backward keeps ``gate`` and ``up`` (not the product). Under autocast it runs in the
+    region's dtype, as the projections before it do."""
+    if _autocast.dtype is not None:
+        gate, up = lower(gate), lower(up)
+    _floating("swiglu", gate, "gate")
+    _same("swiglu", gate, "up", up, tuple(gate.shape), "gate")
+    out = Tensor._make(_kernel("swiglu", gate.device.type, gate.dtype)(gate._data, up._data), gate.dtype, gate.device)
+    if _needs_grad(gate, up):
+        dispatch.recorder("swiglu", (gate, up), out, {})  # type: ignore[misc]
+    return out
+
+
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, generator: Generator | None = None) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by 1/(1-p) (identity when not training)."""
     _floating("dropout", x)
