@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from blutrain.autograd import checkpoint, is_grad_enabled, no_grad
+from blutrain.autograd import checkpoint, is_grad_enabled
 from blutrain.models.errors import ModelError, PretrainedError
 from blutrain.models.parallel_plan import ModelParallelPlan
+from blutrain.models.sampling import sample_tokens
 from blutrain.nn import GELU, CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
 from blutrain.nn import init as nn_init
 from blutrain.nn.linear import project
@@ -30,13 +31,9 @@ from blutrain.nn.module import is_plain
 from blutrain.tensor import (
     Tensor,
     arange,
-    cat,
     cross_entropy,
-    float64,
-    from_numpy,
     linear_cross_entropy,
     linear_gelu,
-    rand,
 )
 from blutrain.tensor.errors import ShapeError, TensorTypeError
 from blutrain.tensor.serialization import SerializationError, load_file, save_file
@@ -292,34 +289,7 @@ class GPT2(Module):
         untouched; without it they come from the device's default generator (``manual_seed``).
         Sampling happens on the host: one (B, vocab) copy per token, which is cheap next to a forward.
         """
-        self.check_ids(idx, check_length=False)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ModelError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or temperature < 0 or not math.isfinite(temperature):
-            raise ModelError(f"generate: temperature must be a finite number >= 0, got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
-            raise ModelError(f"generate: top_k must be a positive int or None, got {top_k!r}")
-        rng = np.random.Generator(np.random.Philox(seed)) if seed is not None else None
-        block = self.config.block_size
-        was_training = self.training
-        self.eval()
-        try:
-            with no_grad():
-                for _ in range(max_new_tokens):
-                    context = idx if idx.shape[1] <= block else idx[:, -block:]
-                    hidden = self.transformer(context).select(1, -1)
-                    logits = np.asarray(self.lm_head(hidden), dtype=np.float64)
-                    u: np.ndarray[Any, Any]
-                    if rng is not None:
-                        u = rng.random((logits.shape[0],))
-                    else:
-                        u = np.asarray(rand(logits.shape[0], dtype=float64, device=idx.device))
-                    nxt = _sample(logits, temperature, top_k, u)
-                    step = from_numpy(nxt.reshape(-1, 1).astype(idx.dtype.np)).to(idx.device)
-                    idx = cat([idx, step], dim=1)
-        finally:
-            self.train(was_training)
-        return idx
+        return sample_tokens(self, idx, max_new_tokens, temperature, top_k, seed, self.lm_head)
 
     # -- Hugging Face layout -----------------------------------------------------------------
     @classmethod
@@ -362,21 +332,6 @@ class GPT2(Module):
         tmp = root / (CONFIG_NAME + ".tmp")
         tmp.write_text(json.dumps(hf_config, indent=2) + "\n")
         os.replace(tmp, root / CONFIG_NAME)
-
-
-def _sample(logits: np.ndarray[Any, Any], temperature: float, top_k: int | None,
-            u: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """One token per row of float64 ``logits`` by inverse-CDF sampling with uniforms ``u``."""
-    if temperature == 0:
-        return np.asarray(np.argmax(logits, axis=1))
-    z = logits / temperature
-    if top_k is not None and top_k < z.shape[1]:
-        kth = np.partition(z, -top_k, axis=1)[:, -top_k][:, None]
-        z = np.where(z < kth, -np.inf, z)
-    p = np.exp(z - z.max(axis=1, keepdims=True))
-    cdf = np.cumsum(p, axis=1)
-    picks = (cdf < (u * cdf[:, -1])[:, None]).sum(axis=1)
-    return np.asarray(np.minimum(picks, z.shape[1] - 1))
 
 
 def _config_from_hf(path: Path, overrides: dict[str, Any]) -> GPT2Config:

@@ -1,4 +1,5 @@
-"""blutrain.nn: modules (parameters, buffers, submodules, state dicts, hooks) and the layers of GPT-2."""
+"""blutrain.nn: modules (parameters, buffers, submodules, state dicts, hooks) and the layers of GPT-2 and
+Llama-style models."""
 
 from blutrain.nn import functional, init
 from blutrain.nn.activation import GELU, Dropout
@@ -8,9 +9,9 @@ from blutrain.nn.embedding import Embedding
 from blutrain.nn.errors import ModuleError, StateDictError
 from blutrain.nn.linear import Linear
 from blutrain.nn.module import LoadResult, Module, RemovableHandle
-from blutrain.nn.normalization import LayerNorm
+from blutrain.nn.normalization import LayerNorm, RMSNorm
 from blutrain.nn.parameter import Parameter
 
 __all__ = ["GELU", "AttentionCore", "CausalSelfAttention", "Dropout", "Embedding", "LayerNorm", "Linear", "LoadResult",
-           "Module", "ModuleError", "ModuleList", "Parameter", "RemovableHandle", "Sequential",
+           "Module", "ModuleError", "ModuleList", "Parameter", "RMSNorm", "RemovableHandle", "Sequential",
            "StateDictError", "functional", "init"]
