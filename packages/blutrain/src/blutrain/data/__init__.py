@@ -14,6 +14,7 @@ from blutrain.data.errors import (
     TokenizerError,
     TokenizerUnavailableError,
 )
+from blutrain.data.hf_tokenizer import HFTokenizer
 from blutrain.data.loader import TokenLoader, find_shards
 from blutrain.data.prepare import (
     PrepareReport,
@@ -33,6 +34,7 @@ __all__ = [
     "CorpusError",
     "DataError",
     "GPT2Tokenizer",
+    "HFTokenizer",
     "LoaderError",
     "PrepareError",
     "PrepareReport",

@@ -233,7 +233,7 @@ def prepare(
 def add_prepare_command(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
-    """Add ``prepare INPUT... --out DIR --tokenizer byte|gpt2 [--tokenizer-file PATH] --val-fraction F``.
+    """Add ``prepare INPUT... --out DIR --tokenizer byte|gpt2|hf [--tokenizer-file PATH] --val-fraction F``.
 
     The handler is stored as the parser default ``func``: ``args.func(args)`` returns the exit code.
     """
@@ -251,7 +251,8 @@ def add_prepare_command(
         "--tokenizer-file",
         type=Path,
         metavar="PATH",
-        help="gpt2 only: a .tiktoken BPE ranks file (default: look in tiktoken's cache; never downloads)",
+        help="gpt2: a .tiktoken BPE ranks file (default: look in tiktoken's cache; never downloads); hf: a Hugging "
+        "Face tokenizer.json (needs the tokenizers package)",
     )
     parser.add_argument(
         "--val-fraction",

@@ -1,4 +1,5 @@
-"""Tokenizers: the byte-level one and GPT-2's BPE, behind one small Protocol.
+"""Tokenizers: the byte-level one, GPT-2's BPE and a Hugging Face tokenizer.json
+(:mod:`blutrain.data.hf_tokenizer`), behind one small Protocol.
 
 GPT-2's BPE runs on ``tiktoken``, but BluTrain builds the ``tiktoken.Encoding`` itself from a ranks
 file on this machine, so tiktoken's downloading code is never reached. The file comes from an
@@ -283,11 +284,21 @@ class GPT2Tokenizer:
         return self._encoding.decode(tokens, errors="replace")
 
 
-TOKENIZER_NAMES = ("byte", "gpt2")
+TOKENIZER_NAMES = ("byte", "gpt2", "hf")
 
 
 def get_tokenizer(name: str, path: str | os.PathLike[str] | None = None) -> Tokenizer:
-    """The tokenizer called ``name`` ("byte" or "gpt2"); ``path`` is gpt2's ranks file."""
+    """The tokenizer called ``name``: "byte", "gpt2" (``path``: its ranks file), "hf" (``path``: a Hugging Face
+    tokenizer.json, read through the optional ``tokenizers`` package) or "hf:PATH" (the name an hf tokenizer
+    records)."""
+    if name == "hf" or name.startswith("hf:"):
+        from blutrain.data.hf_tokenizer import HFTokenizer
+
+        file = name[3:] if name.startswith("hf:") else path
+        if file is None or (name != "hf" and path is not None):
+            raise TokenizerError(f"tokenizer {name!r} needs exactly one tokenizer.json: give 'hf' with a path "
+                                 "(--tokenizer-file PATH) or 'hf:PATH'")
+        return HFTokenizer(file)
     if name == "byte":
         if path is not None:
             raise TokenizerError(f"tokenizer 'byte' reads no file, received path {path}")
