@@ -37,7 +37,7 @@ from blutrain.tensor.errors import PluginError, ShapeError, TensorTypeError
 Array = Any
 _DIR = Path(__file__).parent
 FAMILIES = ("adamw", "attention", "attention_bf16", "attention_wgmma", "attention_wgmma_bwd", "casts", "cross_entropy",
-            "embedding", "gelu", "gemm_3xtf32", "layernorm", "philox", "reduce", "scale", "softmax")
+            "embedding", "gelu", "gemm_3xtf32", "layernorm", "llama", "philox", "reduce", "scale", "softmax")
 _OPTIONS = ("-std=c++17",)
 # Families of Hopper-only instructions (wgmma): built for sm_90a by NVRTC directly, see hopper_module
 HOPPER_FAMILIES = frozenset({"attention_wgmma", "attention_wgmma_bwd"})
@@ -1576,6 +1576,8 @@ def gemm_3xtf32(a: Array, b: Array, out: Array, trans_a: bool = False, trans_b: 
 
 # ---------------------------------------------------------------------------------------------- registry
 
+from blutrain.kernels.cuda import llama  # noqa: E402  (its launchers use the helpers above)
+
 # op name -> (fused function, dtype names it handles). The device plugin registers each with a
 # priority above the generic kernels and falls back to the generic one when it returns None.
 KERNELS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
@@ -1599,6 +1601,12 @@ KERNELS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "sdpa_packed": (sdpa_packed, ("float32", "bfloat16")),
     "sdpa_packed_backward": (sdpa_packed_backward, ("float32", "bfloat16")),
     "cast": (cast, ("float32", "bfloat16", "float16")),
+    "rms_norm": (llama.rms_norm, ("float32", "bfloat16")),
+    "rms_norm_backward": (llama.rms_norm_backward, ("float32", "bfloat16")),
+    "rope": (llama.rope, ("float32", "bfloat16")),
+    "rope_backward": (llama.rope_backward, ("float32", "bfloat16")),
+    "swiglu": (llama.swiglu, ("float32", "bfloat16")),
+    "swiglu_backward": (llama.swiglu_backward, ("float32", "bfloat16")),
 }
 
 # Ops with no generic kernel: registered as they are (they never return None for valid input).
