@@ -1,16 +1,18 @@
-"""The plugin-combination matrix: device backend × optimizer × parallel mode × compile.
+"""The plugin-combination matrix: model family × device backend × optimizer × parallel mode × compile.
 
 Every axis is read from the registries at collection time, so an installed plugin joins the matrix by
-being installed: devices from ``blutrain_register_backends``, optimizers from
+being installed: model families from ``blutrain_register_models``, devices from
+``blutrain_register_backends``, optimizers from
 ``blutrain_register_optimizers``, parallel modes from ``blutrain_register_parallel_modes`` (each on 2
 ranks), plus the single process; compile is ``eager`` or ``compiled`` (``--compile``). One test per
-combination, with an id such as ``cpu-adamw-ddp2-eager``, so ``-k`` picks any slice::
+combination, with an id such as ``llama-cpu-adamw-ddp2-eager``, so ``-k`` picks any slice::
 
     uv run pytest integration_tests/test_plugin_matrix.py -k "cpu and sgd"
-    uv run pytest integration_tests/test_plugin_matrix.py -k "zero2"
+    uv run pytest integration_tests/test_plugin_matrix.py -k "llama and zero2"
 
-Each combination trains a tiny GPT-2 for 4 steps through ``blutrain.train.Trainer`` (what ``blutrain
-train`` runs) and must give the losses of ``DEVICE-OPTIMIZER-single-eager``, the reference, on the same
+Each combination trains a tiny model of its family (``dist_workers/matrix_train.py``: the family's
+``tiny`` preset made smaller) for 4 steps through ``blutrain.train.Trainer`` (what ``blutrain train``
+runs) and must give the losses of ``MODEL-DEVICE-OPTIMIZER-single-eager``, the reference, on the same
 tokens: a data-parallel mode (``dim`` "dp", ``--parallel ddp``) gets half of the reference batch on each of
 2 ranks; a mode that splits the model or the sequence instead ("tp", "cp") runs as a mesh dimension of 2
 (``--parallel tp=2``) and every rank reads the whole batch; compiled gets the reference batch. The
@@ -42,6 +44,7 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain.dist import parallel_modes
+from blutrain.models import models
 from blutrain.optim import optimizers
 from blutrain.train import TrainConfig
 
@@ -53,6 +56,7 @@ COMPILE = {"eager": False, "compiled": True}
 
 @dataclass(frozen=True)
 class Combo:
+    model: str
     device: str
     optimizer: str
     mode: str  # "" for a single process
@@ -67,15 +71,16 @@ class Combo:
 
     @property
     def id(self) -> str:
-        return f"{self.device}-{self.optimizer}-{self.parallel}-{'compiled' if self.compiled else 'eager'}"
+        return (f"{self.model}-{self.device}-{self.optimizer}-{self.parallel}-"
+                f"{'compiled' if self.compiled else 'eager'}")
 
     @property
     def reference(self) -> str:
-        return f"{self.device}-{self.optimizer}-single-eager"
+        return f"{self.model}-{self.device}-{self.optimizer}-single-eager"
 
     def spec(self) -> dict[str, Any]:
-        return {"id": self.id, "device": self.device, "optimizer": self.optimizer, "parallel": self.flag,
-                "compile": self.compiled, "batch_size": self.batch_size}
+        return {"id": self.id, "model": self.model, "device": self.device, "optimizer": self.optimizer,
+                "parallel": self.flag, "compile": self.compiled, "batch_size": self.batch_size}
 
 
 def _device_skip(device: str, ranks: int) -> str:
@@ -99,17 +104,18 @@ def _refusal(flag: str, compiled: bool) -> str:
 def combinations() -> list[Combo]:
     modes = parallel_modes()
     out = []
-    for device in bt.backends().names():
-        for optimizer in optimizers().names():
-            for mode in ["", *modes.names()]:
-                data_parallel = mode == "" or getattr(modes.get(mode), "dim", "") == "dp"
-                batch = BATCH // RANKS if mode and data_parallel else BATCH
-                # a data-parallel mode over every rank ("ddp", "zero": the mode's defaults); a mode that splits
-                # the model or the sequence as a mesh dimension of RANKS ("tp=2"), so every rank reads the batch
-                flag = mode if data_parallel else f"{mode}={RANKS}"
-                for compiled in COMPILE.values():
-                    skip = _device_skip(device, RANKS if mode else 1) or _refusal(flag, compiled)
-                    out.append(Combo(device, optimizer, mode, compiled, batch, flag, skip))
+    for model in models().names():
+        for device in bt.backends().names():
+            for optimizer in optimizers().names():
+                for mode in ["", *modes.names()]:
+                    data_parallel = mode == "" or getattr(modes.get(mode), "dim", "") == "dp"
+                    batch = BATCH // RANKS if mode and data_parallel else BATCH
+                    # a data-parallel mode over every rank ("ddp", "zero": the mode's defaults); a mode that splits
+                    # the model or the sequence as a mesh dimension of RANKS ("tp=2"), so every rank reads the batch
+                    flag = mode if data_parallel else f"{mode}={RANKS}"
+                    for compiled in COMPILE.values():
+                        skip = _device_skip(device, RANKS if mode else 1) or _refusal(flag, compiled)
+                        out.append(Combo(model, device, optimizer, mode, compiled, batch, flag, skip))
     return out
 
 
@@ -176,18 +182,20 @@ def test_combination_trains_like_the_single_process_eager_run(combo: Combo, resu
 
 def test_the_matrix_holds_every_registered_plugin_of_each_axis() -> None:
     ids = set(BY_ID)
-    for device in bt.backends().names():
-        for name in optimizers().names():
-            assert f"{device}-{name}-single-eager" in ids
-            assert f"{device}-{name}-single-compiled" in ids
-            for mode in parallel_modes().names():
-                assert f"{device}-{name}-{mode}{RANKS}-eager" in ids
-                assert f"{device}-{name}-{mode}{RANKS}-compiled" in ids
-    assert "cpu-adamw-ddp2-eager" in ids and "cpu-sgd-single-compiled" in ids
+    for model in models().names():
+        for device in bt.backends().names():
+            for name in optimizers().names():
+                assert f"{model}-{device}-{name}-single-eager" in ids
+                assert f"{model}-{device}-{name}-single-compiled" in ids
+                for mode in parallel_modes().names():
+                    assert f"{model}-{device}-{name}-{mode}{RANKS}-eager" in ids
+                    assert f"{model}-{device}-{name}-{mode}{RANKS}-compiled" in ids
+    assert "gpt2-cpu-adamw-ddp2-eager" in ids and "llama-cpu-sgd-single-compiled" in ids
 
 
 def test_every_built_in_parallel_mode_runs_compiled() -> None:
     """ddp, zero, tp and cp declare how they compose with compile (their collectives cut the compiled step),
     so none of their compiled cells is refused by the trainer."""
     for mode in ("ddp", "zero", "tp", "cp"):
-        assert BY_ID[f"cpu-adamw-{mode}{RANKS}-compiled"].skip == ""
+        for model in ("gpt2", "llama"):
+            assert BY_ID[f"{model}-cpu-adamw-{mode}{RANKS}-compiled"].skip == ""

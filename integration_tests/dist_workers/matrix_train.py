@@ -1,8 +1,8 @@
-"""The plugin matrix's worker: a few training steps of a tiny GPT-2 through ``blutrain.train.Trainer`` per
+"""The plugin matrix's worker: a few training steps of a tiny model through ``blutrain.train.Trainer`` per
 combination, all combinations of one launch in one process (imports and the launch are paid once).
 
-Usage: ``matrix_train.py OUT.json SPEC.json``; SPEC is a list of ``{"id", "device", "optimizer", "parallel",
-"compile", "batch_size"}``. Run alone for single-process combinations, under ``blutrain run -n N`` for
+Usage: ``matrix_train.py OUT.json SPEC.json``; SPEC is a list of ``{"id", "model", "device", "optimizer",
+"parallel", "compile", "batch_size"}``. Run alone for single-process combinations, under ``blutrain run -n N`` for
 parallel ones (every rank runs the same list in the same order, so their collectives meet). Each
 combination's per-step losses (averaged over ranks, as the trainer logs them), the sum of squares of the
 parameters before and after (single process), and the optimizer's class go to OUT.json from rank 0; an
@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 STEPS = 4  # with --compile: step 1 eager, step 2 traced, steps 3 and 4 replayed (4's loss follows a replayed update)
-MODEL = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16}
+# each family's tiny preset made smaller; a family not listed trains its tiny preset at block_size 16. Llama's
+# heads: 4 query heads sharing 2 K/V heads (grouped-query attention), both divisible by tp=2.
+MODELS: dict[str, dict[str, Any]] = {
+    "gpt2": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16},
+    "llama": {"n_layer": 1, "n_head": 4, "n_kv_head": 2, "n_embd": 32, "ffn_hidden": 64, "block_size": 16},
+}
 
 
 def sum_of_squares(model: Any) -> float:
@@ -29,10 +34,10 @@ def sum_of_squares(model: Any) -> float:
 def train(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     from blutrain.train import TrainConfig, Trainer
 
-    cfg = TrainConfig(device=spec["device"], optimizer=spec["optimizer"], parallel=spec["parallel"],
-                      compile=spec["compile"], batch_size=spec["batch_size"], seq_len=16, max_steps=STEPS,
-                      warmup_steps=1, eval_every=0, eval_batches=1, out=str(out_dir / spec["id"]),
-                      model_overrides=dict(MODEL))
+    cfg = TrainConfig(model=spec["model"], device=spec["device"], optimizer=spec["optimizer"],
+                      parallel=spec["parallel"], compile=spec["compile"], batch_size=spec["batch_size"], seq_len=16,
+                      max_steps=STEPS, warmup_steps=1, eval_every=0, eval_batches=1, out=str(out_dir / spec["id"]),
+                      model_overrides=dict(MODELS.get(spec["model"], {"block_size": 16})))
     trainer = Trainer(cfg, stream=io.StringIO())
     before = sum_of_squares(trainer.net) if trainer.world == 1 else None
     losses = [float(trainer.train_step()["loss"]) for _ in range(STEPS)]
