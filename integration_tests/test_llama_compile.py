@@ -1,6 +1,8 @@
 """The compiler on the Llama family (blutrain-model-llama): a compiled training step of the tiny preset (rope,
 swiglu, rms_norm, grouped-query attention, the untied head) gives eager's losses and weights on the CPU through
-the default pass pipeline, in float32 and under bf16 autocast, with and without activation checkpointing."""
+the default pass pipeline, in float32 and under bf16 autocast, with and without activation checkpointing; the
+norm passes apply to its RMSNorms (layernorm-cast writes their bf16 output, layernorm-residual-linear-add
+folds the residual add into the next norm)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from blutrain.models import model_spec
 from blutrain.optim import clip_grad_norm_, create
 
 
-def run(compiled: bool, bf16: bool, recompute: bool, steps: int = 4) -> tuple[list[np.ndarray], Any]:
+def run(compiled: bool, bf16: bool, recompute: bool, steps: int = 4,
+        passes: tuple[str, ...] | None = None) -> tuple[list[np.ndarray], Any]:
     spec = model_spec("llama")
     bt.manual_seed(0)
     model: Any = spec.build(spec.config("tiny", n_layer=2, n_embd=64, n_head=4, n_kv_head=2, ffn_hidden=96,
@@ -33,7 +36,7 @@ def run(compiled: bool, bf16: bool, recompute: bool, steps: int = 4) -> tuple[li
         opt.zero_grad()
         return loss
 
-    fn: Any = bc.compile(step) if compiled else step
+    fn: Any = bc.compile(step, passes=None if passes is None else list(passes)) if compiled else step
     rng = np.random.default_rng(0)
     out = []
     for _ in range(steps):
@@ -51,3 +54,19 @@ def test_the_compiled_llama_step_equals_eager(bf16: bool, recompute: bool) -> No
     ir = fn.ir()
     for op in ("blutrain.rope", "blutrain.swiglu", "blutrain.rms_norm", "blutrain.sdpa"):
         assert op in ir, op
+    norms = [line for line in ir.splitlines() if '"blutrain.rms_norm"' in line]
+    # layernorm-cast: under autocast each block's norm writes the bf16 input of the GEMMs after it
+    assert sum('np_dtype = "bfloat16"' in line for line in norms) == (4 if bf16 else 0)
+
+
+def test_the_residual_norm_pass_folds_llamas_residual_adds_into_its_rms_norms() -> None:
+    pipeline = list(bc.DEFAULT_PIPELINE)
+    pipeline.insert(pipeline.index("gemm-epilogue"), "layernorm-residual-linear-add")
+    eager, _ = run(False, True, False)
+    compiled, fn = run(True, True, False, passes=tuple(pipeline))
+    # the projections' products are rounded to bf16 before the add (the pass's documented numerics)
+    for i, (got, want) in enumerate(zip(compiled[:4], eager[:4], strict=True)):
+        np.testing.assert_allclose(got, want, rtol=2e-2, err_msg=f"loss {i}")
+    norms = [line for line in fn.ir().splitlines() if '"blutrain.rms_norm"' in line]
+    # every norm but the first reads a residual sum (2 blocks: 4 of 5 norms), and now returns it as a third result
+    assert sum(line.split("=")[0].count("%") == 3 for line in norms) == 4

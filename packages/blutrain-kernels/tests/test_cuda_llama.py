@@ -45,10 +45,10 @@ def test_rms_norm_forward_and_backward(dtype: Any, rows: int, C: int, residual: 
     rng = np.random.default_rng(rows * C)
     x, w = rng.standard_normal((rows, C)).astype(dtype), (1 + 0.1 * rng.standard_normal(C)).astype(dtype)
     r = (rng.standard_normal((rows, C)) * 2).astype(np.float32) if residual else None
-    out = llama.rms_norm(_dev(x), _dev(w), 1e-6, 1, _dev(r))
+    out = llama.rms_norm(_dev(x), _dev(w), 1e-6, 1, None, _dev(r))
     assert out is not None
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
-    want = ref.rms_norm(x64, w64, 1e-6, 1, None if r is None else r.astype(np.float64))
+    want = ref.rms_norm(x64, w64, 1e-6, 1, None, None if r is None else r.astype(np.float64))
     _close(out[0], want[0], dtype)
     _close(out[1], want[1], np.float32)
     if residual:

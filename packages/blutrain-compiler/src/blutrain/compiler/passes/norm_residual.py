@@ -1,5 +1,5 @@
-"""LayerNorm residual: the residual add before a LayerNorm becomes part of the LayerNorm, and the projection
-that fed it a plain bf16 GEMM.
+"""LayerNorm residual: the residual add before a LayerNorm (or an RMSNorm: Llama-style blocks) becomes part of
+the norm, and the projection that fed it a plain bf16 GEMM.
 
 Under autocast a transformer block's output projection meets the float32 residual stream and the sum goes
 straight into the next LayerNorm. As one ``linear_add`` (the model's, or ``gemm-epilogue``'s) the GEMM's
@@ -9,7 +9,8 @@ read the sum again. Here the GEMM writes its bf16 product and ``layer_norm(..., 
 (``blutrain.tensor.cpu.nn``, ``blutrain.kernels.cuda``) forms s = r + product as it reads its row, writes s
 (float32: the residual stream goes on from it) and normalizes it: the stream is read and written once.
 
-The pattern: a ``layer_norm`` (no output dtype, no residual yet) whose input is a float32 sum of the stream
+The pattern: a ``layer_norm`` or ``rms_norm`` (no output dtype, no residual yet; the kernels' ``residual``
+operand is the same for both) whose input is a float32 sum of the stream
 r (a tensor of the sum's type) and a bfloat16 projection, in one of the two forms autocast traces:
 
 * ``add(r, cast(linear(x, W, b), float32))`` (``r + proj(h)``): the linear's one reader is the cast and the
@@ -106,14 +107,24 @@ def _linear_add_form(op: Operation, total: SSAValue) -> ResidualSum | None:
     return ResidualSum(op, residual, (op,), None)
 
 
+# norm kernel → (its arguments before the output dtype and the residual, its results before the sum)
+NORMS: dict[str, tuple[int, int]] = {"layer_norm": (5, 3), "rms_norm": (4, 2)}
+
+
+def _norm(op: Operation) -> str | None:
+    return next((name for name in NORMS if plain_call(op, name)), None)
+
+
 def match(norm: Operation, linear_add: bool = False) -> ResidualSum | None:
-    """The float32 residual sum that a plain ``layer_norm`` reads, made by the add form (or, with
-    ``linear_add``, by a ``linear_add``), or None."""
-    if not plain_call(norm, "layer_norm"):
+    """The float32 residual sum that a plain ``layer_norm`` or ``rms_norm`` reads, made by the add form (or,
+    with ``linear_add``, by a ``linear_add``), or None."""
+    name = _norm(norm)
+    if name is None:
         return None
+    n_args, n_ret = NORMS[name]
     args = decode(norm.properties["args"])
     ret = decode(norm.properties["ret"])
-    if len(args) != 5 or not isinstance(args[0], Operand) or not isinstance(ret, tuple) or len(ret) != 3:
+    if len(args) != n_args or not isinstance(args[0], Operand) or not isinstance(ret, tuple) or len(ret) != n_ret:
         return None
     total = norm.operands[args[0].index]
     if _dtype(total) != STREAM or list(norm.operands).count(total) != 1:
@@ -179,7 +190,7 @@ class LayerNormResidual(ModulePass):
             operands = [product if i == x_index else v for i, v in enumerate(norm.operands)] + [found.residual]
             ret = decode(norm.properties["ret"])
             n = len(norm.results)
-            fused = kernel_op_class("layer_norm").create(
+            fused = kernel_op_class(_norm(norm) or "layer_norm").create(
                 operands=operands, result_types=[*(r.type for r in norm.results), total.type],
                 properties={"args": encode((*args, None, Operand(len(operands) - 1))),
                             "ret": encode((*ret, Operand(n))), "device": norm.properties["device"],
@@ -202,4 +213,4 @@ class LayerNormResidualLinearAdd(LayerNormResidual):
     linear_add: ClassVar[bool] = True
 
 
-__all__ = ["LayerNormResidual", "LayerNormResidualLinearAdd", "ResidualSum", "match"]
+__all__ = ["NORMS", "LayerNormResidual", "LayerNormResidualLinearAdd", "ResidualSum", "match"]

@@ -19,13 +19,18 @@ def _grid(n: int) -> tuple[int]:
     return (max(1, min((n + _THREADS - 1) // _THREADS, 8 * sm_count())),)
 
 
-def rms_norm(x: Array, w: Array | None, eps: float, k: int, residual: Array | None = None) -> tuple[Array, ...] | None:
+def rms_norm(x: Array, w: Array | None, eps: float, k: int, out_dtype: Any = None,
+             residual: Array | None = None) -> tuple[Array, ...] | None:
     """(y, rstd) of RMSNorm over the trailing ``k`` dims, rstd float32; with ``residual`` (float32, x's shape)
-    the row normalized is residual + x and the result is (y, rstd, s), s the float32 sum."""
+    the row normalized is residual + x and the result is (y, rstd, s), s the float32 sum. y in x's dtype only:
+    another ``out_dtype``, or w of another dtype than x (a bf16 product with float32 weights, as the compiler's
+    residual form gives), is left to the generic kernel."""
     suffix = _suffix(x.dtype)
     C = _numel(x.shape[x.ndim - k:])
     N = x.size // C if C else 0
     if suffix is None or N == 0 or C >= 2**31 or (w is not None and w.dtype != x.dtype):
+        return None
+    if out_dtype is not None and np.dtype(out_dtype) != x.dtype:
         return None
     if residual is not None and (residual.dtype != np.float32 or residual.shape != x.shape):
         return None

@@ -102,13 +102,15 @@ def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rst
     return gx, gw, gb, copy, total
 
 
-def rms_norm(x: Array, w: Array | None, eps: float, k: int, residual: Array | None = None) -> tuple[Array, ...]:
-    """(y, rstd) of y = x / sqrt(mean(x²) + eps) · w over the trailing ``k`` dims.
+def rms_norm(x: Array, w: Array | None, eps: float, k: int, out_dtype: Any = None,
+             residual: Array | None = None) -> tuple[Array, ...]:
+    """(y, rstd) of y = x / sqrt(mean(x²) + eps) · w over the trailing ``k`` dims; with ``out_dtype`` y is
+    written in that dtype, rounded once (the compiler's ``layernorm-cast`` pass, as :func:`layer_norm`'s).
 
     With ``residual`` (x's shape, a floating dtype at least as wide as x's) the normalized row is
     s = residual + x in residual's dtype and the result is (y, rstd, s): a pre-norm block's residual add
-    and the next norm in one pass (as :func:`layer_norm`'s ``residual``), the add rounded once, residual
-    first."""
+    and the next norm in one pass (the compiler's ``layernorm-residual`` pass, as :func:`layer_norm`'s
+    ``residual``), the add rounded once, residual first."""
     if residual is not None:
         if residual.shape != x.shape:
             raise ShapeError(f"rms_norm: residual must have x's shape {list(x.shape)}, got {list(residual.shape)}")
@@ -117,7 +119,7 @@ def rms_norm(x: Array, w: Array | None, eps: float, k: int, residual: Array | No
             raise TensorTypeError(f"rms_norm: residual must be a floating dtype at least as wide as x's "
                                   f"{x.dtype.name}, got {residual.dtype.name}")
         s = residual + x.astype(residual.dtype, copy=False)
-        return (*rms_norm(s, w, eps, k), s)
+        return (*rms_norm(s, w, eps, k, out_dtype), s)
     xp = array_module(x)
     rows = _rows(x, k)
     with _quiet():
@@ -125,6 +127,8 @@ def rms_norm(x: Array, w: Array | None, eps: float, k: int, residual: Array | No
     y = (rows * rstd).reshape(x.shape)
     if w is not None:
         y = y * w
+    if out_dtype is not None:
+        y = y.astype(out_dtype)
     return y, rstd.reshape(x.shape[: x.ndim - k])
 
 
