@@ -70,3 +70,14 @@ def test_a_missing_or_malformed_file_or_no_end_of_text_is_an_error(tokenizer_jso
         get_tokenizer("hf", no_eot)
     with pytest.raises(TokenizerError, match=r"needs exactly one tokenizer.json"):
         get_tokenizer("hf")
+
+
+def test_the_trainer_takes_the_vocabulary_of_an_hf_tokenizer_for_a_glob_of_shards(tokenizer_json: Path,
+                                                                                   tmp_path: Path) -> None:
+    from blutrain.train import TrainConfig
+    from blutrain.train.trainer import resolve_data
+
+    tok = get_tokenizer("hf", tokenizer_json)
+    prepare([STDLIB / "fnmatch.py"], tmp_path, tok, val_fraction=0.1)
+    data = resolve_data(TrainConfig(data=str(tmp_path / "train_*.bin"), tokenizer=tok.name))
+    assert data.vocab_size == 400 and data.tokenizer == tok.name

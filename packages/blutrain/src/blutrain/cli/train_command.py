@@ -14,7 +14,7 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("model", str, "a registered model family (see `blutrain plugins`): gpt2 (default), ..."),
     ("preset", str, "the family's preset, e.g. tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"),
     ("data", str, "a shard directory (from `blutrain prepare`) or a glob of .bin shards; default: built-in corpus"),
-    ("tokenizer", str, "byte or gpt2 (for --data given as a glob)"),
+    ("tokenizer", str, "byte, gpt2 or hf:PATH (a Hugging Face tokenizer.json), for --data given as a glob"),
     ("device", str, "auto, cpu, cuda or cuda:N"),
     ("dtype", str, "fp32, tf32 or bf16"),
     ("batch-size", int, "micro-batch size"),

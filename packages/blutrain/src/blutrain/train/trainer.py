@@ -77,7 +77,8 @@ def resolve_data(cfg: TrainConfig) -> Dataset:
         report = PrepareReport.read(path)
         return Dataset(report.train_pattern, report.val_pattern, report.vocab_size, report.tokenizer,
                        report.val_entropy_nats)
-    vocab = 256 if cfg.tokenizer == "byte" else 50257
+    # GPT-2's 50257 without reading its ranks file; a Hugging Face tokenizer.json says its own
+    vocab = {"byte": 256, "gpt2": 50257}.get(cfg.tokenizer) or get_tokenizer(cfg.tokenizer).vocab_size
     return Dataset(str(path), None, vocab, cfg.tokenizer, None)
 
 
