@@ -62,6 +62,23 @@ def test_rms_norm_forward_and_backward(dtype: Any, rows: int, C: int, residual: 
     _close(back[1], gw, dtype)
 
 
+@pytest.mark.parametrize(("x_dtype", "y_dtype", "residual"), [(np.float32, BF16, False), (BF16, np.float32, True),
+                                                              (BF16, BF16, True), (np.float32, BF16, True)])
+def test_rms_norm_writes_the_compilers_dtypes(x_dtype: Any, y_dtype: Any, residual: bool) -> None:
+    """float32 x and w to a bf16 y (layernorm-cast); a bf16 product with the float32 stream and weights
+    (layernorm-residual), y float32 or bf16."""
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((9, 768)).astype(x_dtype), (1 + 0.1 * rng.standard_normal(768)).astype(np.float32)
+    r = rng.standard_normal((9, 768)).astype(np.float32) if residual else None
+    out = llama.rms_norm(_dev(x), _dev(w), 1e-6, 1, y_dtype, _dev(r))
+    assert out is not None and out[0].dtype == np.dtype(y_dtype)
+    want = ref.rms_norm(x.astype(np.float64), w.astype(np.float64), 1e-6, 1, None,
+                        None if r is None else r.astype(np.float64))
+    _close(out[0], want[0], y_dtype)
+    if residual:
+        _close(out[2], want[2], np.float32)
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16])
 def test_rope_and_its_inverse(dtype: Any) -> None:
     rng = np.random.default_rng(0)

@@ -4,8 +4,9 @@
 // rmsnorm_fwd_*:     grid N blocks (one per row of [N, C]), block 32..1024 threads (a multiple of 32).
 //                    y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), written float32 [N] (the statistic
 //                    stays float32 for bf16 input). w nullable. Bytes: read N*C (+C), write N*C (+N). FLOPs ~4 N*C.
-// rmsnorm_fwd_res_*: the row normalized is s = r + x (float32 r; x float32 or bf16; y in x's dtype): a pre-norm
-//                    block's residual add folded into the next norm. Each s is __fadd_rn(r, x) (one rounding, as
+// rmsnorm_fwd_f32_to_bf16: float32 x and w, a bf16 y rounded once (the compiler's layernorm-cast pass).
+// rmsnorm_fwd_res_{x}_{y}: the row normalized is s = r + x (float32 r and w; x float32 or bf16; y float32 or
+//                    bf16): a pre-norm block's residual add folded into the next norm (layernorm-residual). Each s is __fadd_rn(r, x) (one rounding, as
 //                    the separate float32 add) and is written float32 (the stream goes on from it).
 //                    Bytes: read N*C*(4 or 2) + N*C*4 (+C*4), write N*C*4 + N*C*(4 or 2) (+N*4).
 // rmsnorm_bwd_*:     grid G blocks striding over rows (row b, b + G, ...), block 32..1024 threads.
@@ -23,13 +24,15 @@
 //                    either output nullable. Bytes: read 3n, write 2n. FLOPs ~10 per element (one expf).
 #include "common.cuh"
 
-template <typename T>
-__device__ __forceinline__ void rmsnorm_fwd(const T* __restrict__ x, const float* __restrict__ r,
-                                            const T* __restrict__ w, T* __restrict__ y, float* __restrict__ s,
+// TX: x's storage, TW: w's, TY: y's (float32 x and w with a bf16 y: the compiler's layernorm-cast pass; the
+// residual kernels: float32 or bf16 x, float32 r and w, float32 or bf16 y).
+template <typename TX, typename TW, typename TY>
+__device__ __forceinline__ void rmsnorm_fwd(const TX* __restrict__ x, const float* __restrict__ r,
+                                            const TW* __restrict__ w, TY* __restrict__ y, float* __restrict__ s,
                                             float* __restrict__ rstd, int C, float eps) {
     __shared__ float shm[33];
     const long long row = blockIdx.x;
-    const T* xr = x + row * C;
+    const TX* xr = x + row * C;
     float ss = 0.f;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float v = to_float(xr[c]);
@@ -44,7 +47,7 @@ __device__ __forceinline__ void rmsnorm_fwd(const T* __restrict__ x, const float
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         const float v = r != nullptr ? s[row * C + c] : to_float(xr[c]);  // the thread's own s: no barrier
         const float o = v * inv * (w != nullptr ? to_float(w[c]) : 1.f);
-        y[row * C + c] = from_float<T>(o);
+        y[row * C + c] = from_float<TY>(o);
     }
 }
 
@@ -126,11 +129,7 @@ __device__ __forceinline__ void swiglu_bwd(const T* __restrict__ grad, const T* 
 
 #define LLAMA_KERNELS(SUFFIX, T)                                                                                    \
     extern "C" __global__ void rmsnorm_fwd_##SUFFIX(const T* x, const T* w, T* y, float* rstd, int C, float eps) {  \
-        rmsnorm_fwd<T>(x, nullptr, w, y, nullptr, rstd, C, eps);                                                    \
-    }                                                                                                               \
-    extern "C" __global__ void rmsnorm_fwd_res_##SUFFIX(const T* x, const float* r, const T* w, T* y, float* s,    \
-                                                        float* rstd, int C, float eps) {                            \
-        rmsnorm_fwd<T>(x, r, w, y, s, rstd, C, eps);                                                                \
+        rmsnorm_fwd<T, T, T>(x, nullptr, w, y, nullptr, rstd, C, eps);                                              \
     }                                                                                                               \
     extern "C" __global__ void rmsnorm_bwd_##SUFFIX(const T* g, const T* x, const T* w, const float* rstd, T* dx,  \
                                                     float* partial, long long N, int C, int need_w) {               \
@@ -150,3 +149,18 @@ __device__ __forceinline__ void swiglu_bwd(const T* __restrict__ grad, const T* 
     }
 LLAMA_KERNELS(f32, float)
 LLAMA_KERNELS(bf16, bf16)
+
+extern "C" __global__ void rmsnorm_fwd_f32_to_bf16(const float* x, const float* w, bf16* y, float* rstd, int C,
+                                                   float eps) {
+    rmsnorm_fwd<float, float, bf16>(x, nullptr, w, y, nullptr, rstd, C, eps);
+}
+
+#define RMSNORM_RES_KERNEL(XS, YS, TX, TY)                                                                         \
+    extern "C" __global__ void rmsnorm_fwd_res_##XS##_##YS(const TX* x, const float* r, const float* w, TY* y,    \
+                                                           float* s, float* rstd, int C, float eps) {              \
+        rmsnorm_fwd<TX, float, TY>(x, r, w, y, s, rstd, C, eps);                                                   \
+    }
+RMSNORM_RES_KERNEL(f32, f32, float, float)
+RMSNORM_RES_KERNEL(f32, bf16, float, bf16)
+RMSNORM_RES_KERNEL(bf16, f32, bf16, float)
+RMSNORM_RES_KERNEL(bf16, bf16, bf16, bf16)

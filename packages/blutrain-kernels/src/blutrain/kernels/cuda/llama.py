@@ -21,29 +21,36 @@ def _grid(n: int) -> tuple[int]:
 
 def rms_norm(x: Array, w: Array | None, eps: float, k: int, out_dtype: Any = None,
              residual: Array | None = None) -> tuple[Array, ...] | None:
-    """(y, rstd) of RMSNorm over the trailing ``k`` dims, rstd float32; with ``residual`` (float32, x's shape)
-    the row normalized is residual + x and the result is (y, rstd, s), s the float32 sum. y in x's dtype only:
-    another ``out_dtype``, or w of another dtype than x (a bf16 product with float32 weights, as the compiler's
-    residual form gives), is left to the generic kernel."""
+    """(y, rstd) of RMSNorm over the trailing ``k`` dims, rstd float32. ``out_dtype``: y in that dtype (float32
+    x and w to a bf16 y: the compiler's ``layernorm-cast`` pass). ``residual`` (float32, x's shape; float32 or
+    bf16 x, float32 w): the row normalized is residual + x and the result is (y, rstd, s), s the float32 sum
+    (``layernorm-residual``). Other combinations are left to the generic kernel."""
     suffix = _suffix(x.dtype)
     C = _numel(x.shape[x.ndim - k:])
     N = x.size // C if C else 0
-    if suffix is None or N == 0 or C >= 2**31 or (w is not None and w.dtype != x.dtype):
-        return None
-    if out_dtype is not None and np.dtype(out_dtype) != x.dtype:
-        return None
-    if residual is not None and (residual.dtype != np.float32 or residual.shape != x.shape):
+    to = x.dtype if out_dtype is None else np.dtype(out_dtype)
+    if suffix is None or _suffix(to) is None or N == 0 or C >= 2**31:
         return None
     cp = _cp()
     xc, wc = _contig(x), _contig(w)
-    y = cp.empty(x.shape, x.dtype)
+    y = cp.empty(x.shape, to)
     rstd = cp.empty(x.shape[: x.ndim - k], np.float32)
     block = (_row_threads(C),)
     if residual is None:
-        _launch("llama", f"rmsnorm_fwd_{suffix}", (N,), block, (xc, _ptr(wc), y, rstd, np.int32(C), np.float32(eps)))
+        if wc is not None and wc.dtype != x.dtype:
+            return None
+        if to == x.dtype:
+            name = f"rmsnorm_fwd_{suffix}"
+        elif suffix == "f32":
+            name = "rmsnorm_fwd_f32_to_bf16"
+        else:
+            return None
+        _launch("llama", name, (N,), block, (xc, _ptr(wc), y, rstd, np.int32(C), np.float32(eps)))
         return y, rstd
+    if residual.dtype != np.float32 or residual.shape != x.shape or (wc is not None and wc.dtype != np.float32):
+        return None
     s = cp.empty(x.shape, np.float32)
-    _launch("llama", f"rmsnorm_fwd_res_{suffix}", (N,), block,
+    _launch("llama", f"rmsnorm_fwd_res_{suffix}_{_suffix(to)}", (N,), block,
             (xc, _contig(residual), _ptr(wc), y, s, rstd, np.int32(C), np.float32(eps)))
     return y, rstd, s
 
