@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 import blutrain.tensor as bt
-from blutrain.models import GPT2, GPT2Config, ModelError, ModelParallelPlan, model_spec, module_at, replace_module
+from blutrain.models import (
+    GPT2,
+    GPT2Config,
+    ModelError,
+    ModelParallelPlan,
+    model_spec,
+    module_at,
+    plan_of,
+    replace_module,
+)
 from blutrain.nn import CausalSelfAttention, Embedding, Linear
 
 
@@ -58,3 +67,8 @@ def test_an_attention_core_replaces_only_the_attention_step() -> None:
     got = attn(x)
     assert seen == [(2, 2, 8, 8)]
     np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_plan_of_gives_a_models_plan_and_none_for_anything_else() -> None:
+    assert plan_of(tiny()) is GPT2.parallel_plan
+    assert plan_of(Linear(2, 2)) is None and plan_of("transformer") is None

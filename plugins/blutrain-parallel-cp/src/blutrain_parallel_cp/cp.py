@@ -38,7 +38,7 @@ from typing import Any
 from blutrain.autograd import derivative, no_grad, record
 from blutrain.autograd.rules import save_nothing
 from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, get_process_group, traceable
-from blutrain.models import ModelParallelPlan, module_at
+from blutrain.models import ModelParallelPlan, module_at, plan_of
 from blutrain.nn import Module
 from blutrain.tensor import Tensor, cross_entropy, float64, full_like, stack
 from blutrain.tensor.errors import ShapeError
@@ -99,11 +99,10 @@ def _sequence_loss_backward(node: Any, grads: list[Any], create_graph: bool) -> 
     return (g * node.attrs["scale"].to(dtype=g.dtype),)
 
 
-def plan_of(where: str, model: Any) -> ModelParallelPlan:
-    """The parallel plan ``model`` declares (:class:`blutrain.models.Model`); an error naming what was given
-    when it is no such model or declares none."""
-    plan = getattr(type(model), "parallel_plan", None) if isinstance(model, Module) else None
-    if not isinstance(plan, ModelParallelPlan):
+def _plan(where: str, model: Any) -> ModelParallelPlan:
+    """The parallel plan ``model`` declares; an error naming what was given when it is no model or declares none."""
+    plan = plan_of(model)
+    if plan is None:
         raise DistArgumentError(f"{where}: model must be a blutrain.models.Model with a parallel_plan (a "
                                 f"ModelParallelPlan), got {type(model).__name__}; register the family with one")
     return plan
@@ -121,7 +120,7 @@ class ContextParallelModel(Module):
     def __init__(self, model: Any, group: ProcessGroup, attn: str = "ring") -> None:
         super().__init__()
         where = "ContextParallelModel"
-        self.plan = plan_of(where, model)
+        self.plan = _plan(where, model)
         if attn not in ATTENTION_KINDS:
             raise DistArgumentError(f"{where}: attn must be one of {', '.join(ATTENTION_KINDS)}, got {attn!r}")
         heads = self.plan.head_attributes[0]  # the query heads: K/V heads are repeated to them

@@ -37,7 +37,7 @@ from typing import Any
 
 from blutrain.autograd import no_grad
 from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, StateShard, get_process_group, traceable
-from blutrain.models import ModelParallelPlan, module_at, replace_module
+from blutrain.models import ModelParallelPlan, module_at, plan_of, replace_module
 from blutrain.nn import Embedding, Linear, Module
 from blutrain.tensor import Tensor, clamp, norm, stack, zeros
 from blutrain.tensor.errors import ShapeError
@@ -62,11 +62,10 @@ def _expect(where: str, what: str, value: object, kind: type) -> Any:
     return value
 
 
-def plan_of(where: str, model: Any) -> ModelParallelPlan:
-    """The parallel plan ``model`` declares (:class:`blutrain.models.Model`); an error naming what was given
-    when it is no such model or declares none."""
-    plan = getattr(type(model), "parallel_plan", None) if isinstance(model, Module) else None
-    if not isinstance(plan, ModelParallelPlan):
+def _plan(where: str, model: Any) -> ModelParallelPlan:
+    """The parallel plan ``model`` declares; an error naming what was given when it is no model or declares none."""
+    plan = plan_of(model)
+    if plan is None:
         raise DistArgumentError(f"{where}: model must be a blutrain.models.Model with a parallel_plan (a "
                                 f"ModelParallelPlan), got {type(model).__name__}; register the family with one")
     return plan
@@ -86,7 +85,7 @@ class TensorParallelModel(Module):
                  async_chunks: int = 0) -> None:
         super().__init__()
         where = "TensorParallelModel"
-        self.plan = plan_of(where, model)
+        self.plan = _plan(where, model)
         self.async_chunks = check_chunks(where, async_chunks) if async_chunks else 0
         size = group.size
         c = model.config

@@ -62,6 +62,13 @@ class ModelParallelPlan:
             yield f"{prefix}.{self.attention}", module_at(block, self.attention)
 
 
+def plan_of(model: object) -> ModelParallelPlan | None:
+    """The parallel plan ``model``'s class declares (:class:`blutrain.models.Model`), or None: no plan, or not a
+    model. What a parallelism mode calls on the model it is given, to refuse anything else by name."""
+    plan = getattr(type(model), "parallel_plan", None) if isinstance(model, Module) else None
+    return plan if isinstance(plan, ModelParallelPlan) else None
+
+
 def module_at(root: Module, path: str) -> Any:
     """The module at dotted ``path`` under ``root``; a missing name is a ModelError naming the path."""
     out: Any = root
@@ -82,4 +89,4 @@ def replace_module(root: Module, path: str, new: Module) -> None:
     parent.add_module(name, new)
 
 
-__all__ = ["AttentionCore", "ModelParallelPlan", "PlannedAttention", "module_at", "replace_module"]
+__all__ = ["AttentionCore", "ModelParallelPlan", "PlannedAttention", "module_at", "plan_of", "replace_module"]
