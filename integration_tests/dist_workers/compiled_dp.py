@@ -3,8 +3,8 @@ whatever world this process is in (``blutrain run -n N``).
 
 Each configuration — ddp with several buckets, ddp with two micro-batches (the first under ``no_sync()``),
 ZeRO stages 1, 2 and 3 — trains a tiny GPT-2 for ``STEPS`` AdamW steps twice from the same weights: eagerly,
-and through ``compile(step)`` (step 1 eager, step 2 traced, later steps replayed: the step is cut at its
-collectives, which run between the compiled parts). The learning rate changes every step and the gradients
+and through ``compile(step)`` (step 1 eager, step 2 traced, later steps replayed: the step's collectives are
+ops of its one compiled program). The learning rate changes every step and the gradients
 are clipped, so the replays pick up new scalars and the clip's norm goes through the collectives too.
 
 Then the guard: a compiled function that calls a collective of a plain (undeclared) group must raise a
@@ -12,7 +12,7 @@ TracingError naming its line, for a traced value and for a tensor that lives out
 
 Usage: ``compiled_dp.py OUT.json``. Rank 0 writes, per configuration, both runs' losses and gradient norms per
 step (averaged over ranks), the largest parameter difference after the last step, and the compiled graph's
-numbers of traces, parts and collectives; and the guard's two messages with the lines they must name.
+numbers of traces and collectives; and the guard's two messages with the lines they must name.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
     model: Any
     zero_mode = None
     if mode == "ddp":
-        model = DistributedDataParallel(net, group, bucket_cap_mb=0.02)  # several buckets: several cuts
+        model = DistributedDataParallel(net, group, bucket_cap_mb=0.02)  # several buckets: several all-reduces
     else:
         zero_mode = ZeRO(group, stage=stage)
         model = zero_mode.wrap_model(net)

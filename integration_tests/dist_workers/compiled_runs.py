@@ -15,10 +15,8 @@ import blutrain.tensor as bt
 
 
 def compiled_stats(fn: Any) -> dict[str, Any]:
-    """Traces, parts (a step cut at its collectives) and collectives of a compiled function's last graph."""
-    graph = fn.last
-    return {"traces": fn.traces, "parts": len(getattr(graph, "parts", [graph])),
-            "collectives": getattr(graph, "collectives", 0)}
+    """Traces, and the collectives the compiled function's last graph issues (all inside its one program)."""
+    return {"traces": fn.traces, "collectives": fn.stats.collectives}
 
 
 def versus(group: dist.ProcessGroup, eager: dict[str, Any], compiled: dict[str, Any],

@@ -66,10 +66,20 @@ def test_one_mesh_dimension_is_its_mode_over_every_rank(text: str, mesh: dict[st
     ("tp=2,cp=2", "tp and cp do not compose yet"),
     ("dp=2,tp=2,attn=ring", "attn=ring chooses context parallelism's attention and needs cp=N"),
     ("dp=2,,tp=2", "parallel must be MODE[=VALUE]"),
-    ("ddp,zero=2", "parallel must be MODE[=VALUE]"),
+    ("ddp,bf16", "'bf16' after the mode must be key=value (e.g. 'ddp,grad_dtype=bf16')"),
+    ("tp=2,grad_dtype=bf16", "grad_dtype=bf16 is the dtype data parallelism averages gradients in and needs dp=N"),
 ])
 def test_a_malformed_spec_is_refused_naming_the_part(text: str, message: str) -> None:
     assert message in refusal(text)
+
+
+@pytest.mark.parametrize(("text", "modes"), [
+    ("ddp,grad_dtype=bf16", (("ddp", (), {"grad_dtype": "bf16"}),)),
+    ("ddp=25,grad_dtype=fp16", (("ddp", (25,), {"grad_dtype": "fp16"}),)),
+    ("dp=2,tp=2,grad_dtype=bf16", (("tp", (), {}), ("ddp", (), {"grad_dtype": "bf16"}))),
+])
+def test_keyword_options_after_the_mode_or_dp_go_to_the_mode(text: str, modes: object) -> None:
+    assert plan(text).modes == modes
 
 
 def test_cp_needs_two_chunks_of_every_sequence_per_rank() -> None:

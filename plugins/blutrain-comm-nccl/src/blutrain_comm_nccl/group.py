@@ -10,6 +10,11 @@ the call is ordered after the collective without blocking the host. ``async_op=T
 whose ``wait()`` does that later, so communication overlaps compute in between. Tensors stay
 referenced until their collective has finished, so the allocator cannot hand their memory out early.
 
+CUDA graphs: a collective issued while the current stream is being captured (a compiled step) becomes nodes of
+the graph: the same events order it, and each replay of the graph runs it. Such a collective is not given to the
+watchdog (an event recorded into a capture cannot be queried); the graph's replays are bounded by NCCL's own
+error handling and by the host waiting on the step's results.
+
 Timeout: a watchdog thread checks the ``done`` events of collectives in flight; one that is not
 done within the group's timeout aborts the communicator (NCCL kernels return), prints a
 CollectiveTimeoutError naming the operation and rank, and ends the process with exit code 1 (as
@@ -182,8 +187,9 @@ class NCCLProcessGroup:
         done = cp.cuda.Event(disable_timing=True)
         done.record(self.stream)
         work = NCCLWork(self, what, done, keep, finish, current.ptr)
-        with self._lock:
-            self._inflight.append(work)
+        if not current.is_capturing():
+            with self._lock:
+                self._inflight.append(work)
         if async_op:
             return work
         work.wait()

@@ -26,8 +26,9 @@ MESH_MODES: dict[str, str] = {"dp": "ddp", "cp": "cp", "tp": "tp"}
 class ParallelPlan:
     """``--parallel`` parsed: how the ranks of a run are laid out and what wraps the model.
 
-    Two forms. ``MODE[=VALUE]`` (``ddp``, ``ddp=25``, ``zero=2``, any registered mode): the mode over
-    every rank, VALUE its first option; ``mesh`` is empty. Mesh sizes (``dp=2,tp=2``, ``dp=2,cp=2,attn=ring``,
+    Two forms. ``MODE[=VALUE][,KEY=VALUE...]`` (``ddp``, ``ddp=25``, ``zero=2``, ``ddp,grad_dtype=bf16``, any
+    registered mode): the mode over every rank, VALUE its first option, the KEY=VALUE pairs its keyword
+    options; ``mesh`` is empty. ``dp=N`` takes ``grad_dtype=`` too. Mesh sizes (``dp=2,tp=2``, ``dp=2,cp=2,attn=ring``,
     ``tp=4``, ``tp=2,async=4``, ``cp=2``, ``dp=4``): a :class:`blutrain.dist.DeviceMesh` of those dimensions,
     whose sizes multiply to the number of ranks; tp or cp rewrites the model first, then ddp averages
     gradients over the dp dimension. ``modes``: (name, positional options, keyword options), innermost first.
@@ -152,8 +153,8 @@ class TrainConfig:
         if not self.parallel:
             return None
         text = self.parallel
-        form = (f"parallel must be MODE[=VALUE] ('ddp', 'zero=2') or mesh sizes ('dp=2,tp=2', "
-                f"'dp=2,cp=2,attn=ulysses', 'tp=4'), got {text!r}")
+        form = (f"parallel must be MODE[=VALUE] ('ddp', 'zero=2', 'ddp,grad_dtype=bf16') or mesh sizes "
+                f"('dp=2,tp=2', 'dp=2,cp=2,attn=ulysses', 'tp=4'), got {text!r}")
         parts: list[tuple[str, str | None]] = []
         for item in text.split(","):
             key, sep, value = item.strip().partition("=")
@@ -163,13 +164,19 @@ class TrainConfig:
                 raise ConfigError(f"parallel {text!r}: {key} is given twice")
             parts.append((key, value if sep else None))
         if not any(key in MESH_MODES for key, _ in parts):
-            if len(parts) != 1:
-                raise ConfigError(form)
             name, given = parts[0]
-            return ParallelPlan(text, {}, ((name, () if given is None else (_option(given),), {}),))
+            keywords: dict[str, int | str] = {}
+            for key, raw in parts[1:]:  # MODE[=VALUE],key=value,...: the mode's keyword options
+                if raw is None:
+                    raise ConfigError(f"parallel {text!r}: {key!r} after the mode must be key=value (e.g. "
+                                      f"'{name},grad_dtype=bf16')")
+                option = _option(raw)
+                keywords[key] = option if isinstance(option, (int, str)) else raw
+            return ParallelPlan(text, {}, ((name, () if given is None else (_option(given),), keywords),))
         sizes: dict[str, int] = {}
         attn: str | None = None
         chunks: int | None = None
+        grad_dtype: str | None = None
         for key, raw in parts:
             if key in MESH_MODES:
                 if raw is None or not raw.isdigit() or int(raw) < 1:
@@ -183,11 +190,14 @@ class TrainConfig:
                     raise ConfigError(f"parallel {text!r}: async must be a number of row blocks >= 1 (e.g. "
                                       f"async=4), got {raw!r}")
                 chunks = int(raw)
+            elif key == "grad_dtype" and raw is not None:
+                grad_dtype = raw
             else:
                 part = key if raw is None else f"{key}={raw}"
                 raise ConfigError(f"parallel {text!r}: unknown part {part!r}; a "
-                                  "mesh takes dp=N, tp=N, cp=N, with cp attn=ring|allgather|ulysses and with tp "
-                                  "async=K (other modes, such as zero, run alone over every rank)")
+                                  "mesh takes dp=N, tp=N, cp=N, with cp attn=ring|allgather|ulysses, with tp "
+                                  "async=K and with dp grad_dtype=bf16 (other modes, such as zero, run alone over "
+                                  "every rank)")
         if "tp" in sizes and "cp" in sizes:
             raise ConfigError(f"parallel {text!r}: tp and cp do not compose yet; give dp × tp or dp × cp")
         if attn is not None and "cp" not in sizes:
@@ -196,9 +206,13 @@ class TrainConfig:
         if chunks is not None and "tp" not in sizes:
             raise ConfigError(f"parallel {text!r}: async={chunks} overlaps tensor parallelism's all-reduces with its "
                               "GEMMs and needs tp=N")
+        if grad_dtype is not None and "dp" not in sizes:
+            raise ConfigError(f"parallel {text!r}: grad_dtype={grad_dtype} is the dtype data parallelism averages "
+                              "gradients in and needs dp=N")
         mesh = {dim: sizes[dim] for dim in MESH_MODES if dim in sizes}
         options: dict[str, dict[str, int | str]] = {"cp": {"attn": attn} if attn is not None else {},
-                                                    "tp": {"async_chunks": chunks} if chunks is not None else {}}
+                                                    "tp": {"async_chunks": chunks} if chunks is not None else {},
+                                                    "dp": {"grad_dtype": grad_dtype} if grad_dtype is not None else {}}
         modes = tuple((MESH_MODES[dim], (), options.get(dim, {})) for dim in reversed(mesh))
         return ParallelPlan(text, mesh, modes)
 
