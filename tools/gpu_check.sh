@@ -25,6 +25,8 @@
 # context parallelism at T=32768; 2 GPUs, --gpus N), last; BENCH_DIST=only runs it alone after the workspace setup
 # (BENCH_DIST_BUDGET, default 590 s of the call); BENCH_DIST_ARGS="--quick" is passed on. It writes $OUT/bench_dist/.
 # On a multi-GPU machine TESTS="plugins/blutrain-comm-nccl" runs the NCCL plugin's cuda tests on 1 and 2 ranks.
+# THEN="command" runs a command of your own last, in the same workspace, within THEN_BUDGET (default 590 s of the
+# call): e.g. THEN="python3 tools/bench/dist_cli.py --gpus 4 --out \$OUT/dist_cli".
 # Prints a short summary last. Logs and results go to $OUT (the device tool's output folder) or
 # tools/results/: gpu_check.log, alloc_tests.xml, cuda_tests.xml, conformance.xml, bench_kernels.json,
 # bench_summary.txt, alloc_build.log. Every stage has its own time limit (120 + 180 + 120 + 180 s at
@@ -254,6 +256,14 @@ fi
 [[ $BENCH_GPT2 == 1 ]] && gpt2_bench
 [[ $BENCH_DIST == 1 ]] && dist_bench
 
+RC_THEN=skipped
+if [[ -n ${THEN:-} ]]; then
+    left=$(( ${THEN_BUDGET:-590} - (SECONDS - T0) ))
+    stamp "THEN: $THEN (${left} s left)"
+    timeout -k 10 "$left" bash -c "$THEN"
+    RC_THEN=$?
+fi
+
 stamp "summary"
 "$PY" - "$OUT" <<'PYEOF'
 import sys
@@ -276,7 +286,7 @@ for name in ("alloc_tests", "cuda_tests", "conformance"):
     if len(failed) > 40:
         print(f"   ... and {len(failed) - 40} more (see the log)")
 PYEOF
-echo "exit codes: alloc tests $RC_ALLOC_TESTS, cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC, gpt2 bench $RC_GPT2_BENCH, dist bench $RC_DIST_BENCH; $((SECONDS - T0)) s"
+echo "exit codes: alloc tests $RC_ALLOC_TESTS, cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC, gpt2 bench $RC_GPT2_BENCH, dist bench $RC_DIST_BENCH, then $RC_THEN; $((SECONDS - T0)) s"
 if [[ -f "$OUT/bench_summary.txt" ]]; then
     echo
     cat "$OUT/bench_summary.txt"

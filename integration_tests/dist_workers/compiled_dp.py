@@ -10,9 +10,14 @@ are clipped, so the replays pick up new scalars and the clip's norm goes through
 Then the guard: a compiled function that calls a collective of a plain (undeclared) group must raise a
 TracingError naming its line, for a traced value and for a tensor that lives outside the function.
 
-Usage: ``compiled_dp.py OUT.json``. Rank 0 writes, per configuration, both runs' losses and gradient norms per
-step (averaged over ranks), the largest parameter difference after the last step, and the compiled graph's
-numbers of traces and collectives; and the guard's two messages with the lines they must name.
+On ``--device cuda`` (nccl, one GPU per rank) the same runs check the compiled step as a CUDA graph: its
+collectives captured into the step's one graph on a communication stream, each joined by the first op that
+touches its buffers.
+
+Usage: ``compiled_dp.py OUT.json [--device cuda] [RUN ...]``. Rank 0 writes, per configuration, both runs'
+losses and gradient norms per step (averaged over ranks), the largest parameter difference after the last step,
+and the compiled graph's numbers of traces and collectives; and (on the CPU) the guard's two messages with the
+lines they must name.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ RUNS: dict[str, tuple[str, int, int]] = {  # name → (mode, zero stage, micro-b
     "zero3": ("zero", 3, 1)}
 
 
-def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled: bool) -> dict[str, Any]:
+def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled: bool,
+          device: str = "cpu") -> dict[str, Any]:
     bt.manual_seed(1234)
-    net = GPT2(CONFIG)
+    net = GPT2(CONFIG).to(device=device)
     model: Any
     zero_mode = None
     if mode == "ddp":
@@ -59,7 +65,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
     def step(batches: list[tuple[bt.Tensor, bt.Tensor]], lr: float) -> tuple[bt.Tensor, bt.Tensor]:
         for g in optimizer.param_groups:
             g["lr"] = lr
-        total = bt.zeros(())
+        total = bt.zeros((), device=device)
         for i, (x, y) in enumerate(batches):
             local = model.no_sync() if mode == "ddp" and i < len(batches) - 1 else contextlib.nullcontext()
             with local:
@@ -77,8 +83,8 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
     for s in range(STEPS):
         tokens = np.random.default_rng(s).integers(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size + 1))
         mine = tokens[group.rank * per_rank:(group.rank + 1) * per_rank]
-        batches = [(bt.tensor(p[:, :-1].astype(np.int64)), bt.tensor(p[:, 1:].astype(np.int64)))
-                   for p in np.array_split(mine, accum)]
+        batches = [(bt.tensor(p[:, :-1].astype(np.int64), device=device),
+                    bt.tensor(p[:, 1:].astype(np.int64), device=device)) for p in np.array_split(mine, accum)]
         loss, norm = fn(batches, 3e-3 * (s + 1) / STEPS)
         both = bt.stack([loss, norm.to(dtype="float32")])
         group.all_reduce(both, op="avg")
@@ -86,7 +92,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
         norms.append(float(both[1].item()))
     state = model.state_dict()  # zero=3 gathers its shards (a collective): every rank calls it
     out: dict[str, Any] = {"losses": losses, "norms": norms,
-                           "params": {k: v.detach().numpy().copy() for k, v in state.items()}}
+                           "params": {k: v.detach().cpu().numpy().copy() for k, v in state.items()}}
     if compiled:
         out |= compiled_stats(fn)
     return out
@@ -119,14 +125,20 @@ def guard(group: dist.ProcessGroup) -> dict[str, Any]:
 
 
 def main() -> int:
-    group = dist.init_process_group("mpi")
+    args = sys.argv[2:]
+    device = "cpu"
+    if args[:1] == ["--device"]:
+        device, args = args[1], args[2:]
+    group = dist.init_process_group("nccl" if device == "cuda" else "mpi")
     results: dict[str, Any] = {"world": group.size}
-    for name, (mode, stage, accum) in RUNS.items():
-        eager = train(group, mode, stage, accum, compiled=False)
-        compiled = train(group, mode, stage, accum, compiled=True)
+    for name in args or list(RUNS):
+        mode, stage, accum = RUNS[name]
+        eager = train(group, mode, stage, accum, compiled=False, device=device)
+        compiled = train(group, mode, stage, accum, compiled=True, device=device)
         results[name] = versus(group, eager, compiled,
                                ((eager["params"][k], compiled["params"][k]) for k in eager["params"]))
-    results["guard"] = guard(group)
+    if device == "cpu":
+        results["guard"] = guard(group)
     return finish(group, results, sys.argv[1])
 
 

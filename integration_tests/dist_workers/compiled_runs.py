@@ -15,8 +15,12 @@ import blutrain.tensor as bt
 
 
 def compiled_stats(fn: Any) -> dict[str, Any]:
-    """Traces, and the collectives the compiled function's last graph issues (all inside its one program)."""
-    return {"traces": fn.traces, "collectives": fn.stats.collectives}
+    """Traces, the collectives the compiled function's last graph issues (all inside its one program), and on
+    CUDA whether the step ran as one captured graph (no fallback to launching its list one by one)."""
+    executor = fn.last.executor
+    captured = bool(getattr(executor, "captures", 0)) and not getattr(executor, "eager", True)
+    return {"traces": fn.traces, "collectives": fn.stats.collectives, "captured": captured,
+            "capture_error": getattr(executor, "capture_error", None)}
 
 
 def versus(group: dist.ProcessGroup, eager: dict[str, Any], compiled: dict[str, Any],
