@@ -130,6 +130,8 @@ def main() -> int:
     if args[:1] == ["--device"]:
         device, args = args[1], args[2:]
     group = dist.init_process_group("nccl" if device == "cuda" else "mpi")
+    if device == "cuda":  # the nccl group uses this rank's GPU
+        device = f"cuda:{dist.detect().local_rank}"
     results: dict[str, Any] = {"world": group.size}
     for name in args or list(RUNS):
         mode, stage, accum = RUNS[name]

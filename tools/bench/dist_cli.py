@@ -22,14 +22,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-TRAIN = ["--device", "cuda", "--preset", "gpt2-124m", "--dtype", "bf16", "--eval-every", "0", "--sample-tokens",
-         "0", "--warmup-steps", "5"]
+TRAIN = ["--device", "cuda", "--preset", "gpt2-124m", "--dtype", "bf16", "--eval-every", "0", "--warmup-steps", "5"]
 
 
 def command(gpus: int, flags: list[str], out: Path, steps: int, batch: int, seq_len: int) -> list[str]:
-    """The launch of one configuration: ``blutrain train`` alone on one GPU, under ``blutrain run`` on several."""
-    train = ["blutrain", "train", *TRAIN, "--batch-size", str(batch), "--seq-len", str(seq_len), "--max-steps",
-             str(steps), "--out", str(out), *flags]
+    """The launch of one configuration: ``blutrain train`` alone on one GPU, under ``blutrain run`` on several
+    (no sample at the end: a config file sets ``sample_tokens = 0``, which no flag sets)."""
+    config = out.parent / "no_sample.toml"
+    config.write_text("sample_tokens = 0\n")
+    train = ["blutrain", "train", "--config", str(config), *TRAIN, "--batch-size", str(batch), "--seq-len",
+             str(seq_len), "--max-steps", str(steps), "--out", str(out), *flags]
     cli = [sys.executable, "-m", "blutrain.cli"]
     if gpus == 1:
         return [*cli, *train[1:]]

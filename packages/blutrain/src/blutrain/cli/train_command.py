@@ -33,10 +33,12 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("out", str, "output directory"),
     ("resume", str, "checkpoint to resume from"),
     ("seed", int, "random seed"),
-    ("parallel", str, "under `blutrain run -n N`: MODE[=VALUE], ddp (VALUE: bucket MiB), zero=STAGE (1, 2, 3) or any "
-                      "registered mode (see `blutrain plugins`); or mesh sizes multiplying to N: dp=2,tp=2[,async=K], "
-                      "dp=2,cp=2[,attn=ring|allgather|ulysses], tp=N, cp=N, dp=N (ddp); async=K: async TP, each "
-                      "all-reduce in K row blocks overlapping the GEMMs"),
+    ("parallel", str, "under `blutrain run -n N`: MODE[=VALUE][,KEY=VALUE...], ddp (VALUE: bucket MiB), "
+                      "zero=STAGE (1, 2, 3) or any registered mode (see `blutrain plugins`), with the mode's options "
+                      "after it (ddp,grad_dtype=bf16: gradients averaged in bf16); or mesh sizes multiplying to N: "
+                      "dp=2,tp=2[,async=K], dp=2,cp=2[,attn=ring|allgather|ulysses], tp=N, cp=N, "
+                      "dp=N[,grad_dtype=bf16] (ddp); async=K: async TP, each all-reduce in K row blocks overlapping "
+                      "the GEMMs"),
     ("dist-backend", str, "the process group's comm backend for --parallel: mpi or nccl (default: nccl on cuda, "
                           "else mpi)"),
 )
