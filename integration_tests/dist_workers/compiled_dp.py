@@ -138,7 +138,7 @@ def main() -> int:
         eager = train(group, mode, stage, accum, compiled=False, device=device)
         compiled = train(group, mode, stage, accum, compiled=True, device=device)
         results[name] = versus(group, eager, compiled,
-                               ((eager["params"][k], compiled["params"][k]) for k in eager["params"]))
+                               ((eager["params"][k], compiled["params"][k]) for k in eager["params"]), device)
     if device == "cpu":
         results["guard"] = guard(group)
     return finish(group, results, sys.argv[1])

@@ -24,11 +24,11 @@ def compiled_stats(fn: Any) -> dict[str, Any]:
 
 
 def versus(group: dist.ProcessGroup, eager: dict[str, Any], compiled: dict[str, Any],
-           pairs: Iterable[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]) -> dict[str, Any]:
+           pairs: Iterable[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]], device: str = "cpu") -> dict[str, Any]:
     """The compiled run beside the eager one: their losses and norms, the compiled run's stats, and the
     largest parameter difference over ``pairs`` (eager, compiled) of every rank (the group's max)."""
     mine = max((float(np.abs(a - b).max()) for a, b in pairs), default=0.0)
-    diff = bt.tensor([mine])
+    diff = bt.tensor([mine], device=device)
     group.all_reduce(diff, op="max")
     return {"eager": {k: eager[k] for k in ("losses", "norms")},
             "compiled": {k: v for k, v in compiled.items() if k != "params"}, "param_diff": float(diff.item())}

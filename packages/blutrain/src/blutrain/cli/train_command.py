@@ -100,6 +100,7 @@ def run_train(args: argparse.Namespace) -> int:
         if trainer.group is not None:
             from blutrain.dist import destroy_process_group
 
+            trainer.release_compiled()  # before the communicator: see Trainer.release_compiled
             destroy_process_group()
     if trainer.rank != 0:
         return 0

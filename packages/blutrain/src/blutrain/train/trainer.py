@@ -626,6 +626,13 @@ class Trainer:
         self.model.train()
         return total / self.cfg.eval_batches
 
+    def release_compiled(self) -> None:
+        """Give back the compiled step's graphs and memory. Call it before destroying the process group: NCCL
+        waits, in destroying a communicator, for every CUDA graph that captured one of its collectives (a
+        compiled parallel step's), so a graph still held then hangs the process at exit."""
+        if self.compiled_step is not None:
+            self.compiled_step.reset()
+
     def sample(self, prompt: str, tokens: int) -> str:
         tok = get_tokenizer(self.data.tokenizer)
         ids = tok.encode(prompt) or [tok.eot_token]
