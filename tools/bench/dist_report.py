@@ -121,7 +121,7 @@ def baseline_of(row: Row, rows: Sequence[Row]) -> Row | None:
 
 def fill_efficiencies(rows: Sequence[Row]) -> None:
     for row in rows:
-        if row.config.stage != "scaling":
+        if row.config.stage != "scaling" or row.config.gpus == 1:
             continue
         one = baseline_of(row, rows)
         row.efficiency = scaling_efficiency(row.tokens_per_s, one.tokens_per_s if one else None, row.config.gpus)
