@@ -206,10 +206,15 @@ def test_sizes_are_the_powers_of_two_up_to_the_gpus_and_the_gpus() -> None:
     assert bench.gpu_sizes(6) == [1, 2, 4, 6]
 
 
+def test_one_gpu_runs_first_then_the_largest_size() -> None:
+    assert bench.run_order([1, 2, 4, 8]) == [1, 8, 4, 2]
+    assert bench.run_order([2, 4]) == [4, 2]
+
+
 def test_the_plan_runs_every_mode_on_each_size_and_the_same_global_batch_for_the_losses() -> None:
     launches = bench.plan(args("--gpus", "4"))
-    assert [lc.name for lc in launches] == ["blutrain-1gpu", "torch-1gpu", "blutrain-2gpu", "torch-2gpu",
-                                            "blutrain-4gpu", "torch-4gpu"]
+    assert [lc.name for lc in launches] == ["blutrain-1gpu", "torch-1gpu", "blutrain-4gpu", "torch-4gpu",
+                                            "blutrain-2gpu", "torch-2gpu"]
     by = {lc.name: lc.configs for lc in launches}
     assert [c.name for c in by["blutrain-2gpu"] if c.stage == "scaling"] == [
         f"blutrain-{impl}-{mode}-2gpu" for impl in ("compiled", "eager") for mode in ("ddp", "zero1", "zero2", "zero3")]

@@ -40,7 +40,8 @@ How it is measured
   NCCL kernels (their union), exposed = the part of it when no other kernel ran (tools/bench/dist_profile.py).
   A row without a profile shows "-".
 - ``--budget`` seconds (default 480 on the GPU): configurations that would start after it are skipped, and are
-  rows too; ``--config-timeout`` bounds one configuration (a hang is a row).
+  rows too; one that started before is stopped 90 s after it at the latest. ``--config-timeout`` bounds one
+  configuration, build and compile included (a hang is a row).
 
 Writes ``bench_dist.json`` (rewritten after every launch), ``bench_dist.txt`` (the table), ``bench_dist.png``
 and ``runs/<launch>/`` (the launch's job, log, each rank's JSON, nsys reports) to ``--out`` (default
@@ -98,6 +99,7 @@ from bench.dist_report import (
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve()
 EXIT_GRACE_S = 120.0  # after every configuration reported: time for the ranks to leave (nsys writes reports)
+BUDGET_GRACE_S = 90.0  # a configuration that started before the --budget ran out is stopped this long after it
 
 
 # -- the plan ----------------------------------------------------------------------------------------------
@@ -123,13 +125,20 @@ class Launch:
         return f"{self.framework}-{self.gpus}gpu"
 
 
+def run_order(sizes: Sequence[int]) -> list[int]:
+    """One GPU first (every efficiency's baseline), then the largest size, then the others from the top: when
+    the --budget runs out, what is skipped is the in-between sizes."""
+    rest = sorted((n for n in set(sizes) if n != 1), reverse=True)
+    return ([1] if 1 in sizes else []) + rest
+
+
 def plan(a: argparse.Namespace) -> list[Launch]:
-    """Every launch in the order they run: sizes ascending, ``--frameworks`` in order; in a launch, compiled
-    before eager, scaling before equivalence."""
+    """Every launch in the order they run (sizes in ``run_order``, ``--frameworks`` in order); in a launch,
+    compiled before eager, scaling before equivalence."""
     launches: list[Launch] = []
     most = max(a.sizes)
     shape = {"batch_size": a.batch_size, "seq_len": a.seq_len}
-    for n in a.sizes:
+    for n in run_order(a.sizes):
         for fw in a.frameworks:
             launch = Launch(fw, n)
             modes = a.modes if fw == "blutrain" else a.torch_modes
@@ -371,6 +380,9 @@ class Bench:
                         why = f"the ranks did not exit within {EXIT_GRACE_S:g} s of their last result"
                 elif now - since > a.config_timeout:
                     why = f"killed after {a.config_timeout:g} s in {current or 'the set-up'}"
+                elif a.budget and self.elapsed() > a.budget + BUDGET_GRACE_S:
+                    why = (f"killed in {current or 'the set-up'}: {BUDGET_GRACE_S:g} s past the --budget of "
+                           f"{a.budget:g} s")
                 if why:
                     stop(proc)
                     break
@@ -410,7 +422,7 @@ class Bench:
             cost = costs.get(row.config.name)
             if cost is not None:
                 row.comm_ms, row.exposed_ms = cost.comm_ms, cost.exposed_ms
-            elif row.config.profile_steps and row.status == "ok":
+            elif row.config.profile_steps and row.status == "ok" and not row.profile_note:
                 row.profile_note = "no profile found" + (f" ({'; '.join(problems + more)[:200]})"
                                                          if problems or more else "")
 

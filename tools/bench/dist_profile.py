@@ -112,7 +112,13 @@ def main_device(kernels: Sequence[Kernel]) -> list[Kernel]:
 
 # -- Nsight Systems -------------------------------------------------------------------------------------
 def nsys_path() -> str | None:
-    return shutil.which("nsys")
+    """nsys on PATH, else where CUDA toolkits and Nsight Systems installers put it (the newest)."""
+    found = shutil.which("nsys")
+    if found:
+        return found
+    candidates = [*Path("/usr/local/cuda/bin").glob("nsys"), *Path("/opt/nvidia/nsight-systems").glob("*/bin/nsys"),
+                  *Path("/usr/local").glob("cuda-*/bin/nsys")]
+    return str(sorted(candidates)[-1]) if candidates else None
 
 
 def nsys_graph_node_tracing(nsys: str) -> bool:

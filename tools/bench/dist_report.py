@@ -175,6 +175,7 @@ def collect(row: Row, ranks: Sequence[dict[str, Any]]) -> None:
     row.memory_source = next((r["memory_source"] for r in ranks if r.get("memory_source")), None)
     zero = next((r for r in ranks if r.get("rank") == 0), None)
     row.losses = list(zero.get("losses", [])) if zero else []  # every rank reads the same global loss
+    row.profile_note = zero.get("profile_note") if zero else None
 
 
 # -- goals -------------------------------------------------------------------------------------------------
@@ -263,15 +264,16 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
                   f"   efficiency = tokens/s(N) / (N × tokens/s(1)) of the same framework and implementation: "
                   f"compiled against compiled 1 {unit}, eager against eager 1 {unit}",
                   "   comm / exposed = ms per step of NCCL kernels / of NCCL kernels with no compute kernel "
-                  "running (rank 0, nsys; '-': not profiled)",
+                  "running (rank 0, nsys; '-': not profiled); wall s = the configuration's time, build and compile "
+                  "included",
                   f"{'framework':<9} {'impl':<8} {'mode':<6} {unit + 's':>4} {'step ms':>8} {'tokens/s':>11} "
-                  f"{'effic.':>7} {'alloc GiB':>9} {'comm':>6} {'exposed':>7} {'exp.%':>6}  result"]
+                  f"{'effic.':>7} {'alloc GiB':>9} {'comm':>6} {'exposed':>7} {'exp.%':>6} {'wall s':>6}  result"]
         for r in scaling:
             c = r.config
             lines.append(f"{c.framework:<9} {c.impl:<8} {c.mode:<6} {c.gpus:>4} {_num(r.step_ms, '8.2f'):>8} "
                          f"{_num(r.tokens_per_s, '11,.0f'):>11} {_num(r.efficiency, '7.1%'):>7} "
                          f"{_gib(r.peak_allocated):>9} {_num(r.comm_ms, '6.2f'):>6} {_num(r.exposed_ms, '7.2f'):>7} "
-                         f"{_num(r.exposed_share, '6.1%'):>6}  {_result(r)}")
+                         f"{_num(r.exposed_share, '6.1%'):>6} {_num(r.wall_s, '6.0f'):>6}  {_result(r)}")
         lines += [f"   {r.config.name}: profile: {r.profile_note}" for r in scaling if r.profile_note]
         lines += [f"   {r.config.label} on {r.config.gpus}: {r.nccl}" for r in scaling if r.nccl]
     equiv = [r for r in rows if r.config.stage == "equivalence"]

@@ -139,7 +139,7 @@ class Steps:
             self.report.write()  # after the step's clock: not timed
         if c.profile_steps:
             self.phase("profiled")
-            with self.profiler(PROFILE_RANGE_PREFIX + c.name):
+            with self.profiler(PROFILE_RANGE_PREFIX + c.name, e):
                 for _ in range(c.profile_steps):
                     step()
 
@@ -182,8 +182,10 @@ class BluTrainRank:
         self.group.broadcast(t, src=0)
         return float(t.item()) > 0.5
 
-    def profiler(self, name: str) -> contextlib.AbstractContextManager[None]:
-        return _cupy_profiled(name) if self.cuda and os.environ.get(UNDER_NSYS_ENV) else contextlib.nullcontext()
+    def profiler(self, name: str, entry: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+        if not (self.cuda and os.environ.get(UNDER_NSYS_ENV)):
+            return contextlib.nullcontext()
+        return _cupy_profiled(name, entry)
 
     def run(self, c: Config, report: RankReport, entry: dict[str, Any]) -> None:
         try:
@@ -238,19 +240,38 @@ class BluTrainRank:
 
 
 @contextlib.contextmanager
-def _cupy_profiled(name: str) -> Any:
+def _cupy_profiled(name: str, entry: dict[str, Any]) -> Any:
     import cupy
-    from cupy.cuda import nvtx, profiler
 
-    cupy.cuda.runtime.deviceSynchronize()
-    profiler.start()
-    nvtx.RangePush(name)
+    with _profiled(name, entry, cupy.cuda.runtime.deviceSynchronize, "cupy.cuda.profiler", "cupy.cuda.nvtx"):
+        yield
+
+
+@contextlib.contextmanager
+def _profiled(name: str, entry: dict[str, Any], synchronize: Callable[[], Any], profiler_module: str,
+              nvtx_module: str) -> Any:
+    """The CUDA profiler's capture range and an NVTX range named ``name`` around the block, the device idle at
+    both ends. A profiler or NVTX that fails is noted in ``entry`` and the block runs anyway: the other ranks
+    take the same steps, and this rank must not leave them waiting in a collective."""
+    synchronize()
+    stop: list[Callable[[], Any]] = []
+    try:
+        profiler: Any = importlib.import_module(profiler_module)
+        profiler.start()
+        stop.append(profiler.stop)
+        nvtx: Any = importlib.import_module(nvtx_module)
+        push, pop = (nvtx.RangePush, nvtx.RangePop) if hasattr(nvtx, "RangePush") else (nvtx.range_push, nvtx.range_pop)
+        push(name)
+        stop.insert(0, pop)
+    except Exception as exc:
+        entry["profile_note"] = f"profiler not started: {first_line(exc)}"
     try:
         yield
     finally:
-        cupy.cuda.runtime.deviceSynchronize()
-        nvtx.RangePop()
-        profiler.stop()
+        synchronize()
+        for fn in stop:
+            with contextlib.suppress(Exception):
+                fn()
 
 
 # -- PyTorch -----------------------------------------------------------------------------------------------
@@ -280,10 +301,10 @@ class TorchRank:
         self.torch.distributed.broadcast(t, src=0)
         return float(t.item()) > 0.5
 
-    def profiler(self, name: str) -> contextlib.AbstractContextManager[None]:
+    def profiler(self, name: str, entry: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
         if not (self.cuda and os.environ.get(UNDER_NSYS_ENV)):
             return contextlib.nullcontext()
-        return _torch_profiled(self.torch, name)
+        return _torch_profiled(self.torch, name, entry)
 
     def run(self, c: Config, report: RankReport, entry: dict[str, Any]) -> None:
         try:
@@ -383,16 +404,9 @@ class TorchRank:
 
 
 @contextlib.contextmanager
-def _torch_profiled(torch: Any, name: str) -> Any:
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    torch.cuda.nvtx.range_push(name)
-    try:
+def _torch_profiled(torch: Any, name: str, entry: dict[str, Any]) -> Any:
+    with _profiled(name, entry, torch.cuda.synchronize, "torch.cuda.profiler", "torch.cuda.nvtx"):
         yield
-    finally:
-        torch.cuda.synchronize()
-        torch.cuda.nvtx.range_pop()
-        torch.cuda.profiler.stop()
 
 
 # -- the entry point ---------------------------------------------------------------------------------------
