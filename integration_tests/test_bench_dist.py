@@ -193,8 +193,8 @@ def test_a_file_that_is_not_an_export_is_a_problem_not_a_crash(tmp_path: Path) -
 def test_the_nsys_command_captures_cuda_profiler_ranges_into_sqlite() -> None:
     cmd = profile.nsys_command("/usr/bin/nsys", Path("/out/r"), graph_nodes=True)
     assert cmd[:2] == ["/usr/bin/nsys", "profile"] and cmd[-2:] == ["-o", "/out/r"]
-    for option in ("--trace=cuda,nvtx", "--capture-range=cudaProfilerApi", "--export=sqlite",
-                   "--cuda-graph-trace=node"):
+    for option in ("--trace=cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=repeat",
+                   "--export=sqlite", "--cuda-graph-trace=node"):
         assert option in cmd
     assert "--cuda-graph-trace=node" not in profile.nsys_command("nsys", Path("r"), graph_nodes=False)
 
@@ -213,13 +213,14 @@ def test_one_gpu_runs_first_then_the_largest_size() -> None:
 
 def test_the_plan_runs_every_mode_on_each_size_and_the_same_global_batch_for_the_losses() -> None:
     launches = bench.plan(args("--gpus", "4"))
-    assert [lc.name for lc in launches] == ["blutrain-1gpu", "torch-1gpu", "blutrain-4gpu", "torch-4gpu",
-                                            "blutrain-2gpu", "torch-2gpu"]
+    assert [lc.name for lc in launches] == [
+        "blutrain-1gpu", "torch-1gpu", "blutrain-4gpu", "torch-4gpu", "blutrain-2gpu", "torch-2gpu",
+        "equiv-blutrain-1gpu", "equiv-torch-1gpu", "equiv-blutrain-4gpu", "equiv-torch-4gpu", "equiv-blutrain-2gpu",
+        "equiv-torch-2gpu"]
     by = {lc.name: lc.configs for lc in launches}
-    assert [c.name for c in by["blutrain-2gpu"] if c.stage == "scaling"] == [
+    assert [c.name for c in by["blutrain-2gpu"]] == [
         f"blutrain-{impl}-{mode}-2gpu" for impl in ("compiled", "eager") for mode in ("ddp", "zero1", "zero2", "zero3")]
-    assert [c.name for c in by["torch-4gpu"] if c.stage == "scaling"] == ["torch-compiled-ddp-4gpu",
-                                                                            "torch-eager-ddp-4gpu"]
+    assert [c.name for c in by["torch-4gpu"]] == ["torch-compiled-ddp-4gpu", "torch-eager-ddp-4gpu"]
     equiv = [c for lc in launches for c in lc.configs if c.stage == "equivalence"]
     assert {(c.framework, c.precision, c.gpus, c.accum) for c in equiv} == {
         ("blutrain", "bf16", 1, 4), ("blutrain", "fp32", 1, 4), ("blutrain", "bf16", 2, 2), ("blutrain", "bf16", 4, 1),
@@ -236,10 +237,10 @@ def test_the_profile_covers_the_multi_gpu_scaling_rows_only() -> None:
 
 
 def test_blutrain_launches_through_blutrain_run_and_pytorch_through_torchrun() -> None:
-    ours = bench.launch_command(bench.Launch("blutrain", 4), Path("/j/job.json"), 60.0)
+    ours = bench.launch_command(bench.Launch("scaling", "blutrain", 4), Path("/j/job.json"), 60.0)
     assert ours[1:6] == ["-m", "blutrain.cli", "run", "-n", "4"]
     assert ours[ours.index("--timeout") + 1] == "60" and ours[-3:] == [str(bench.SCRIPT), "--worker", "/j/job.json"]
-    theirs = bench.launch_command(bench.Launch("torch", 2), Path("/j/job.json"), 60.0)
+    theirs = bench.launch_command(bench.Launch("scaling", "torch", 2), Path("/j/job.json"), 60.0)
     assert theirs[1:3] == ["-m", "torch.distributed.run"] and theirs[theirs.index("--nproc-per-node") + 1] == "2"
 
 
@@ -342,8 +343,8 @@ def test_the_cpu_mode_runs_both_stages_through_blutrain_run(tmp_path: Path) -> N
                              "--equiv-steps", "3")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = {r["config"]["name"]: r for r in result["rows"]}
-    assert list(rows) == ["blutrain-compiled-single-1gpu", "blutrain-eager-single-1gpu", "equiv-blutrain-fp32-1gpu",
-                          "blutrain-compiled-ddp-2gpu", "blutrain-eager-ddp-2gpu", "equiv-blutrain-fp32-2gpu"]
+    assert list(rows) == ["blutrain-compiled-single-1gpu", "blutrain-eager-single-1gpu", "blutrain-compiled-ddp-2gpu",
+                          "blutrain-eager-ddp-2gpu", "equiv-blutrain-fp32-1gpu", "equiv-blutrain-fp32-2gpu"]
     assert all(r["status"] == "ok" for r in rows.values())
     assert all(r["steps"] == 2 and r["efficiency"] is not None for n, r in rows.items() if n.endswith("ddp-2gpu"))
     equiv = rows["equiv-blutrain-fp32-2gpu"]

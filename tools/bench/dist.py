@@ -114,15 +114,16 @@ def gpu_sizes(gpus: int) -> list[int]:
 
 @dataclass
 class Launch:
-    """One framework on ``gpus`` ranks and the configurations it runs, in order."""
+    """One framework on ``gpus`` ranks and the configurations of one stage it runs, in order."""
 
+    stage: str
     framework: str
     gpus: int
     configs: list[Config] = field(default_factory=list)
 
     @property
     def name(self) -> str:
-        return f"{self.framework}-{self.gpus}gpu"
+        return f"{'equiv-' if self.stage == 'equivalence' else ''}{self.framework}-{self.gpus}gpu"
 
 
 def run_order(sizes: Sequence[int]) -> list[int]:
@@ -133,31 +134,33 @@ def run_order(sizes: Sequence[int]) -> list[int]:
 
 
 def plan(a: argparse.Namespace) -> list[Launch]:
-    """Every launch in the order they run (sizes in ``run_order``, ``--frameworks`` in order); in a launch,
-    compiled before eager, scaling before equivalence."""
+    """Every launch in the order they run: the scaling stage, then the equivalence stage (what --budget cuts
+    first); in a stage, sizes in ``run_order`` and ``--frameworks`` in order; in a scaling launch, compiled
+    before eager."""
     launches: list[Launch] = []
     most = max(a.sizes)
     shape = {"batch_size": a.batch_size, "seq_len": a.seq_len}
-    for n in run_order(a.sizes):
-        for fw in a.frameworks:
-            launch = Launch(fw, n)
-            modes = a.modes if fw == "blutrain" else a.torch_modes
-            if "scaling" in a.stages:
-                for impl in sorted(a.impls, key=lambda i: i != "compiled"):
-                    for mode in (["single"] if n == 1 else modes):
+    for stage in (s for s in STAGES if s in a.stages):
+        for n in run_order(a.sizes):
+            for fw in a.frameworks:
+                launch = Launch(stage, fw, n)
+                if stage == "scaling":
+                    for impl in sorted(a.impls, key=lambda i: i != "compiled"):
+                        for mode in (["single"] if n == 1 else a.modes if fw == "blutrain" else a.torch_modes):
+                            launch.configs.append(Config(
+                                stage, f"{fw}-{impl}-{mode}-{n}gpu", fw, impl, mode, n, a.precision, steps=a.steps,
+                                warmup=a.warmup, profile_steps=a.profile_steps if a.profile and n > 1 else 0,
+                                **shape))
+                elif most > 1 and most % n == 0 and n in (1, 2, most):
+                    # the global batch of the largest size: 1 GPU accumulates it, N GPUs share it
+                    impl = "compiled" if fw == "blutrain" else "eager"
+                    fp32 = fw == "blutrain" and a.precision != "fp32" and n in (1, most)
+                    for prec in [a.precision] + (["fp32"] if fp32 else []):
                         launch.configs.append(Config(
-                            "scaling", f"{fw}-{impl}-{mode}-{n}gpu", fw, impl, mode, n, a.precision, steps=a.steps,
-                            warmup=a.warmup, profile_steps=a.profile_steps if a.profile and n > 1 else 0, **shape))
-            if "equivalence" in a.stages and most > 1 and most % n == 0 and n in (1, 2, most):
-                impl = "compiled" if fw == "blutrain" else "eager"
-                precisions = [a.precision] + (["fp32"] if fw == "blutrain" and a.precision != "fp32"
-                                              and n in (1, most) else [])
-                for prec in precisions:
-                    launch.configs.append(Config(
-                        "equivalence", f"equiv-{fw}-{prec}-{n}gpu", fw, impl, "single" if n == 1 else "ddp", n, prec,
-                        steps=a.equiv_steps, warmup=0, accum=most // n, **shape))
-            if launch.configs:
-                launches.append(launch)
+                            stage, f"equiv-{fw}-{prec}-{n}gpu", fw, impl, "single" if n == 1 else "ddp", n, prec,
+                            steps=a.equiv_steps, warmup=0, accum=most // n, **shape))
+                if launch.configs:
+                    launches.append(launch)
     return launches
 
 

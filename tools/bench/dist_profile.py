@@ -27,8 +27,8 @@ from pathlib import Path
 
 PROFILE_RANGE_PREFIX = "bench-dist:"
 UNDER_NSYS_ENV = "BLUTRAIN_BENCH_DIST_UNDER_NSYS"  # set in the profiled rank's environment: do not re-exec
-NSYS_OPTIONS = ("--trace=cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=repeat",
-                "--export=sqlite", "--force-overwrite=true")
+NSYS_OPTIONS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--capture-range=cudaProfilerApi",
+                "--capture-range-end=repeat", "--export=sqlite", "--force-overwrite=true")
 GRAPH_NODES_OPTION = "--cuda-graph-trace=node"  # each kernel of a CUDA graph, not the graph as one span
 
 Interval = tuple[float, float]
