@@ -319,6 +319,13 @@ def test_a_launch_that_died_before_a_configuration_gives_the_logs_error(tmp_path
     assert rows[0].status == "error" and "ImportError: no module named cupy" in (rows[0].error or "")
 
 
+def test_a_set_up_that_failed_before_any_configuration_is_every_rows_error(tmp_path: Path) -> None:
+    rows = launch_rows("ddp", "zero1")
+    ranks = [{"rank": 0, "configs": {}, "error": "NcclError: unhandled system error"}, {"rank": 1, "configs": {}}]
+    assert bench.settle(rows, ranks, None, tmp_path / "log") == []
+    assert [(r.status, r.error) for r in rows] == [("error", "set-up: NcclError: unhandled system error")] * 2
+
+
 def test_the_table_says_what_efficiency_compares_and_names_each_failure() -> None:
     rows = [row(400_000.0, mode="single", gpus=1), row(784_000.0), row(None, status="skipped", framework="torch")]
     rows[2].error = "PyTorch is not installed"

@@ -233,7 +233,9 @@ def read_ranks(folder: Path) -> list[dict[str, Any]]:
 def settle(rows: Sequence[Row], ranks: Sequence[dict[str, Any]], why_stopped: str | None, log: Path) -> list[Row]:
     """Fill ``rows`` (a launch's, in order) from its ranks' reports; return the rows it did not reach, to
     launch again. The first row that no rank finished, or that a rank failed, ends the launch: it gets the
-    launch's error (``why_stopped``: the bench stopped it; else the log's)."""
+    launch's error (``why_stopped``: the bench stopped it; else the log's). A set-up that failed before any
+    configuration (a process group, an import) is every row's error: launching again would fail the same way."""
+    setup = next((r["error"] for r in ranks if r.get("error")), None)
     for i, row in enumerate(rows):
         name = row.config.name
         entries = [r["configs"][name] for r in ranks if name in r.get("configs", {})]
@@ -243,8 +245,11 @@ def settle(rows: Sequence[Row], ranks: Sequence[dict[str, Any]], why_stopped: st
             if row.status in ("ok", "skipped"):
                 continue
             return list(rows[i + 1:])
+        if i == 0 and not entries and setup and not why_stopped:
+            for r in rows:
+                r.status, r.error = "error", f"set-up: {setup}"
+            return []
         collect(row, entries)
-        setup = next((r["error"] for r in ranks if r.get("error")), None)
         where = "; ".join(f"rank {e.get('rank')} in {e.get('phase')}" for e in entries)
         row.status = "timeout" if why_stopped else "error"
         row.error = "; ".join(x for x in (why_stopped or (f"set-up: {setup}" if setup else log_error(log)), where)
@@ -306,6 +311,9 @@ class Bench:
             self.note("--profile: this nsys cannot trace the kernels inside CUDA graphs (--cuda-graph-trace): the "
                       "compiled rows' comm columns count each graph launch as one non-NCCL kernel")
         self.nsys = nsys_command(nsys, Path("REPORT"), nodes)
+        self.note(f"--profile: rank 0 of each multi-GPU scaling launch runs under {nsys} for the whole launch (it "
+                  "captures only the profiled steps, but watches the CUDA API throughout): to check that it costs "
+                  "the timed steps nothing, compare their step ms with a run without --profile")
 
     # -- launches --------------------------------------------------------------------------------------
     def run_launch(self, launch: Launch, data: tuple[str | None, str, int], overrides: dict[str, Any]) -> None:
@@ -323,10 +331,11 @@ class Bench:
                     row.status, row.error = "skipped", f"needs {launch.gpus} GPUs, {self.args.gpus_found} found"
                 return
             attempt += 1
-            left, stopped = self.attempt(launch, pending, attempt, data, overrides, profiled)
-            if profiled and all(r.status not in ("ok", "skipped") for r in pending) and not stopped:
-                # nothing ran under nsys: the profiler may be what failed; once more without it
-                self.note(f"{launch.name}: no configuration finished with rank 0 under nsys; again without --profile")
+            left, stopped, rank0_ran = self.attempt(launch, pending, attempt, data, overrides, profiled)
+            if profiled and not rank0_ran and not stopped:
+                # rank 0 never reported under nsys: nsys may be what failed; once more without it
+                self.note(f"{launch.name}: rank 0 did not start under nsys ({pending[0].error}); again without "
+                          "--profile")
                 for row in pending:
                     row.status, row.error = "not run", None
                 profiled = False
@@ -334,8 +343,9 @@ class Bench:
             pending = left
 
     def attempt(self, launch: Launch, rows: list[Row], attempt: int, data: tuple[str | None, str, int],
-                overrides: dict[str, Any], profiled: bool) -> tuple[list[Row], str | None]:
-        """One launch of ``rows``' configurations; returns those it did not reach and why it was stopped."""
+                overrides: dict[str, Any], profiled: bool) -> tuple[list[Row], str | None, bool]:
+        """One launch of ``rows``' configurations; returns those it did not reach, why it was stopped, and
+        whether rank 0 reported at all."""
         a = self.args
         where = self.out / "runs" / f"{launch.name}-{attempt}"
         where.mkdir(parents=True, exist_ok=True)
@@ -390,6 +400,7 @@ class Bench:
                     stop(proc)
                     break
         ranks = read_ranks(where)
+        rank0_ran = any(r.get("rank") == 0 for r in ranks)
         if why and why.startswith("the ranks did not exit"):
             self.note(f"{launch.name}: {why} (the results were in)")
             why = None
@@ -414,7 +425,7 @@ class Bench:
             with contextlib.suppress(OSError):
                 tail = log.read_text(errors="replace").splitlines()[-20:]
                 print(f"   log tail ({log}):\n" + "\n".join(f"   | {line}" for line in tail), flush=True)
-        return left, why
+        return left, why, rank0_ran
 
     def read_profiles(self, rows: list[Row], folder: Path) -> None:
         nsys = nsys_path()
