@@ -93,7 +93,7 @@ def test_each_equivalence_row_is_compared_with_the_one_gpu_run_of_its_framework_
     assert rows[5].reference == rows[2].config.name and rows[5].max_dloss == pytest.approx(0.5)
     text = "\n".join(report.goals(rows))
     assert "bf16 blutrain compiled ddp on 4 GPUs against 1 GPU × 4 micro-batches: max |Δloss| 0.2500 over 2 steps, " \
-           "PyTorch DDP's own 1-vs-N: 0.5000" in text
+           "PyTorch DDP's own 1-vs-4: 0.5000" in text
     assert "goal fp32 blutrain compiled ddp on 4 GPUs" in text and "— met" in text
 
 

@@ -220,10 +220,9 @@ def goals(rows: Sequence[Row]) -> list[str]:
                        f"max rel. |Δloss| {r.max_rel_dloss:.2e} ≤ {GOAL_FP32_REL:.0e} — "
                        f"{_met(r.max_rel_dloss <= GOAL_FP32_REL)}")
         else:
-            theirs = [t.max_dloss for t in rows if t.config.stage == "equivalence" and t.config.framework == "torch"
-                      and t.config.precision == c.precision and t.max_dloss is not None]
-            floor = max(theirs, default=None)
-            against = f", PyTorch DDP's own 1-vs-N: {floor:.4f}" if floor is not None else ""
+            floor = next((t.max_dloss for t in rows if t.config.stage == "equivalence" and t.config.framework == "torch"
+                          and t.config.precision == c.precision and t.config.gpus == c.gpus), None)
+            against = f", PyTorch DDP's own 1-vs-{c.gpus}: {floor:.4f}" if floor is not None else ""
             out.append(f"{c.precision} {c.label} on {c.gpus} GPUs against 1 GPU × {c.gpus * c.accum} micro-batches: "
                        f"max |Δloss| {r.max_dloss:.4f} over {min(len(r.losses), c.steps)} steps{against}")
     return out

@@ -290,8 +290,10 @@ class TorchRank:
             torch.cuda.set_device(self.local)
         if self.world > 1:
             options: dict[str, Any] = {"device_id": torch.device("cuda", self.local)} if self.cuda else {}
+            # a collective that hangs is stopped by the bench's --config-timeout, which also covers torch.compile
+            # keeping one rank away from the first collective for a while
             torch.distributed.init_process_group("nccl" if self.cuda else "gloo",
-                                                 timeout=datetime.timedelta(seconds=120), **options)
+                                                 timeout=datetime.timedelta(seconds=600), **options)
         self.g2 = gpt2_bench()
 
     def agree(self, flag: bool) -> bool:
