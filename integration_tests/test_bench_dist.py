@@ -214,9 +214,9 @@ def test_one_gpu_runs_first_then_the_largest_size() -> None:
 def test_the_plan_runs_every_mode_on_each_size_and_the_same_global_batch_for_the_losses() -> None:
     launches = bench.plan(args("--gpus", "4"))
     assert [lc.name for lc in launches] == [
-        "blutrain-1gpu", "torch-1gpu", "blutrain-4gpu", "torch-4gpu", "blutrain-2gpu", "torch-2gpu",
-        "equiv-blutrain-1gpu", "equiv-torch-1gpu", "equiv-blutrain-4gpu", "equiv-torch-4gpu", "equiv-blutrain-2gpu",
-        "equiv-torch-2gpu"]
+        "torch-1gpu", "blutrain-1gpu", "torch-4gpu", "blutrain-4gpu", "torch-2gpu", "blutrain-2gpu",
+        "equiv-torch-1gpu", "equiv-blutrain-1gpu", "equiv-torch-4gpu", "equiv-blutrain-4gpu", "equiv-torch-2gpu",
+        "equiv-blutrain-2gpu"]
     by = {lc.name: lc.configs for lc in launches}
     assert [c.name for c in by["blutrain-2gpu"]] == [
         f"blutrain-{impl}-{mode}-2gpu" for impl in ("compiled", "eager") for mode in ("ddp", "zero1", "zero2", "zero3")]

@@ -135,14 +135,14 @@ def run_order(sizes: Sequence[int]) -> list[int]:
 
 def plan(a: argparse.Namespace) -> list[Launch]:
     """Every launch in the order they run: the scaling stage, then the equivalence stage (what --budget cuts
-    first); in a stage, sizes in ``run_order`` and ``--frameworks`` in order; in a scaling launch, compiled
-    before eager."""
+    first); in a stage, sizes in ``run_order``, PyTorch (the reference, two configurations a size) before
+    BluTrain; in a scaling launch, compiled before eager, modes in ``--modes`` order."""
     launches: list[Launch] = []
     most = max(a.sizes)
     shape = {"batch_size": a.batch_size, "seq_len": a.seq_len}
     for stage in (s for s in STAGES if s in a.stages):
         for n in run_order(a.sizes):
-            for fw in a.frameworks:
+            for fw in sorted(a.frameworks, key=lambda f: f != "torch"):
                 launch = Launch(stage, fw, n)
                 if stage == "scaling":
                     for impl in sorted(a.impls, key=lambda i: i != "compiled"):
