@@ -637,7 +637,15 @@ def parse_args(argv: list[str] | None = None, gpus_found: Callable[[], int] | No
 
 
 def count_gpus() -> int:
-    return len(gpu_names())
+    """The visible GPUs: nvidia-smi's list, else CUDA's count through CuPy (no context is made)."""
+    names = gpu_names()
+    if names:
+        return len(names)
+    with contextlib.suppress(Exception):
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
