@@ -338,6 +338,14 @@ def test_the_table_says_what_efficiency_compares_and_names_each_failure() -> Non
     assert "exposed communication ≤ 3% of the step: 1.2% (0.50 of 41.80 ms) — met" in text
 
 
+def test_a_long_error_is_cut_in_its_row_and_printed_whole_below_the_table() -> None:
+    failed = row(None, status="error", mode="zero3")
+    failed.error = "rank 0 in build: ConfigError: " + "the mode has not declared how it composes with compile " * 3
+    text = report.format_table([failed], {"device": "cuda", "gpu": "H100", "gpus_found": 2})
+    assert f"   {failed.config.name}: error: {failed.error}" in text.splitlines()
+    assert any(line.endswith("…") and "error: rank 0 in build" in line for line in text.splitlines())
+
+
 # -- the CPU mode end to end -------------------------------------------------------------------------------
 def run_bench(out: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     proc = subprocess.run([sys.executable, str(Path(bench.__file__)), "--device", "cpu", "--out", str(out), *argv],

@@ -237,11 +237,17 @@ def _num(v: float | None, fmt: str) -> str:
     return format(v, fmt) if v is not None else "-"
 
 
-def _result(row: Row, width: int = 80) -> str:
+def _result(row: Row, width: int = 60) -> str:
     if row.status == "ok":
         return "ok"
     text = f"{row.status}: {row.error}" if row.error else row.status
     return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _failures(rows: Sequence[Row]) -> list[str]:
+    """The whole error of each failed row (the table's result column is cut to its width)."""
+    return [f"   {r.config.name}: {r.status}: {r.error}" for r in rows
+            if r.status not in ("ok", "skipped") and r.error and _result(r) != f"{r.status}: {r.error}"]
 
 
 def _losses(row: Row) -> str:
@@ -273,6 +279,7 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
                          f"{_num(r.tokens_per_s, '11,.0f'):>11} {_num(r.efficiency, '7.1%'):>7} "
                          f"{_gib(r.peak_allocated):>9} {_num(r.comm_ms, '6.2f'):>6} {_num(r.exposed_ms, '7.2f'):>7} "
                          f"{_num(r.exposed_share, '6.1%'):>6} {_num(r.wall_s, '6.0f'):>6}  {_result(r)}")
+        lines += _failures(scaling)
         lines += [f"   {r.config.name}: profile: {r.profile_note}" for r in scaling if r.profile_note]
         lines += [f"   {r.config.label} on {r.config.gpus}: {r.nccl}" for r in scaling if r.nccl]
     equiv = [r for r in rows if r.config.stage == "equivalence"]
@@ -287,6 +294,7 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
             lines.append(f"{c.framework:<9} {c.impl:<8} {c.mode:<6} {c.precision:<5} {c.gpus:>4} {c.accum:>5} "
                          f"{_losses(r):>19} {_num(r.max_dloss, '10.5f'):>10} {_num(r.max_rel_dloss, '9.2e'):>9}  "
                          f"{_result(r)}")
+        lines += _failures(equiv)
     found = goals(rows)
     if found:
         lines += ["", *found]
