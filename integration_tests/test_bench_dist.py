@@ -381,3 +381,28 @@ def test_a_configuration_that_fails_is_a_row_and_the_bench_goes_on(tmp_path: Pat
     for r in rows:  # each failed on its own, in its own launch
         assert r["status"] == "error" and "in build" in r["error"] and "small_000000.bin" in r["error"], r["error"]
     assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == ["blutrain-2gpu-1", "blutrain-2gpu-2"]
+
+
+def test_a_spent_budget_skips_every_configuration_without_launching(tmp_path: Path) -> None:
+    proc, result = run_bench(tmp_path, "--frameworks", "blutrain", "--budget", "0.001")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert result["rows"] and all(r["status"] == "skipped" and "--budget" in r["error"] for r in result["rows"])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ranks_skip_together_the_configurations_that_would_start_past_the_deadline(tmp_path: Path) -> None:
+    configs = [config(impl="eager", mode=m, gpus=2, precision="fp32", batch_size=2, seq_len=32)
+               for m in ("ddp", "zero1")]
+    job = {"framework": "blutrain", "gpus": 2, "device": "cpu", "preset": "tiny", "data": None,
+           "train_pattern": "unused", "vocab_size": 256, "seed": 0, "configs": [vars(c) for c in configs],
+           "overrides": {}, "deadline": 1.0, "nsys_prefix": None}  # 1970: long past
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    proc = subprocess.run([sys.executable, "-m", "blutrain.cli", "run", "-n", "2", "--timeout", "60", "--",
+                           str(Path(bench.__file__)), "--worker", str(tmp_path / "job.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for r in (0, 1):
+        entries = json.loads((tmp_path / f"rank{r}.json").read_text())["configs"]
+        assert [(e["status"], e["why"]) for e in entries.values()] == [
+            ("skipped", "the --budget was spent before it started")] * 2
+
