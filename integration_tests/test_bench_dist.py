@@ -229,6 +229,13 @@ def test_the_plan_runs_every_mode_on_each_size_and_the_same_global_batch_for_the
     assert all(c.impl == ("compiled" if c.framework == "blutrain" else "eager") for c in equiv)
 
 
+def test_the_same_losses_are_checked_on_2_and_g_gpus_whichever_sizes_scale() -> None:
+    equiv = [lc for lc in bench.plan(args("--gpus", "4", "--sizes", "1,4")) if lc.stage == "equivalence"]
+    assert [lc.name for lc in equiv] == ["equiv-torch-1gpu", "equiv-blutrain-1gpu", "equiv-torch-4gpu",
+                                         "equiv-blutrain-4gpu", "equiv-torch-2gpu", "equiv-blutrain-2gpu"]
+    assert bench.plan(args("--gpus", "1", "--stages", "equivalence")) == []  # nothing to compare on one GPU
+
+
 def test_the_profile_covers_the_multi_gpu_scaling_rows_only() -> None:
     launches = bench.plan(args("--gpus", "2", "--profile", "--profile-steps", "4"))
     steps = {c.name: c.profile_steps for lc in launches for c in lc.configs}

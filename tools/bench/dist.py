@@ -20,9 +20,10 @@ What runs
    (``--torch-modes``: also ddp + ZeroRedundancyOptimizer as zero1, FSDP SHARD_GRAD_OP as zero2, FULL_SHARD
    as zero3). A mode that does not compile, or runs out of memory, is a row that says so.
 2. ``equivalence``: the same global batch (G × micro-batch, G = the largest size) for ``--equiv-steps`` 50
-   steps, same seed and data: BluTrain compiled on one GPU accumulating G micro-batches, compiled DDP on 2 and
-   on G GPUs (G/N micro-batches each): max |Δloss| against the one-GPU run; the same for PyTorch DDP (eager),
-   its own 1-vs-N difference, the bf16 noise floor; and BluTrain in fp32 on G GPUs (max relative |Δloss|).
+   steps, same seed and data, on 1, 2 and G GPUs whatever ``--sizes`` says: BluTrain compiled on one GPU
+   accumulating G micro-batches, compiled DDP on 2 and on G GPUs (G/N micro-batches each): max |Δloss| against
+   the one-GPU run; the same for PyTorch DDP (eager), its own 1-vs-N difference, the bf16 noise floor; and
+   BluTrain in fp32 on 1 and G GPUs (max relative |Δloss|).
 
 How it is measured
 - A launch is one framework on N ranks (``blutrain run -n N``; ``python -m torch.distributed.run``) running
@@ -140,8 +141,10 @@ def plan(a: argparse.Namespace) -> list[Launch]:
     launches: list[Launch] = []
     most = max(a.sizes)
     shape = {"batch_size": a.batch_size, "seq_len": a.seq_len}
+    # the same global batch on 1, 2 and G GPUs, whichever sizes the scaling stage runs
+    equiv_sizes = [n for n in (1, 2, most) if most > 1 and most % n == 0]
     for stage in (s for s in STAGES if s in a.stages):
-        for n in run_order(a.sizes):
+        for n in run_order(a.sizes if stage == "scaling" else equiv_sizes):
             for fw in sorted(a.frameworks, key=lambda f: f != "torch"):
                 launch = Launch(stage, fw, n)
                 if stage == "scaling":
@@ -151,8 +154,7 @@ def plan(a: argparse.Namespace) -> list[Launch]:
                                 stage, f"{fw}-{impl}-{mode}-{n}gpu", fw, impl, mode, n, a.precision, steps=a.steps,
                                 warmup=a.warmup, profile_steps=a.profile_steps if a.profile and n > 1 else 0,
                                 **shape))
-                elif most > 1 and most % n == 0 and n in (1, 2, most):
-                    # the global batch of the largest size: 1 GPU accumulates it, N GPUs share it
+                else:  # the global batch of the largest size: 1 GPU accumulates it, N GPUs share it
                     impl = "compiled" if fw == "blutrain" else "eager"
                     fp32 = fw == "blutrain" and a.precision != "fp32" and n in (1, most)
                     for prec in [a.precision] + (["fp32"] if fp32 else []):
@@ -418,10 +420,10 @@ class Bench:
                     row.nccl = row.nccl or summary
         if nsys_prefix:
             self.read_profiles(rows, profile_dir)
-        for row in rows:
-            if row.status != "not run" and row not in left:
-                self.report(row)
-        if any(r.status not in ("ok", "skipped") for r in rows if r not in left):
+        reached = [r for r in rows if not any(r is x for x in left)]
+        for row in reached:
+            self.report(row)
+        if any(r.status not in ("ok", "skipped") for r in reached):
             with contextlib.suppress(OSError):
                 tail = log.read_text(errors="replace").splitlines()[-20:]
                 print(f"   log tail ({log}):\n" + "\n".join(f"   | {line}" for line in tail), flush=True)
