@@ -6,7 +6,8 @@ those properties at CPU size on 4 MPI ranks, as the trainer does in bf16 (autoca
 clip, AdamW on float32 master weights), synchronous and async TP in one launch; this file compares both with
 the single process. The loss must be float32 as the single process's under autocast (a bfloat16 loss is
 rounded to 1/32 near 8.8, 1/16 near ln 50304), equal to it within bf16 GEMM noise, and so must the gradient
-norms and the first step's gradients of every parameter.
+norms and the first step's gradients of every parameter. The same comparison runs on 4 GPUs (NCCL) where
+the machine has them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import numpy as np
 import pytest
 from ranks import launch
 
+import blutrain.tensor as bt
+
 WORKER = Path(__file__).parent / "dist_workers" / "tp_bf16_gpt.py"
 RANKS = 4
 
@@ -32,17 +35,34 @@ def _worker() -> Any:
     return module
 
 
+def _gpus() -> int:
+    backends = bt.backends()
+    if "cuda" not in backends.names() or not backends.get("cuda").is_available():
+        return 0
+    return int(backends.get("cuda").device_count())
+
+
+# the CPU on MPI ranks always; 4 GPUs on NCCL where this machine has them (the GPU check script runs it)
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    _gpus() < RANKS, reason=f"tp=4 on cuda needs {RANKS} GPUs")])]
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def single_process() -> dict[str, Any]:
-    got: dict[str, Any] = _worker().train(None)
+def single_process(device: str) -> dict[str, Any]:
+    got: dict[str, Any] = _worker().train(None, device="cuda:0" if device == "cuda" else device)
     return got
 
 
 @pytest.fixture(scope="module")
-def tp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Any]]:
+def tp_runs(tmp_path_factory: pytest.TempPathFactory, device: str) -> dict[str, tuple[dict[str, Any], Any]]:
     """Each configuration of the 4-rank launch: (its JSON, its arrays)."""
-    prefix = tmp_path_factory.mktemp("tpbf16") / "out"
-    launch(RANKS, WORKER, prefix, timeout=240)
+    prefix = tmp_path_factory.mktemp(f"tpbf16{device}") / "out"
+    launch(RANKS, WORKER, prefix, device, timeout=240)
     out = {}
     for config in _worker().CONFIGS:
         found = json.loads(Path(f"{prefix}.{config}.json").read_text())

@@ -10,7 +10,8 @@ weights) and returns, per step, the loss, its dtype name and the gradient norm b
 first step's gradients and the final parameters in their single-process shapes. ``group`` None: the
 single-process GPT2; else ``TP`` over the group (``async_chunks`` > 0: async TP).
 
-Under ``blutrain run -n N -- python tp_bf16_gpt.py OUT`` rank 0 writes, for each configuration of
+Under ``blutrain run -n N -- python tp_bf16_gpt.py OUT [DEVICE]`` (DEVICE ``cpu``, MPI, the default; or
+``cuda``, one GPU a rank, NCCL) rank 0 writes, for each configuration of
 ``CONFIGS`` (sync and async TP), ``OUT.<config>.json`` (the steps) and ``OUT.<config>.npz`` (``grad/<name>``
 and ``param/<name>``); the test imports this file for the single-process run.
 """
@@ -33,10 +34,16 @@ STEPS, BATCH, CLIP = 3, 4, 1.0
 CONFIGS = {"tp": 0, "tp-async": 3}  # async TP in 3 uneven row blocks of the 128 rows
 
 
-def batch(step: int) -> tuple[bt.Tensor, bt.Tensor]:
+def batch(step: int, device: str) -> tuple[bt.Tensor, bt.Tensor]:
     """Targets over the whole vocabulary, so every rank's shard owns some of them."""
     tokens = np.random.default_rng(100 + step).integers(0, CONFIG["vocab_size"], (BATCH, CONFIG["block_size"] + 1))
-    return bt.tensor(tokens[:, :-1].astype(np.int64)), bt.tensor(tokens[:, 1:].astype(np.int64))
+    return (bt.tensor(tokens[:, :-1].astype(np.int64)).to(device),
+            bt.tensor(tokens[:, 1:].astype(np.int64)).to(device))
+
+
+def host(t: bt.Tensor) -> np.ndarray[Any, Any]:
+    """A host copy (the clip scales gradients in place after they are read)."""
+    return np.array(t.detach().to("cpu").numpy(), copy=True)
 
 
 def full_gradients(wrapped: Any, group: Any) -> dict[str, np.ndarray[Any, Any]]:
@@ -52,14 +59,13 @@ def full_gradients(wrapped: Any, group: Any) -> dict[str, np.ndarray[Any, Any]]:
             key = f"{prefix}.{name}" if prefix else name
             if p.grad is not None and id(p) not in seen:
                 seen.add(id(p))
-                # a copy: the clip scales the gradients in place afterwards
-                out[key] = (gather_shard(p.grad, cuts[name], group) if name in cuts else p.grad).numpy().copy()
+                out[key] = host(gather_shard(p.grad, cuts[name], group) if name in cuts else p.grad)
     return out
 
 
-def train(group: Any = None, async_chunks: int = 0) -> dict[str, Any]:
+def train(group: Any = None, async_chunks: int = 0, device: str = "cpu") -> dict[str, Any]:
     bt.manual_seed(4321 + (group.rank if group is not None else 0))  # ranks differ: the broadcast must win
-    model = GPT2(GPT2Config.preset("gpt2-774m", **CONFIG))
+    model = GPT2(GPT2Config.preset("gpt2-774m", **CONFIG)).to(device)
     wrapped: Any = model
     if group is not None:
         from blutrain_parallel_tp import TP
@@ -70,7 +76,7 @@ def train(group: Any = None, async_chunks: int = 0) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     grads: dict[str, np.ndarray[Any, Any]] = {}
     for step in range(STEPS):
-        x, y = batch(step)
+        x, y = batch(step, device)
         with autocast:
             _, loss = wrapped(x, y)
         loss.backward()
@@ -78,19 +84,21 @@ def train(group: Any = None, async_chunks: int = 0) -> dict[str, Any]:
             if group is not None:
                 grads = full_gradients(wrapped, group)
             else:
-                grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+                grads = {n: host(p.grad) for n, p in model.named_parameters() if p.grad is not None}
         norm = wrapped.clip_grad_norm_(CLIP) if group is not None else clip_grad_norm_(model.parameters(), CLIP)
         optimizer.step()
         optimizer.zero_grad()
         steps.append({"loss": float(loss.item()), "dtype": loss.dtype.name, "norm": float(norm.item())})
     params = wrapped.full_parameters() if group is not None else dict(model.named_parameters())
-    return {"steps": steps, "grads": grads, "params": {n: p.detach().numpy() for n, p in params.items()}}
+    return {"steps": steps, "grads": grads, "params": {n: host(p) for n, p in params.items()}}
 
 
-def main(out: str) -> None:
-    group = dist.init_process_group("mpi")
+def main(out: str, device: str) -> None:
+    if device == "cuda":  # one GPU a rank, NCCL
+        device = f"cuda:{dist.detect().local_rank}"
+    group = dist.init_process_group("mpi" if device == "cpu" else "nccl")
     for config, chunks in CONFIGS.items():
-        got = train(group, chunks)
+        got = train(group, chunks, device)
         if group.rank == 0:
             with open(f"{out}.{config}.json", "w") as f:
                 json.dump({"world": group.size, "steps": got["steps"]}, f)
@@ -100,4 +108,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "cpu")
