@@ -7,8 +7,8 @@ clip, AdamW on float32 master weights), synchronous and async TP in one launch; 
 the single process. The loss must be float32 as the single process's under autocast (a bfloat16 loss is
 rounded to 1/32 near 8.8, 1/16 near ln 50304), equal to it within bf16 GEMM noise, and so must the gradient
 norms and the first step's gradients of every parameter; async TP's gradients must be the synchronous
-layers' (float32 gradients of float32 operands, as ``linear`` under autocast gives). The same comparison runs on 4 GPUs (NCCL) where
-the machine has them.
+layers' (float32 gradients of float32 operands, as ``linear`` under autocast gives). The same comparison
+runs on 4 GPUs (NCCL) where the machine has them.
 """
 
 from __future__ import annotations
