@@ -192,6 +192,11 @@ class TrainConfig:
                 chunks = int(raw)
             elif key == "grad_dtype" and raw is not None:
                 grad_dtype = raw
+            elif key == "zero":
+                stage = raw if raw is not None else "STAGE"
+                raise ConfigError(f"parallel {text!r}: zero does not compose with a mesh yet (zero × tp, zero × cp): "
+                                  "it shards the optimizer state and gradients over every rank and knows no tp or "
+                                  f"cp group; give zero={stage} alone, or dp=N with tp=M or cp=M (ddp over dp)")
             else:
                 part = key if raw is None else f"{key}={raw}"
                 raise ConfigError(f"parallel {text!r}: unknown part {part!r}; a "
@@ -199,7 +204,8 @@ class TrainConfig:
                                   "async=K and with dp grad_dtype=bf16 (other modes, such as zero, run alone over "
                                   "every rank)")
         if "tp" in sizes and "cp" in sizes:
-            raise ConfigError(f"parallel {text!r}: tp and cp do not compose yet; give dp × tp or dp × cp")
+            raise ConfigError(f"parallel {text!r}: tp and cp do not compose yet (each rewrites the attention and the "
+                              "loss its own way); give tp=N or cp=N, alone or with dp=M")
         if attn is not None and "cp" not in sizes:
             raise ConfigError(f"parallel {text!r}: attn={attn} chooses context parallelism's attention and needs "
                               "cp=N")
