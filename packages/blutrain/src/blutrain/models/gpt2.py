@@ -22,7 +22,17 @@ import numpy as np
 
 from blutrain.autograd import checkpoint, is_grad_enabled, no_grad
 from blutrain.models.errors import ModelError, PretrainedError
-from blutrain.nn import GELU, CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
+from blutrain.nn import (
+    GELU,
+    CausalSelfAttention,
+    Dropout,
+    Embedding,
+    KVCache,
+    LayerNorm,
+    Linear,
+    Module,
+    ModuleList,
+)
 from blutrain.nn import init as nn_init
 from blutrain.nn.linear import project
 from blutrain.nn.module import is_plain
@@ -154,6 +164,11 @@ class Block(Module):
         x = _branch(self.attn, CausalSelfAttention, self.ln_1(x), x)
         return _branch(self.mlp, MLP, self.ln_2(x), x)
 
+    def decode(self, x: Tensor, cache: KVCache, layer: int) -> Tensor:
+        """``forward`` for positions that follow the ``cache``'s (see :meth:`CausalSelfAttention.decode`)."""
+        x = self.attn.decode(self.ln_1(x), cache, layer, residual=x)
+        return _branch(self.mlp, MLP, self.ln_2(x), x)
+
 
 def _branch(module: Module, cls: type[Module], h: Tensor, x: Tensor) -> Tensor:
     """``x + module(h)``: the module adds x itself when it is ``cls`` with no hooks."""
@@ -188,6 +203,26 @@ class Transformer(Module):
             x = checkpoint(block, x) if recompute else block(x)
         out: Tensor = self.ln_f(x)
         return out
+
+    def decode(self, idx: Tensor, cache: KVCache) -> Tensor:
+        """Hidden states of the tokens ``idx`` (B, T) at the positions that follow the ``cache``'s, whose
+        keys and values every layer appends to it: incremental decoding (inference only)."""
+        start, T = cache.length, idx.shape[1]
+        if start + T > self.config.block_size:
+            raise ShapeError(f"Transformer.decode: {start} cached + {T} new positions exceed block_size "
+                             f"{self.config.block_size}")
+        pos = arange(start, start + T, dtype="int64", device=idx.device)
+        x: Tensor = self.drop(self.wte(idx) + self.wpe(pos))
+        for layer, block in enumerate(self.h):
+            x = block.decode(x, cache, layer)
+        out: Tensor = self.ln_f(x)
+        return out
+
+    def decodes_incrementally(self) -> bool:
+        """Whether :meth:`decode` computes what ``forward`` does: every block and its attention are this
+        package's own modules without hooks (a plugin's replacement or a hook needs the whole forward)."""
+        return is_plain(self, Transformer) and all(
+            is_plain(b, Block) and is_plain(b.attn, CausalSelfAttention) for b in self.h)
 
 
 class GPT2(Module):
@@ -268,7 +303,7 @@ class GPT2(Module):
 
     # -- sampling ----------------------------------------------------------------------------
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 seed: int | None = None) -> Tensor:
+                 seed: int | None = None, use_cache: bool = True) -> Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx`` (B, T) and return the (B, T + new) ids.
 
         Runs in eval mode under ``no_grad`` (the previous mode is restored). The context is cropped
@@ -277,6 +312,13 @@ class GPT2(Module):
         result depends only on the model, the prompt and the seed, and the default generator is left
         untouched; without it they come from the device's default generator (``manual_seed``).
         Sampling happens on the host: one (B, vocab) copy per token, which is cheap next to a forward.
+
+        ``use_cache`` (default): incremental decoding with a :class:`~blutrain.nn.KVCache`: the prompt
+        runs once, then each step runs only the newest token through the layers, its query attending to
+        the cached keys and values. Once the sequence outgrows ``block_size`` the window slides and every
+        position's embedding changes, so each later step recomputes the cropped context (as without the
+        cache). A model whose transformer, blocks or attention carry hooks or are replaced by a plugin
+        decodes without the cache. ``use_cache=False`` recomputes the whole context for every token.
         """
         self._check_idx(idx, check_length=False)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -287,13 +329,20 @@ class GPT2(Module):
             raise ModelError(f"generate: top_k must be a positive int or None, got {top_k!r}")
         rng = np.random.Generator(np.random.Philox(seed)) if seed is not None else None
         block = self.config.block_size
+        cache = KVCache(self.config.n_layer) if use_cache and self.transformer.decodes_incrementally() else None
         was_training = self.training
         self.eval()
         try:
             with no_grad():
                 for _ in range(max_new_tokens):
-                    context = idx if idx.shape[1] <= block else idx[:, -block:]
-                    hidden = self.transformer(context).select(1, -1)
+                    if cache is None:
+                        context = idx if idx.shape[1] <= block else idx[:, -block:]
+                        hidden = self.transformer(context).select(1, -1)
+                    else:
+                        if idx.shape[1] > block:  # the window slid: no cached position keeps its place
+                            cache.clear()
+                        context = idx[:, -block:] if cache.length == 0 else idx[:, cache.length:]
+                        hidden = self.transformer.decode(context, cache).select(1, -1)
                     logits = np.asarray(self.lm_head(hidden), dtype=np.float64)
                     u: np.ndarray[Any, Any]
                     if rng is not None:
