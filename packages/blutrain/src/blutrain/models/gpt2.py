@@ -114,6 +114,12 @@ class GPT2Config:
     def presets() -> list[str]:
         return list(PRESETS)
 
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike[str], **overrides: Any) -> GPT2Config:
+        """The architecture in a Hugging Face GPT-2 directory's ``config.json``, with ``overrides`` applied
+        (fields of this class, e.g. ``dropout``)."""
+        return _config_from_hf(Path(directory) / CONFIG_NAME, overrides)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -363,18 +369,8 @@ class GPT2(Module):
         without the ``transformer.`` prefix; Conv1D weights transposed; an optional ``lm_head.weight``
         must equal the token embedding). ``overrides`` change config fields (e.g. ``dropout``).
         Only safetensors is read, never pickle."""
-        root = Path(directory)
-        config = _config_from_hf(root / CONFIG_NAME, overrides)
-        weights = root / WEIGHTS_NAME
-        if not weights.is_file():
-            raise PretrainedError(f"{weights}: not found; from_pretrained reads safetensors only (no pickle "
-                                  "files such as pytorch_model.bin)")
-        try:
-            raw = load_file(weights)
-        except SerializationError as exc:  # names the file and what is wrong; nothing else escapes load_file
-            raise PretrainedError(str(exc)) from exc
-        model = cls(config)
-        model.load_state_dict(_state_from_hf(raw, weights))
+        model = cls(GPT2Config.from_pretrained(directory, **overrides))
+        model.load_state_dict(load_pretrained_state(directory))
         return model
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
@@ -412,6 +408,21 @@ def _sample(logits: np.ndarray[Any, Any], temperature: float, top_k: int | None,
     cdf = np.cumsum(p, axis=1)
     picks = (cdf < (u * cdf[:, -1])[:, None]).sum(axis=1)
     return np.asarray(np.minimum(picks, z.shape[1] - 1))
+
+
+def load_pretrained_state(directory: str | os.PathLike[str]) -> dict[str, Tensor]:
+    """The weights of a Hugging Face GPT-2 directory's ``model.safetensors`` as this model's state dict
+    (names with the ``transformer.`` prefix, Conv1D weights transposed, the tied head left out), on the
+    CPU; ``load_state_dict`` checks them against a model's shapes. Only safetensors is read, never pickle."""
+    weights = Path(directory) / WEIGHTS_NAME
+    if not weights.is_file():
+        raise PretrainedError(f"{weights}: not found; from_pretrained reads safetensors only (no pickle "
+                              "files such as pytorch_model.bin)")
+    try:
+        raw = load_file(weights)
+    except SerializationError as exc:  # names the file and what is wrong; nothing else escapes load_file
+        raise PretrainedError(str(exc)) from exc
+    return _state_from_hf(raw, weights)
 
 
 def _config_from_hf(path: Path, overrides: dict[str, Any]) -> GPT2Config:
@@ -476,4 +487,5 @@ def _state_from_hf(raw: dict[str, Tensor], path: Path) -> dict[str, Tensor]:
     return state
 
 
-__all__ = ["CONFIG_NAME", "GPT2", "MLP", "PRESETS", "WEIGHTS_NAME", "Block", "GPT2Config", "Transformer"]
+__all__ = ["CONFIG_NAME", "GPT2", "MLP", "PRESETS", "WEIGHTS_NAME", "Block", "GPT2Config", "Transformer",
+           "load_pretrained_state"]
