@@ -50,6 +50,12 @@ def test_a_tokenizer_that_disagrees_with_the_dataset_is_refused(make_config: Mak
         Trainer(make_config(tokenizer="gpt2"))
 
 
+def test_a_tokenizer_file_for_byte_data_is_refused(make_config: MakeConfig) -> None:
+    with pytest.raises(ConfigError, match="was prepared with the byte tokenizer, which reads no file; leave "
+                                          "--tokenizer-file out"):
+        Trainer(make_config(tokenizer_file="ranks.tiktoken"))
+
+
 def test_the_run_records_the_datasets_tokenizer_and_ranks_file(make_config: MakeConfig, gpt2_dataset: Path,
                                                                 tmp_path: Path) -> None:
     trainer = Trainer(make_config(data=str(gpt2_dataset), max_steps=1, sample_tokens=4))

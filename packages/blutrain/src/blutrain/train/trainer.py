@@ -88,6 +88,9 @@ def resolve_data(cfg: TrainConfig) -> Dataset:
         if cfg.tokenizer is not None and cfg.tokenizer != report.tokenizer:
             raise ConfigError(f"tokenizer {cfg.tokenizer!r} disagrees with {path / 'dataset.json'}: the data was "
                               f"prepared with {report.tokenizer!r}; leave --tokenizer out (the dataset records it)")
+        if cfg.tokenizer_file is not None and report.tokenizer == "byte":
+            raise ConfigError(f"tokenizer_file {cfg.tokenizer_file!r} does not apply to {path}: it was prepared with "
+                              "the byte tokenizer, which reads no file; leave --tokenizer-file out")
         return Dataset(report.train_pattern, report.val_pattern if report.val_shards else None, report.vocab_size,
                        report.tokenizer, report.val_entropy_nats, cfg.tokenizer_file or report.tokenizer_file)
     tokenizer = cfg.tokenizer or "byte"
