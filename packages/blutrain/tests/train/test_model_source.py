@@ -63,6 +63,15 @@ def test_a_preset_of_the_same_size_is_accepted(make_config: MakeConfig, tmp_path
     assert trainer.model_config.n_layer == 4
 
 
+def test_model_overrides_that_would_reshape_the_weights_are_refused_and_others_apply(
+        make_config: MakeConfig, pretrained: tuple[Path, GPT2]) -> None:
+    root, _ = pretrained
+    with pytest.raises(ConfigError, match=r"model_overrides n_layer=2 \(config.json: 1\) would change the shapes"):
+        Trainer(make_config(preset=None, init_from=str(root), model_overrides={"n_layer": 2, "dropout": 0.1}))
+    trainer = Trainer(make_config(preset=None, init_from=str(root), model_overrides={"n_layer": 1, "dropout": 0.1}))
+    assert trainer.model_config.dropout == 0.1
+
+
 def test_a_config_json_that_is_not_gpt2_is_refused_naming_the_directory(make_config: MakeConfig,
                                                                          pretrained: tuple[Path, GPT2]) -> None:
     root, _ = pretrained

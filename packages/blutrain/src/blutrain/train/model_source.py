@@ -16,7 +16,8 @@ from blutrain.models.gpt2 import GPT2, PRESETS, GPT2Config, load_pretrained_stat
 from blutrain.nn import StateDictError
 from blutrain.train.config import ConfigError, TrainConfig
 
-_ARCHITECTURE = ("n_layer", "n_head", "n_embd")
+_ARCHITECTURE = ("n_layer", "n_head", "n_embd")  # what a preset names (GPT-2's vocabulary is padded in presets)
+_SHAPES = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")  # what pretrained weights fix
 
 
 def _describe(values: dict[str, object]) -> str:
@@ -47,8 +48,14 @@ def model_config(cfg: TrainConfig, data_vocab_size: int) -> GPT2Config:
     root = _pretrained_directory(cfg)
     try:
         config = GPT2Config.from_pretrained(root, **overrides)
+        stored = GPT2Config.from_pretrained(root)
     except ModelError as exc:
         raise ConfigError(f"init_from {root}: {exc}") from None
+    reshaped = [f"{k}={overrides[k]!r} (config.json: {getattr(stored, k)!r})" for k in _SHAPES
+                if k in overrides and overrides[k] != getattr(stored, k)]
+    if reshaped:
+        raise ConfigError(f"model_overrides {', '.join(reshaped)} would change the shapes of {root}'s weights; with "
+                          "init_from the architecture comes from config.json: leave those overrides out")
     if cfg.preset is not None:
         if cfg.preset not in PRESETS:
             raise ConfigError(f"preset must be one of {', '.join(PRESETS)}, got {cfg.preset!r}")
