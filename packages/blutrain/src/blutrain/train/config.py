@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from blutrain.data.tokenizer import TOKENIZER_NAMES
 from blutrain.tensor.errors import BluTrainError
 
 
@@ -61,9 +62,11 @@ def _option(raw: str) -> int | float | str:
 class TrainConfig:
     """Everything a run depends on. Field names are the CLI flags with ``-`` for ``_``."""
 
-    preset: str = "tiny"
+    preset: str | None = None  # None → "tiny", or with init_from the architecture of its config.json
+    init_from: str | None = None  # a Hugging Face GPT-2 directory (config.json, model.safetensors): initial weights
     data: str | None = None  # a shard directory or glob; None → the built-in stdlib corpus
-    tokenizer: str = "byte"
+    tokenizer: str | None = None  # "byte" or "gpt2"; None → what the data records (byte for the built-in corpus)
+    tokenizer_file: str | None = None  # gpt2's .tiktoken ranks file; None → the dataset's, else tiktoken's cache
     device: str = "auto"
     dtype: str = "fp32"
     batch_size: int = 16
@@ -95,6 +98,16 @@ class TrainConfig:
     model_overrides: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
+        for name in ("preset", "init_from", "tokenizer", "tokenizer_file"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{name} must be a string, got {value!r}")
+        if self.tokenizer is not None and self.tokenizer not in TOKENIZER_NAMES:
+            raise ConfigError(f"tokenizer must be one of {', '.join(TOKENIZER_NAMES)}, got {self.tokenizer!r}; "
+                              "leave it out to use the tokenizer the data was prepared with")
+        if self.init_from is not None and self.resume is not None:
+            raise ConfigError(f"init_from {self.init_from!r} and resume {self.resume!r} both set the weights; give "
+                              "resume to continue a run, or init_from to start a new one from pretrained weights")
         positive = ("batch_size", "seq_len", "max_steps", "eval_batches")
         for name in positive:
             if getattr(self, name) <= 0:
