@@ -42,6 +42,9 @@ from blutrain_parallel_zero import ZeRO
 STEPS = 5
 BATCH = 8  # global rows per step
 CONFIG = GPT2Config.preset("tiny", vocab_size=64, n_layer=2, n_head=2, n_embd=32, block_size=16)
+# on cuda, head size 64: the fused attention kernels, which stream capture takes (CuPy's batched matmul, which a
+# generic attention would use, refuses it)
+CUDA_CONFIG = GPT2Config.preset("tiny", vocab_size=64, n_layer=2, n_head=2, n_embd=128, block_size=64)
 RUNS: dict[str, tuple[str, int, int]] = {  # name → (mode, zero stage, micro-batches)
     "ddp": ("ddp", 0, 1), "ddp-accum2": ("ddp", 0, 2), "zero1": ("zero", 1, 1), "zero2": ("zero", 2, 1),
     "zero3": ("zero", 3, 1)}
@@ -50,7 +53,8 @@ RUNS: dict[str, tuple[str, int, int]] = {  # name → (mode, zero stage, micro-b
 def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled: bool,
           device: str = "cpu") -> dict[str, Any]:
     bt.manual_seed(1234)
-    net = GPT2(CONFIG).to(device=device)
+    config = CONFIG if device == "cpu" else CUDA_CONFIG
+    net = GPT2(config).to(device=device)
     model: Any
     zero_mode = None
     if mode == "ddp":
@@ -81,7 +85,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
     losses, norms = [], []
     per_rank = BATCH // group.size
     for s in range(STEPS):
-        tokens = np.random.default_rng(s).integers(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size + 1))
+        tokens = np.random.default_rng(s).integers(0, config.vocab_size, (BATCH, config.block_size + 1))
         mine = tokens[group.rank * per_rank:(group.rank + 1) * per_rank]
         batches = [(bt.tensor(p[:, :-1].astype(np.int64), device=device),
                     bt.tensor(p[:, 1:].astype(np.int64), device=device)) for p in np.array_split(mine, accum)]
