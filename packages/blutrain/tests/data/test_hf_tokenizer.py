@@ -68,7 +68,7 @@ def test_a_missing_or_malformed_file_or_no_end_of_text_is_an_error(tokenizer_jso
     no_eot.write_text(json.dumps(spec))
     with pytest.raises(TokenizerError, match=r"none of </s>, <\|endoftext\|>, .* is in its vocabulary"):
         get_tokenizer("hf", no_eot)
-    with pytest.raises(TokenizerError, match=r"needs exactly one tokenizer.json"):
+    with pytest.raises(TokenizerError, match=r"tokenizer 'hf' needs a tokenizer.json: give its path"):
         get_tokenizer("hf")
 
 

@@ -239,8 +239,9 @@ class Llama(Module):
         return sum(p.numel() for p in self.parameters())
 
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 seed: int | None = None) -> Tensor:
-        """Append ``max_new_tokens`` sampled tokens to ``idx``; see :func:`blutrain.models.sampling.sample_tokens`."""
+                 seed: int | None = None, use_cache: bool = True) -> Tensor:
+        """Append ``max_new_tokens`` sampled tokens to ``idx``; see :func:`blutrain.models.sampling.sample_tokens`.
+        This family has no KV cache yet: each token recomputes the context, whatever ``use_cache``."""
         return sample_tokens(self, idx, max_new_tokens, temperature, top_k, seed, self.lm_head)
 
     @classmethod

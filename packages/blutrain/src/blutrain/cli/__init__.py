@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from blutrain.cli import plugins_command
+from blutrain.data.errors import DataError
 from blutrain.tensor.errors import BluTrainError
 
 
@@ -28,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     from blutrain.cli import run_command
 
     run_command.add_command(sub)
+    from blutrain.cli import export_command
+
+    export_command.add_command(sub)
     return parser
 
 
@@ -41,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.func(args))
         sys.stdout.flush()
         return code
-    except BluTrainError as exc:
+    except (BluTrainError, DataError) as exc:
         print(f"blutrain {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:

@@ -47,7 +47,7 @@ def sample_tokens(model: Any, idx: Tensor, max_new_tokens: int, temperature: flo
                     u = rng.random((logits.shape[0],))
                 else:
                     u = np.asarray(rand(logits.shape[0], dtype=float64, device=idx.device))
-                nxt = _sample(logits, temperature, top_k, u)
+                nxt = sample_from_logits(logits, temperature, top_k, u)
                 step = from_numpy(nxt.reshape(-1, 1).astype(idx.dtype.np)).to(idx.device)
                 idx = cat([idx, step], dim=1)
     finally:
@@ -55,7 +55,7 @@ def sample_tokens(model: Any, idx: Tensor, max_new_tokens: int, temperature: flo
     return idx
 
 
-def _sample(logits: np.ndarray[Any, Any], temperature: float, top_k: int | None,
+def sample_from_logits(logits: np.ndarray[Any, Any], temperature: float, top_k: int | None,
             u: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """One token per row of float64 ``logits`` by inverse-CDF sampling with uniforms ``u``."""
     if temperature == 0:
@@ -70,4 +70,4 @@ def _sample(logits: np.ndarray[Any, Any], temperature: float, top_k: int | None,
     return np.asarray(np.minimum(picks, z.shape[1] - 1))
 
 
-__all__ = ["sample_tokens"]
+__all__ = ["sample_from_logits", "sample_tokens"]

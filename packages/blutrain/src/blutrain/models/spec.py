@@ -38,7 +38,9 @@ class Model(Protocol):
     ``hidden_states(idx, positions)`` is the trunk alone: the final-normalised hidden states (B, T, C) of
     tokens ``idx`` at sequence ``positions`` (int64, (T,); default ``0 .. T-1``), what a parallel mode
     feeds its own head and loss (context parallelism gives each rank's chunks their global positions).
-    ``parallel_plan`` (a class attribute) says what tensor and context parallelism cut; None: neither applies.
+    ``generate(..., use_cache)``: a family with a KV cache decodes incrementally where ``use_cache``; one without
+    recomputes the context for every token either way (the same tokens). ``parallel_plan`` (a class attribute)
+    says what tensor and context parallelism cut; None: neither applies.
     """
 
     config: Any
@@ -56,7 +58,7 @@ class Model(Protocol):
     def num_parameters(self) -> int: ...
 
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 seed: int | None = None) -> Tensor: ...
+                 seed: int | None = None, use_cache: bool = True) -> Tensor: ...
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None: ...
 

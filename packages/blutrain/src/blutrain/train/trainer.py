@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 import blutrain.tensor as bt
 from blutrain.autograd import no_grad
-from blutrain.data import TokenLoader, get_tokenizer, stdlib_corpus
+from blutrain.data import Tokenizer, TokenizerUnavailableError, TokenLoader, get_tokenizer, stdlib_corpus
 from blutrain.data.prepare import PrepareReport
 from blutrain.models import ModelError, model_spec
 from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
@@ -39,6 +39,7 @@ from blutrain.train.checkpoint import (
 )
 from blutrain.train.config import ConfigError, TrainConfig
 from blutrain.train.errors import NonFiniteError, TrainOutOfMemoryError
+from blutrain.train.model_source import load_initial_weights, model_config
 from blutrain.train.sharded import (
     load_any_checkpoint,
     remove_orphan_shards,
@@ -61,25 +62,41 @@ def resolve_device(name: str) -> str:
 @dataclass
 class Dataset:
     train_pattern: str
-    val_pattern: str | None
+    val_pattern: str | None  # None: no validation split (a glob, or prepared with val_fraction 0)
     vocab_size: int
     tokenizer: str
     baseline_nats: float | None
+    tokenizer_file: str | None = None  # gpt2's ranks file; None: byte, or tiktoken's cache
 
 
 def resolve_data(cfg: TrainConfig) -> Dataset:
+    """The data ``cfg`` names and its tokenizer: a prepared directory records its own (a ``tokenizer``
+    given as well must agree), the built-in corpus is byte-level, a glob's is ``tokenizer`` (byte by
+    default). ``tokenizer_file`` overrides the ranks file the dataset records."""
     if cfg.data is None:
+        if cfg.tokenizer not in (None, "byte") or cfg.tokenizer_file is not None:
+            given = f"tokenizer {cfg.tokenizer!r}" if cfg.tokenizer not in (None, "byte") else "tokenizer_file"
+            raise ConfigError(f"{given} does not apply to the built-in corpus, which is byte-tokenized; to train on "
+                              "GPT-2 tokens, tokenize text with `blutrain prepare FILES --out DIR --tokenizer gpt2 "
+                              "--val-fraction 0.1` and give --data DIR")
         report = stdlib_corpus()
         return Dataset(report.train_pattern, report.val_pattern, report.vocab_size, "byte",
                        report.val_entropy_nats)
     path = Path(cfg.data)
     if path.is_dir() and (path / "dataset.json").exists():
         report = PrepareReport.read(path)
-        return Dataset(report.train_pattern, report.val_pattern, report.vocab_size, report.tokenizer,
-                       report.val_entropy_nats)
+        if cfg.tokenizer is not None and cfg.tokenizer != report.tokenizer:
+            raise ConfigError(f"tokenizer {cfg.tokenizer!r} disagrees with {path / 'dataset.json'}: the data was "
+                              f"prepared with {report.tokenizer!r}; leave --tokenizer out (the dataset records it)")
+        if cfg.tokenizer_file is not None and report.tokenizer == "byte":
+            raise ConfigError(f"tokenizer_file {cfg.tokenizer_file!r} does not apply to {path}: it was prepared with "
+                              "the byte tokenizer, which reads no file; leave --tokenizer-file out")
+        return Dataset(report.train_pattern, report.val_pattern if report.val_shards else None, report.vocab_size,
+                       report.tokenizer, report.val_entropy_nats, cfg.tokenizer_file or report.tokenizer_file)
+    tokenizer = cfg.tokenizer or "byte"
     # GPT-2's 50257 without reading its ranks file; a Hugging Face tokenizer.json says its own
-    vocab = {"byte": 256, "gpt2": 50257}.get(cfg.tokenizer) or get_tokenizer(cfg.tokenizer).vocab_size
-    return Dataset(str(path), None, vocab, cfg.tokenizer, None)
+    vocab = {"byte": 256, "gpt2": 50257}.get(tokenizer) or get_tokenizer(tokenizer).vocab_size
+    return Dataset(str(path), None, vocab, tokenizer, None, cfg.tokenizer_file)
 
 
 def _emit(event: str, state: dict[str, Any]) -> None:
@@ -142,17 +159,19 @@ class Trainer:
         plugins.add_hookspecs(hookspecs)
         bt.manual_seed(cfg.seed)
         self.data = resolve_data(cfg)
-        overrides = dict(cfg.model_overrides)
-        if cfg.preset == "tiny":
-            overrides.setdefault("vocab_size", self.data.vocab_size)
+        self.tokenizer, self.tokenizer_problem = self._load_tokenizer()
         self.model_spec = self._model_spec()
-        self.model_config = self.model_spec.config(cfg.preset, **overrides)
+        self.model_config = model_config(cfg, self.data.vocab_size, self.model_spec)
         if cfg.seq_len > self.model_config.block_size:
             raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's block_size {self.model_config.block_size}")
         if self.data.vocab_size > self.model_config.vocab_size:
             raise ConfigError(f"the data's vocabulary ({self.data.vocab_size}) is larger than the model's "
                               f"({self.model_config.vocab_size})")
         self.net = self.model_spec.build(self.model_config).to(self.device)  # self.model is what trains it
+        if cfg.init_from is not None:
+            load_initial_weights(self.net, cfg)
+        elif cfg.preset is None:
+            cfg.preset = self.model_spec.default_preset
         self.n_params = self.net.num_parameters()
         modes = self._parallel_modes()
         self.model: Any = self.net
@@ -201,6 +220,22 @@ class Trainer:
             return model_spec(self.cfg.model)
         except (LookupError, ModelError) as exc:
             raise ConfigError(f"model: {exc}; see `blutrain plugins`") from None
+
+    def _load_tokenizer(self) -> tuple[Tokenizer | None, str | None]:
+        """The data's tokenizer, for the sample at the end, and the run's config set to it, so that
+        config.toml and every checkpoint record what ``blutrain generate`` must read. A ranks file the user
+        named that cannot be read is an error; a missing default one (tiktoken's cache) only costs the
+        sample, since the shards are tokenized already: (None, why)."""
+        named = self.cfg.tokenizer_file
+        self.cfg.tokenizer = self.data.tokenizer
+        self.cfg.tokenizer_file = (None if self.data.tokenizer_file is None
+                                   else str(Path(self.data.tokenizer_file).resolve()))
+        try:
+            return get_tokenizer(self.data.tokenizer, self.cfg.tokenizer_file), None
+        except TokenizerUnavailableError as exc:
+            if named is not None:
+                raise ConfigError(f"tokenizer_file: {exc}") from None
+            return None, str(exc)
 
     def _make_loader(self) -> TokenLoader:
         return TokenLoader(self.data.train_pattern, self.cfg.batch_size, self.cfg.seq_len, seed=self.cfg.seed,
@@ -636,8 +671,19 @@ class Trainer:
         self.model.train()
         return total / self.cfg.eval_batches
 
+    def release_compiled(self) -> None:
+        """Give back the compiled step's graphs and memory. Call it before destroying the process group: NCCL
+        waits, in destroying a communicator, for every CUDA graph that captured one of its collectives (a
+        compiled parallel step's), so a graph still held then hangs the process at exit."""
+        if self.compiled_step is not None:
+            self.compiled_step.reset()
+
     def sample(self, prompt: str, tokens: int) -> str:
-        tok = get_tokenizer(self.data.tokenizer)
+        """``tokens`` tokens sampled after ``prompt``, decoded (raises TokenizerUnavailableError when the
+        data's tokenizer could not be loaded: ``tokenizer_problem`` says why)."""
+        if self.tokenizer is None:
+            raise TokenizerUnavailableError(self.tokenizer_problem or f"no {self.data.tokenizer} tokenizer")
+        tok = self.tokenizer
         ids = tok.encode(prompt) or [tok.eot_token]
         idx = bt.tensor([ids], dtype="int64", device=self.device)
         net = self.net
@@ -656,12 +702,19 @@ class Trainer:
         if self.rank == 0:
             (self.out / "config.toml").write_text(cfg.to_toml())
         ranks = f" × {self.world} ranks ({cfg.parallel})" if self.group is not None else ""
-        self._print(f"BluTrain: {cfg.model} '{cfg.preset}' ({self.n_params / 1e6:.2f} M parameters) on {self.device}, "
+        model = cfg.preset or cfg.init_from
+        self._print(f"BluTrain: {cfg.model} '{model}' ({self.n_params / 1e6:.2f} M parameters) on {self.device}, "
                     f"{cfg.optimizer}, {cfg.batch_size}×{cfg.seq_len} tokens × {self.accum} per step{ranks}, "
                     f"{cfg.max_steps} steps")
         if self.data.baseline_nats is not None:
             self._print(f"data: {self.data.train_pattern} (byte-unigram entropy of val: "
                         f"{self.data.baseline_nats:.3f} nats/token — the loss to beat)")
+        if cfg.data is not None and self.data.val_pattern is None:
+            self._print(f"data: {cfg.data} has no validation split; training without validation")
+        if cfg.init_from is not None:
+            self._print(f"initialised from {cfg.init_from}")
+        if self.tokenizer_problem is not None:
+            self._print(f"note: no sample at the end: {self.tokenizer_problem}")
         stale = remove_stale_temporaries(self.out) if self.rank == 0 else []
         if stale:
             self._print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint saves in {self.out}")
