@@ -134,3 +134,31 @@ def test_generate_appends_tokens_reproducibly() -> None:
     idx = bt.tensor([[1, 2, 3]])
     a = model.generate(idx, 10, seed=5)
     assert a.shape == (1, 13) and a.tolist() == model.generate(idx, 10, seed=5).tolist()
+
+
+@pytest.mark.parametrize("prompt", [3, 7])
+def test_decoding_with_the_kv_cache_gives_the_tokens_of_decoding_without(prompt: int) -> None:
+    bt.manual_seed(1)
+    model = Llama(LlamaConfig.preset("tiny", n_layer=2, n_embd=32, n_head=4, n_kv_head=2, ffn_hidden=48,
+                                     block_size=12, vocab_size=64)).to(dtype="float64")
+    idx = bt.tensor(np.random.default_rng(0).integers(0, 64, (2, prompt)))
+    cached = model.generate(idx, 10, temperature=1.0, seed=3)  # past block_size: the window slides
+    plain = model.generate(idx, 10, temperature=1.0, seed=3, use_cache=False)
+    assert cached.tolist() == plain.tolist()
+
+
+def test_the_cached_step_gives_the_full_forwards_last_logits() -> None:
+    from blutrain.autograd import no_grad
+    from blutrain.nn import KVCache
+
+    bt.manual_seed(2)
+    model = Llama(LlamaConfig.preset("tiny", n_layer=2, n_embd=32, n_head=4, n_kv_head=1, ffn_hidden=48,
+                                     block_size=16, vocab_size=64)).to(dtype="float64")
+    ids = bt.tensor(np.random.default_rng(1).integers(0, 64, (1, 9)))
+    with no_grad():
+        cache = KVCache(2)
+        model.model.decode(ids[:, :5], cache)  # a prompt of 5, then 3 positions at once, then 1
+        model.model.decode(ids[:, 5:8], cache)
+        last = model.model.decode(ids[:, 8:], cache)
+        want = model.hidden_states(ids)[:, -1:]
+    np.testing.assert_allclose(last.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)

@@ -22,7 +22,7 @@ from typing import Any
 from blutrain.autograd import checkpoint, is_grad_enabled
 from blutrain.models import ModelError, ModelParallelPlan
 from blutrain.models.sampling import sample_tokens
-from blutrain.nn import AttentionCore, Embedding, Linear, Module, ModuleList, RMSNorm
+from blutrain.nn import AttentionCore, Embedding, KVCache, Linear, Module, ModuleList, RMSNorm
 from blutrain.nn import init as nn_init
 from blutrain.nn.module import is_plain
 from blutrain.tensor import (
@@ -33,9 +33,11 @@ from blutrain.tensor import (
     float64,
     linear_add,
     linear_cross_entropy,
+    ones,
     rope,
     scaled_dot_product_attention,
     swiglu,
+    tril,
 )
 from blutrain.tensor.errors import ShapeError, TensorTypeError
 from blutrain_model_llama.config import LlamaConfig
@@ -90,6 +92,32 @@ class LlamaAttention(Module):
         out: Tensor = self.o_proj(y)
         return out if residual is None else residual + out
 
+    def decode(self, x: Tensor, angles: tuple[Tensor, Tensor], cache: KVCache, layer: int,
+               residual: Tensor | None = None) -> Tensor:
+        """``forward`` for T new positions that follow the ``cache``'s (``angles`` theirs): their keys and
+        values (after the rotary embedding) are appended to layer ``layer`` of the cache and each new query
+        attends to every cached position and to the new ones up to itself. Inference only."""
+        B, T, _ = x.shape
+        D, kv = self.head_dim, self.n_kv_head
+        q = self.q_proj(x).reshape(B, T, self.n_head, D)
+        k = self.k_proj(x).reshape(B, T, kv, D)
+        v = self.v_proj(x).reshape(B, T, kv, D).transpose(1, 2)
+        q, k = rope(q, k, *angles)
+        keys, values = cache.extend(layer, k.transpose(1, 2), v)
+        S, group = keys.shape[2], self.n_head // kv
+        q5 = q.transpose(1, 2).reshape(B, kv, group, T, D)
+        k5, v5 = (t.unsqueeze(2).expand(B, kv, group, S, D) for t in (keys, values))
+        if T == 1:  # the newest position sees every cached one: no mask
+            y = scaled_dot_product_attention(q5, k5, v5)
+        elif S == T:  # nothing was cached: plain causal attention
+            y = scaled_dot_product_attention(q5, k5, v5, is_causal=True)
+        else:  # query i is position S - T + i and sees keys 0..S - T + i
+            mask = tril(ones(T, S, dtype="bool", device=x.device), diagonal=S - T)
+            y = scaled_dot_product_attention(q5, k5, v5, attn_mask=mask)
+        y = y.reshape(B, self.n_head, T, D).transpose(1, 2).reshape(B, T, self.n_head * D)
+        out: Tensor = self.o_proj(y)
+        return out if residual is None else residual + out
+
     def extra_repr(self) -> str:
         core = "" if self.attention_core is None else f", attention_core={self.attention_core!r}"
         return f"n_head={self.n_head}, n_kv_head={self.n_kv_head}, head_dim={self.head_dim}{core}"
@@ -124,6 +152,11 @@ class LlamaBlock(Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         x = _branch(self.self_attn, LlamaAttention, self.input_layernorm(x), x, (cos, sin))
+        return _branch(self.mlp, LlamaMLP, self.post_attention_layernorm(x), x)
+
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int) -> Tensor:
+        """``forward`` for positions that follow the ``cache``'s (see :meth:`LlamaAttention.decode`)."""
+        x = self.self_attn.decode(self.input_layernorm(x), (cos, sin), cache, layer, residual=x)
         return _branch(self.mlp, LlamaMLP, self.post_attention_layernorm(x), x)
 
 
@@ -168,6 +201,27 @@ class LlamaModel(Module):
             x = checkpoint(block, x, cos, sin) if recompute else block(x, cos, sin)
         out: Tensor = self.norm(x)
         return out
+
+    def decode(self, idx: Tensor, cache: KVCache) -> Tensor:
+        """Hidden states of the tokens ``idx`` (B, T) at the positions that follow the ``cache``'s, whose keys
+        and values every layer appends to it: incremental decoding (inference only)."""
+        start, T = cache.length, idx.shape[1]
+        if start + T > self.config.block_size:
+            raise ShapeError(f"LlamaModel.decode: {start} cached + {T} new positions exceed block_size "
+                             f"{self.config.block_size}")
+        cos, sin = self.angles(arange(start, start + T, dtype="int64", device=idx.device))
+        x: Tensor = self.embed_tokens(idx)
+        for layer, block in enumerate(self.layers):
+            x = block.decode(x, cos, sin, cache, layer)
+        out: Tensor = self.norm(x)
+        return out
+
+    def decodes_incrementally(self) -> bool:
+        """Whether :meth:`decode` computes what ``forward`` does: every block and its attention are this
+        package's own modules without hooks or a replaced attention core."""
+        return is_plain(self, LlamaModel) and all(
+            is_plain(b, LlamaBlock) and is_plain(b.self_attn, LlamaAttention) and b.self_attn.attention_core is None
+            for b in self.layers)
 
 
 class Llama(Module):
@@ -241,8 +295,11 @@ class Llama(Module):
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  seed: int | None = None, use_cache: bool = True) -> Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx``; see :func:`blutrain.models.sampling.sample_tokens`.
-        This family has no KV cache yet: each token recomputes the context, whatever ``use_cache``."""
-        return sample_tokens(self, idx, max_new_tokens, temperature, top_k, seed, self.lm_head)
+        ``use_cache`` (default): incremental decoding with a :class:`~blutrain.nn.KVCache` (the K/V heads
+        cached once each, not repeated), unless a block or attention carries hooks or is replaced; without it
+        every token recomputes the whole context (the same tokens for a seed)."""
+        decode = self.model.decode if use_cache and self.model.decodes_incrementally() else None
+        return sample_tokens(self, idx, max_new_tokens, temperature, top_k, seed, self.lm_head, decode)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike[str], **overrides: Any) -> Llama:
