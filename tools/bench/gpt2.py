@@ -16,6 +16,9 @@ What is compared
 - BluTrain: ``blutrain.models.gpt2.GPT2``, the ``adamw`` optimizer plugin, ``clip_grad_norm_``, eager.
   BluTrain compiled (``--impl blutrain-compile``): the same step (forward, backward, clip, AdamW, zero_grad)
   through ``blutrain.compiler.compile``; its first call runs eagerly, the second traces, the rest replay.
+- ``--model llama`` (the blutrain-model-llama plugin): BluTrain's Llama against ``torch_llama_reference``
+  (LlamaForCausalLM written plainly with ``nn.RMSNorm``, SDPA with ``enable_gqa``: torch >= 2.5), the same
+  names, initialisation and hyper-parameters; everything below applies to it as to GPT-2.
 - PyTorch: a reference written the way the seed paper's baseline is (nanoGPT style): stock ``nn.Linear``,
   ``nn.LayerNorm``, ``nn.Embedding``, ``F.scaled_dot_product_attention(is_causal=True)``, GELU-tanh, the LM
   head tied to the token embedding, ``torch.optim.AdamW`` (``fused=True`` where the build has it; the output
@@ -117,7 +120,7 @@ class Hyper:
     clip: float = 1.0
     seed: int = 0
     compile_passes: tuple[str, ...] | None = None  # blutrain-compile's pipeline (--compile-replace); None: default
-    model: str = "gpt2"  # the BluTrain model family (--model); the PyTorch reference here is GPT-2's
+    model: str = "gpt2"  # the model family (--model): BluTrain's registered one and TORCH_MODELS' PyTorch one
 
 
 @dataclass
@@ -436,6 +439,98 @@ def torch_reference(cfg: Any) -> Any:
     return GPT()
 
 
+def torch_llama_reference(cfg: Any) -> Any:
+    """The PyTorch Llama-style decoder of the llama family's config (Hugging Face's LlamaForCausalLM written
+    plainly: RMSNorm, rotate-half rotary embeddings, SDPA with grouped-query attention (``enable_gqa``: K/V
+    heads not repeated), SwiGLU, no biases, untied head unless ``tie_embeddings``), with the same parameter
+    names as BluTrain's Llama, so a state dict maps 1:1. Initialised as BluTrain's (normal 0.02, o/down
+    projections scaled by 1/sqrt(2·n_layer), norms one). Needs torch >= 2.5 (``nn.RMSNorm``, ``enable_gqa``);
+    not yet run here (no PyTorch in this environment): the device run of this tool is its first."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    C, H, KV, D = cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.n_embd // cfg.n_head
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([-x[..., D // 2:], x[..., : D // 2]], dim=-1)
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj = nn.Linear(C, H * D, bias=False)
+            self.k_proj = nn.Linear(C, KV * D, bias=False)
+            self.v_proj = nn.Linear(C, KV * D, bias=False)
+            self.o_proj = nn.Linear(H * D, C, bias=False)
+
+        def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            B, T, _ = x.shape
+            q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)
+            k = self.k_proj(x).view(B, T, KV, D).transpose(1, 2)
+            v = self.v_proj(x).view(B, T, KV, D).transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
+            out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
+            return out
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate_proj = nn.Linear(C, cfg.ffn_hidden, bias=False)
+            self.up_proj = nn.Linear(C, cfg.ffn_hidden, bias=False)
+            self.down_proj = nn.Linear(cfg.ffn_hidden, C, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return out
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.input_layernorm = nn.RMSNorm(C, eps=cfg.norm_eps)
+            self.self_attn = Attention()
+            self.post_attention_layernorm = nn.RMSNorm(C, eps=cfg.norm_eps)
+            self.mlp = MLP()
+
+        def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Llama(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = nn.Module()
+            self.model.embed_tokens = nn.Embedding(cfg.vocab_size, C)
+            self.model.layers = nn.ModuleList(Block() for _ in range(cfg.n_layer))
+            self.model.norm = nn.RMSNorm(C, eps=cfg.norm_eps)
+            self.lm_head = nn.Linear(C, cfg.vocab_size, bias=False)
+            if cfg.tie_embeddings:
+                self.lm_head.weight = self.model.embed_tokens.weight
+            for name, p in self.named_parameters():
+                if p.dim() >= 2:
+                    std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("o_proj.weight", "down_proj.weight")) \
+                        else 0.02
+                    nn.init.normal_(p, 0.0, std)
+            self.register_buffer("inv_freq", 1.0 / cfg.rope_theta ** (torch.arange(0, D, 2).float() / D),
+                                 persistent=False)
+
+        def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            freqs = torch.outer(torch.arange(idx.shape[1], device=idx.device).float(), self.inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            cos, sin = emb.cos(), emb.sin()
+            x = self.model.embed_tokens(idx)
+            for block in self.model.layers:
+                x = block(x, cos, sin)
+            logits = self.lm_head(self.model.norm(x))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1), ignore_index=-1)
+
+    return Llama()
+
+
+# the PyTorch implementation of each family this tool compares against
+TORCH_MODELS: dict[str, Callable[[Any], Any]] = {"gpt2": torch_reference, "llama": torch_llama_reference}
+
+
 class TorchRunner:
     """PyTorch eager or ``torch.compile`` of the reference model, with torch.optim.AdamW."""
 
@@ -449,7 +544,7 @@ class TorchRunner:
         self.clock = Clock("torch" if device == "cuda" else "host")
         torch.manual_seed(hp.seed)
         with torch.device(device):
-            self.model = torch_reference(cfg)
+            self.model = TORCH_MODELS[hp.model](cfg)
         self.params = list(self.model.parameters())
         groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": hp.weight_decay},
                   {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
@@ -497,9 +592,11 @@ class TorchRunner:
         return list(self.model.named_modules())
 
     def state_numpy(self) -> dict[str, np.ndarray[Any, Any]]:
-        """The model's weights as float32 NumPy arrays under BluTrain's names (the tied head once)."""
+        """The model's weights as float32 NumPy arrays under BluTrain's names (a tied head once)."""
+        tied = self.model.lm_head.weight is next(m.weight for m in self.model.modules()
+                                                 if isinstance(m, self.torch.nn.Embedding))
         return {k: v.detach().float().cpu().numpy() for k, v in self.model.state_dict().items()
-                if k != "lm_head.weight"}
+                if not (tied and k == "lm_head.weight")}
 
 
 class BluTrainRunner:
@@ -1505,8 +1602,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--model", default="gpt2", help="a registered BluTrain model family (default gpt2); the PyTorch "
-                                                    "implementations and --parity are GPT-2's, so another family runs "
-                                                    "with --impl blutrain,blutrain-compile")
+                                                    "implementations and --parity exist for gpt2 and llama, so another "
+                                                    "family runs with --impl blutrain,blutrain-compile")
     ap.add_argument("--preset", help="the family's preset (default gpt2-124m on cuda, tiny on cpu)")
     ap.add_argument("--batch-size", type=int, default=16, help="micro-batch (default 16)")
     ap.add_argument("--seq-len", type=int, help="T (default 1024 on cuda, 128 on cpu; at most block_size)")
@@ -1552,7 +1649,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.preset = a.preset or ("tiny" if cpu else "gpt2-124m")
     a.seq_len = a.seq_len or (128 if cpu else 1024)
     a.precision = a.precision or (["fp32"] if cpu else list(PRECISIONS))
-    if a.model != "gpt2":  # the PyTorch implementations here are GPT-2's
+    if a.model not in TORCH_MODELS:  # no PyTorch implementation of this family here
         a.impl = a.impl or (["blutrain"] if cpu else ["blutrain", "blutrain-compile"])
     a.impl = a.impl or (["blutrain", "torch"] if cpu or a.quick else ["blutrain", "torch", "torch-compile"])
     a.warmup = a.warmup if a.warmup is not None else (2 if a.quick else 3)
@@ -1586,9 +1683,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--seq-len {args.seq_len} exceeds the preset's block_size "
                          f"{presets[args.preset]['block_size']}")
     torch_impls = [i for i in args.impl if i.startswith("torch")]
-    if args.model != "gpt2" and (torch_impls or args.parity):
-        raise SystemExit(f"--model {args.model}: the PyTorch implementations of this tool and --parity are GPT-2's; "
-                         "give --impl blutrain,blutrain-compile and no --parity")
+    if args.model not in TORCH_MODELS and (torch_impls or args.parity):
+        raise SystemExit(f"--model {args.model}: this tool has PyTorch implementations of {', '.join(TORCH_MODELS)} "
+                         "only; give --impl blutrain,blutrain-compile and no --parity")
     if args.device == "cuda":
         from blutrain_backend_cupy import cuda
 
