@@ -57,7 +57,8 @@ def test_a_preset_with_overrides_builds_the_config() -> None:
 def test_an_unknown_preset_or_field_is_an_error_listing_what_exists() -> None:
     with pytest.raises(ModelError, match=r"unknown preset 'huge'; expected one of tiny, gpt2-124m"):
         model_spec("gpt2").config("huge")
-    with pytest.raises(ModelError, match=r"model 'gpt2': .*n_layers.*the preset fields are"):
+    with pytest.raises(ModelError, match=r"model 'gpt2': .*n_layers.*its config fields are "
+                                       r"block_size, checkpoint_activations, dropout"):
         model_spec("gpt2").config("tiny", n_layers=2)
 
 

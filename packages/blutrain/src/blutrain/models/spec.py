@@ -8,6 +8,7 @@ trainer reaches a model through its ``ModelSpec``), so a new family is a plugin 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -121,8 +122,9 @@ class ModelSpec:
         try:
             return self.config_class(**values)
         except TypeError as exc:  # an unknown field name
-            raise ModelError(f"model {self.name!r}: {exc}; the preset fields are "
-                             f"{', '.join(sorted(next(iter(self.presets.values()))))}") from None
+            known = ([f.name for f in dataclasses.fields(self.config_class)]
+                     if dataclasses.is_dataclass(self.config_class) else list(next(iter(self.presets.values()))))
+            raise ModelError(f"model {self.name!r}: {exc}; its config fields are {', '.join(sorted(known))}") from None
 
     @property
     def parallel_plan(self) -> ModelParallelPlan | None:
