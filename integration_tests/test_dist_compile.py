@@ -13,7 +13,7 @@ import pytest
 from ranks import assert_trains_as_eager, run_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "compiled_dp.py"
-RUNS = ["ddp", "ddp-accum2", "zero1", "zero2", "zero3"]
+RUNS = ["ddp", "ddp-accum2", "ddp-bf16-grads", "zero1", "zero2", "zero3"]
 
 
 @pytest.fixture(scope="module")

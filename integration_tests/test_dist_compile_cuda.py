@@ -14,7 +14,7 @@ import pytest
 from ranks import run_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "compiled_dp.py"
-RUNS = ["ddp", "ddp-accum2", "zero1", "zero2", "zero3"]
+RUNS = ["ddp", "ddp-accum2", "ddp-bf16-grads", "zero1", "zero2", "zero3"]
 
 
 def _gpus() -> int:

@@ -99,13 +99,18 @@ def test_every_gradient_is_the_single_process_gradient(single_process: dict[str,
         np.testing.assert_allclose(got[f"grad/{name}"], g, rtol=0, atol=2e-2 * scale, err_msg=f"{config}: {name}")
 
 
-def test_async_tp_gives_the_synchronous_layers_gradients(tp_runs: dict[str, tuple[dict[str, Any], Any]]) -> None:
+def test_async_tp_gives_the_synchronous_layers_gradients(tp_runs: dict[str, tuple[dict[str, Any], Any]],
+                                                         device: str) -> None:
     sync, overlapped = tp_runs["tp"][1], tp_runs["tp-async"][1]
     assert sorted(sync.files) == sorted(overlapped.files)
+    # the same GEMMs cut into row blocks, float32 gradients of float32 weights and a float32 input gradient
+    # all-reduced, as the synchronous layers': equal up to the GEMM's blocking. On the CPU that blocking changes
+    # nothing visible (bit for bit on this machine kind), so 2e-3 of the largest element tells gradients rounded
+    # to bf16, or a bf16 all-reduce of the input gradient (~1e-2 off), apart. On GPUs cuBLAS picks other
+    # algorithms for a row block than for the whole GEMM, and the bf16 activations round otherwise from there:
+    # measured up to 6e-3 of the largest element (wte, 4 x H200 at 39ebf58); a missing or doubled reduction is
+    # off by the gradient itself
+    bound = 2e-3 if device == "cpu" else 2e-2
     for name in (n for n in sync.files if n.startswith("grad/")):
-        # the same GEMMs cut into row blocks, float32 gradients of float32 weights and a float32 input
-        # gradient all-reduced, as the synchronous layers': equal up to the GEMM's blocking (bit for bit on
-        # this machine's CPU). Gradients rounded to bf16, or a bf16 all-reduce of the input gradient, are
-        # ~1e-2 of the largest element off
         scale = float(np.abs(sync[name]).max())
-        np.testing.assert_allclose(overlapped[name], sync[name], rtol=0, atol=2e-3 * scale, err_msg=name)
+        np.testing.assert_allclose(overlapped[name], sync[name], rtol=0, atol=bound * scale, err_msg=name)

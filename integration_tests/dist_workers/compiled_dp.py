@@ -1,11 +1,11 @@
 """Data-parallel training steps compiled with ``blutrain.compiler`` against the same steps run eagerly, on
 whatever world this process is in (``blutrain run -n N``).
 
-Each configuration — ddp with several buckets, ddp with two micro-batches (the first under ``no_sync()``),
-ZeRO stages 1, 2 and 3 — trains a tiny GPT-2 for ``STEPS`` AdamW steps twice from the same weights: eagerly,
-and through ``compile(step)`` (step 1 eager, step 2 traced, later steps replayed: the step's collectives are
-ops of its one compiled program). The learning rate changes every step and the gradients
-are clipped, so the replays pick up new scalars and the clip's norm goes through the collectives too.
+Each configuration — ddp with several buckets, ddp with two micro-batches (the first under ``no_sync()``), ddp
+averaging its gradients in bf16, ZeRO stages 1, 2 and 3 — trains a tiny GPT-2 for ``STEPS`` AdamW steps twice
+from the same weights: eagerly, and through ``compile(step)`` (step 1 eager, step 2 traced, later steps replayed:
+the step's collectives are ops of its one compiled program). The learning rate changes every step and the
+gradients are clipped, so the replays pick up new scalars and the clip's norm goes through the collectives too.
 
 Then the guard: a compiled function that calls a collective of a plain (undeclared) group must raise a
 TracingError naming its line, for a traced value and for a tensor that lives outside the function.
@@ -46,19 +46,20 @@ CONFIG = GPT2Config.preset("tiny", vocab_size=64, n_layer=2, n_head=2, n_embd=32
 # generic attention would use, refuses it)
 CUDA_CONFIG = GPT2Config.preset("tiny", vocab_size=64, n_layer=2, n_head=2, n_embd=128, block_size=64)
 RUNS: dict[str, tuple[str, int, int]] = {  # name → (mode, zero stage, micro-batches)
-    "ddp": ("ddp", 0, 1), "ddp-accum2": ("ddp", 0, 2), "zero1": ("zero", 1, 1), "zero2": ("zero", 2, 1),
-    "zero3": ("zero", 3, 1)}
+    "ddp": ("ddp", 0, 1), "ddp-accum2": ("ddp", 0, 2), "ddp-bf16-grads": ("ddp", 0, 1), "zero1": ("zero", 1, 1),
+    "zero2": ("zero", 2, 1), "zero3": ("zero", 3, 1)}
 
 
 def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled: bool,
-          device: str = "cpu") -> dict[str, Any]:
+          device: str = "cpu", grad_dtype: str | None = None) -> dict[str, Any]:
     bt.manual_seed(1234)
     config = CONFIG if device == "cpu" else CUDA_CONFIG
     net = GPT2(config).to(device=device)
     model: Any
     zero_mode = None
     if mode == "ddp":
-        model = DistributedDataParallel(net, group, bucket_cap_mb=0.02)  # several buckets: several all-reduces
+        # several buckets: several all-reduces
+        model = DistributedDataParallel(net, group, bucket_cap_mb=0.02, grad_dtype=grad_dtype)
     else:
         zero_mode = ZeRO(group, stage=stage)
         model = zero_mode.wrap_model(net)
@@ -139,8 +140,9 @@ def main() -> int:
     results: dict[str, Any] = {"world": group.size}
     for name in args or list(RUNS):
         mode, stage, accum = RUNS[name]
-        eager = train(group, mode, stage, accum, compiled=False, device=device)
-        compiled = train(group, mode, stage, accum, compiled=True, device=device)
+        grad_dtype = "bf16" if name == "ddp-bf16-grads" else None
+        eager = train(group, mode, stage, accum, compiled=False, device=device, grad_dtype=grad_dtype)
+        compiled = train(group, mode, stage, accum, compiled=True, device=device, grad_dtype=grad_dtype)
         results[name] = versus(group, eager, compiled,
                                ((eager["params"][k], compiled["params"][k]) for k in eager["params"]), device)
     if device == "cpu":

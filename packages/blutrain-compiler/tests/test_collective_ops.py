@@ -3,7 +3,7 @@ with ``blutrain.dist.traceable`` is): it compiles as one module in which that wo
 and every replay issues it at its place on the real buffers — intermediates, views of them, state. The program
 joins each collective at the first later launch that touches its buffers. In-place writes into state are
 recorded like kernels. (Collectives of real process groups on several ranks: integration_tests/test_dist_compile.py;
-on CUDA the same program forks each collective onto a communication stream: test_cuda_collectives.py.)"""
+on CUDA the same program forks each collective onto a communication stream: the last test here.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import blutrain.compiler as bc
 import blutrain.tensor as bt
 from blutrain.autograd import no_grad
-from blutrain.compiler.executor import Program
+from blutrain.compiler.executor import CUDAGraphExecutor, Program, StreamCollectives
 from blutrain.tensor import capture
 
 
@@ -180,4 +180,37 @@ def test_views_of_a_buffer_in_a_permuted_layout_after_a_collective_address_it_as
     for x in inputs:
         want = f(x).numpy()
         np.testing.assert_array_equal(fn(x).numpy(), want)
+    assert fn.stats.collectives == 1
+
+
+@pytest.mark.cuda
+def test_on_cuda_the_work_runs_on_a_side_stream_inside_the_graph_and_is_joined_before_its_reader() -> None:
+    """The CUDA executor's StreamCollectives: the work forks onto a side stream inside the one captured graph,
+    the independent launches run beside it, and the reader of its buffer waits for it."""
+    registry = bt.backends()
+    if "cuda" not in registry.names() or not registry.get("cuda").is_available():
+        pytest.skip("no CUDA device")
+    acc = bt.zeros(1 << 20, device="cuda")
+
+    def f(x: bt.Tensor) -> bt.Tensor:
+        y = x * 2.0
+        z = (x + 1.0) * 3.0  # beside the collective
+        scale_outside_kernels(y, 3.0)  # a large buffer, so the reader below would see a stale one if not joined
+        acc.add_(z)
+        return y + z
+
+    fn = bc.compile(f)
+    rng = np.random.default_rng(0)
+    want_acc = np.zeros(1 << 20, np.float32)
+    for _ in range(5):
+        x = rng.standard_normal(1 << 20).astype(np.float32)
+        got = fn(bt.tensor(x, device="cuda")).cpu().numpy()
+        z = (x + 1.0).astype(np.float32) * np.float32(3.0)
+        want_acc += z
+        np.testing.assert_allclose(got, x * 6.0 + z, rtol=1e-6)
+    np.testing.assert_allclose(acc.cpu().numpy(), want_acc, rtol=1e-5)
+    graph = fn.last
+    assert graph is not None and isinstance(graph.executor, CUDAGraphExecutor)
+    assert graph.executor.captures == 1 and not graph.executor.eager, graph.executor.capture_error
+    assert isinstance(graph.program.runner, StreamCollectives) and not graph.program.runner.pending
     assert fn.stats.collectives == 1

@@ -31,6 +31,7 @@ every step.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import traceback
@@ -154,8 +155,11 @@ class StreamCollectives:
         self.cupy.cuda.get_current_stream().wait_event(end)
 
     def join_all(self) -> None:
-        for key in list(self.pending):
-            self.join(key)
+        try:
+            for key in list(self.pending):
+                self.join(key)
+        finally:
+            self.pending.clear()  # after a failed capture too: no stale collective is held or joined later
 
 
 class Launch:
@@ -506,7 +510,8 @@ class CUDAGraphExecutor:
                     self.program.run()
                 except Exception as exc:  # e.g. a library call that stream capture forbids
                     failure = exc
-                    self.program.runner.join_all()  # a capture ends only with every forked stream joined
+                    with contextlib.suppress(Exception):  # the capture may be broken already: end_capture says so
+                        self.program.runner.join_all()  # a capture ends only with every forked stream joined
                 finally:
                     graph = self.stream.end_capture()
                     run.finish()
