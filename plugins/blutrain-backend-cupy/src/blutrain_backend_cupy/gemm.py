@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.kernels import cuda as fused
-from blutrain.tensor.dtype import as_dtype, bfloat16
+from blutrain.tensor.dtype import HALF_NAMES, as_dtype, bfloat16
 
 Array = Any
 _tf32 = False
@@ -407,7 +407,7 @@ def matmul(a: Array, b: Array) -> Array:
         out = cp.empty((a.shape[0], b.shape[1]), a.dtype)
         gemm_into(a, b, out)
         return out
-    if a.dtype.name in ("bfloat16", "float16"):
+    if a.dtype.name in HALF_NAMES:
         return _half_in_float32(a, b)
     return cp.matmul(a, b)
 
@@ -449,7 +449,7 @@ def linear_gelu(x: Array, w: Array, b: Array | None, approximate: str) -> tuple[
 
     xr = _rows(x)
     shape = (*x.shape[:-1], w.shape[0])
-    if (approximate == "tanh" and x.dtype.name in ("bfloat16", "float16") and _gemm_fits(xr, w) and xr.shape[0]
+    if (approximate == "tanh" and x.dtype.name in HALF_NAMES and _gemm_fits(xr, w) and xr.shape[0]
             and xr.shape[1] and w.shape[0] % 8 == 0 and (b is None or b.dtype == x.dtype)):
         out = cp.empty((xr.shape[0], w.shape[0]), x.dtype)
         pre = cp.empty_like(out)
@@ -516,7 +516,7 @@ def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool,
             gb = g.sum(axis=0, dtype=np.float32).astype(g.dtype)  # accumulate in float32, round once
         elif gb is None:
             gb = g.sum(axis=0, dtype=g.dtype)
-    half = x.dtype.name in ("bfloat16", "float16")
+    half = x.dtype.name in HALF_NAMES
     if half and wide_x and gx is not None and gx.dtype != np.float32:
         gx = gx.astype(np.float32)
     if half and wide_w:

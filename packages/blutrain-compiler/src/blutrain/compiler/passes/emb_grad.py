@@ -38,7 +38,8 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import Operand, decode, encode, kernel_op_class, type_info
-from blutrain.compiler.passes.patterns import FLOATS, Scan, kernel_values, only_use, plain_kernel, same_type_add
+from blutrain.compiler.passes.patterns import Scan, kernel_values, only_use, plain_kernel, same_type_add
+from blutrain.tensor.dtype import FLOATING_NAMES
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def _scaled(value: SSAValue, like: SSAValue) -> tuple[Operation, SSAValue, SSAVa
 def match(op: Operation) -> TiedGradSum | None:
     """The tied-gradient sum that a plain ``embedding_backward`` ``op`` can take over, or None."""
     if (not plain_kernel(op, "embedding_backward")
-            or op.properties["dtype"].data not in FLOATS):  # type: ignore[attr-defined]
+            or op.properties["dtype"].data not in FLOATING_NAMES):  # type: ignore[attr-defined]
         return None
     args = decode(op.properties["args"])
     if len(args) != 3 or not isinstance(args[0], Operand) or not isinstance(args[1], Operand):

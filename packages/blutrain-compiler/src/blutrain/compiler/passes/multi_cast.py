@@ -27,8 +27,8 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import KernelOp, Operand, decode, encode, type_info
 from blutrain.compiler.graph import body
-from blutrain.compiler.passes.patterns import FLOATS, Scan, plain_kernel, written_between
-from blutrain.tensor.dtype import as_dtype
+from blutrain.compiler.passes.patterns import Scan, plain_kernel, written_between
+from blutrain.tensor.dtype import FLOATING_NAMES, as_dtype
 from blutrain.tensor.errors import KernelNotFoundError
 from blutrain.tensor.kernel import kernels
 
@@ -45,7 +45,7 @@ def match(scan: Scan, op: Operation) -> Group | None:
     if not isinstance(src, BlockArgument):
         return None
     source, target = type_info(src.type)[1].name, type_info(op.results[0].type)[1].name
-    if source not in FLOATS or target not in FLOATS or source == target:
+    if source not in FLOATING_NAMES or target not in FLOATING_NAMES or source == target:
         return None
     if written_between(scan.info, scan.ops, -1, scan.pos[op], [src]):
         return None

@@ -54,8 +54,8 @@ from blutrain.compiler.dialect import (
 from blutrain.compiler.passes.patterns import Scan, kernel_values, only_use, plain_call, plain_kernel
 from blutrain.tensor.dtype import bfloat16
 
-HALF = "bfloat16"
-STREAM = "float32"
+PROJECTION = bfloat16.name  # the dtype of the projection (and of its operands) that the pass fuses
+STREAM = "float32"  # the residual stream's dtype
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _add_form(add: Operation, total: SSAValue) -> ResidualSum | None:
             continue
         source = cast.operands[0]
         linear = source.owner
-        if (isinstance(linear, Operation) and plain_kernel(linear, "linear") and _dtype(source) == HALF
+        if (isinstance(linear, Operation) and plain_kernel(linear, "linear") and _dtype(source) == PROJECTION
                 and only_use(source) is cast and decode(cast.properties["args"])[0] == Operand(0)):
             return ResidualSum(add, residual, (add, cast), linear)
     return None
@@ -100,8 +100,8 @@ def _linear_add_form(op: Operation, total: SSAValue) -> ResidualSum | None:
     residual, x, w, b = values
     if residual is None or x is None or w is None:
         return None
-    if (residual.type != total.type or _dtype(x) != HALF or _dtype(w) != HALF
-            or (b is not None and _dtype(b) not in (HALF, STREAM))):
+    if (residual.type != total.type or _dtype(x) != PROJECTION or _dtype(w) != PROJECTION
+            or (b is not None and _dtype(b) not in (PROJECTION, STREAM))):
         return None
     return ResidualSum(op, residual, (op,), None)
 
@@ -123,7 +123,7 @@ def match(norm: Operation, linear_add: bool = False) -> ResidualSum | None:
         return None
     if plain_kernel(maker, "add"):
         return _add_form(maker, total)
-    if linear_add and plain_kernel(maker, "linear_add") and maker.properties["dtype"].data == HALF:  # type: ignore[attr-defined]
+    if linear_add and plain_kernel(maker, "linear_add") and maker.properties["dtype"].data == PROJECTION:  # type: ignore[attr-defined]
         return _linear_add_form(maker, total)
     return None
 
@@ -134,7 +134,7 @@ def _plain_linear(op: Operation, where: InsertPoint) -> SSAValue:
     _, x, w, b = kernel_values(op)  # type: ignore[misc]
     assert x is not None and w is not None  # the match checked them
     device = op.properties["device"]
-    if b is not None and _dtype(b) != HALF:
+    if b is not None and _dtype(b) != PROJECTION:
         cast = kernel_op_class("cast").create(
             operands=[b], result_types=[tensor_type(type_info(b.type)[0], bfloat16)],
             properties={"args": encode((Operand(0), bfloat16.np)), "ret": encode(Operand(0)), "device": device,
@@ -146,7 +146,7 @@ def _plain_linear(op: Operation, where: InsertPoint) -> SSAValue:
     linear = kernel_op_class("linear").create(
         operands=operands, result_types=[out_type],
         properties={"args": encode((Operand(0), Operand(1), Operand(2) if b is not None else None)),
-                    "ret": encode(Operand(0)), "device": device, "dtype": StringAttr(HALF)})
+                    "ret": encode(Operand(0)), "device": device, "dtype": StringAttr(PROJECTION)})
     Rewriter.insert_op(linear, where)
     return linear.results[0]
 
