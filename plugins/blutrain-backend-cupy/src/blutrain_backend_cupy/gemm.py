@@ -53,7 +53,7 @@ def tf32_enabled() -> bool:
 
 
 # float32 GEMMs as strict cuBLAS SGEMM ("cublas", the default) or as BluTrain's 3xTF32 tensor-core kernel
-# ("3xtf32": float32 accuracy at up to ~3x SGEMM's rate; opt-in until measured on the GPU). TF32, when
+# ("3xtf32": float32 accuracy at up to ~3x SGEMM's rate; opt-in: by default float32 GEMMs are cuBLAS's own). TF32, when
 # asked for, takes precedence: it is the less accurate, faster mode the user chose.
 FP32_GEMMS = ("cublas", "3xtf32")
 _fp32_gemm = "cublas"
@@ -391,7 +391,7 @@ def _lt_matmul(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, cod
 def _half_in_float32(a: Array, b: Array) -> Array:
     """CuPy sends bfloat16 vector and batched products down an integer tensordot path that does not know
     the dtype, and float16 vector products (dot) accumulate in float16 (~7 ulps off over 13 terms; both
-    seen on an H100 with CuPy 14.2): those are computed in float32 and rounded once."""
+    with CuPy 14.2): those are computed in float32 and rounded once."""
     import cupy as cp
 
     return cp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
@@ -536,11 +536,10 @@ def astype_by_kernel(v: Any, dtype: np.dtype[Any]) -> Any:
 
 def _compute_operand(a: Array, dtype: np.dtype[Any]) -> Array:
     """``a`` in the GEMMs' compute dtype, C-contiguous. Under autocast that is a cast of float32 x and of the
-    whole (tied) weight to bfloat16 every step: BluTrain's cast kernel (16-byte accesses, near copy speed on
-    an H100) rather than CuPy's astype, which ran at about 1.25 TB/s (245 µs a GPT-2 step for the two). Both
-    round to nearest even, so the bits are the same but for a NaN: the cast kernel writes the quiet NaN of
-    its sign (0x7fc0, as the CPU backend's astype), CuPy the canonical 0x7fff; either way a NaN operand makes
-    NaN logits and loss."""
+    whole (tied) weight to bfloat16 every step: BluTrain's cast kernel (16-byte accesses, near copy speed)
+    rather than CuPy's astype, which is well below copy speed (docs/kernels.md). Both round to nearest even,
+    so the bits are the same but for a NaN: the cast kernel writes the quiet NaN of its sign (0x7fc0, as the
+    CPU backend's astype), CuPy the canonical 0x7fff; either way a NaN operand makes NaN logits and loss."""
     import cupy as cp
 
     return cp.ascontiguousarray(a if a.dtype == dtype else astype_by_kernel(a, dtype))

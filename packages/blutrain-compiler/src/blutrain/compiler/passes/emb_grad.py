@@ -3,11 +3,11 @@ embedding_backward(...))``) becomes one ``embedding_backward(grad, idx, V, g, s)
 rows summed per id`` as it stores the rows.
 
 GPT-2 ties the token embedding to the LM head, so autograd adds the weight's two gradients: the head's, which
-``linear_cross_entropy``'s rule multiplies by the 0-d loss scale, and the embedding's. On an H100 that was the
-embedding backward writing all of wte's [50304, 768] float32 entries (94 µs) and then one fused elementwise
-kernel reading both and the product's operand again (188 µs). The embedding backward writes every row anyway
-(zero rows included), so it takes the head's gradient and the scale as ``addend`` / ``addend_scale`` and the
-product and the sum are no pass over memory of their own.
+``linear_cross_entropy``'s rule multiplies by the 0-d loss scale, and the embedding's. Unfused, that is the
+embedding backward writing all of wte's [50304, 768] float32 entries and then one fused elementwise kernel
+reading both and the product's operand again (docs/benchmarks.md has the timings). The embedding backward
+writes every row anyway (zero rows included), so it takes the head's gradient and the scale as ``addend`` /
+``addend_scale`` and the product and the sum are no pass over memory of their own.
 
 The pattern, at the plain ops (the pass runs before ``elementwise-fusion``):
 
