@@ -669,8 +669,8 @@ class BluTrainCompiledRunner(BluTrainRunner):
 
     def close(self) -> None:
         """Drop the compiled graphs and their memory now: a stage's four configurations share the GPU, and
-        the next stage must not start beside this one's buffers (seen on the H100: the tf32 PyTorch row ran
-        out of memory after the fp32 compiled one)."""
+        the next stage must not start beside this one's buffers (with them, a later configuration can run out
+        of memory that an earlier one still holds)."""
         self.compiled.reset()
 
     def _whole_step(self, x: Any, y: Any) -> Any:

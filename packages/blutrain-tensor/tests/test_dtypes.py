@@ -8,6 +8,7 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain.tensor import DType, TensorTypeError, TensorValueError
+from blutrain.tensor import dtype as dtypes
 
 b1, u1, i1, i2, i4, i8 = bt.bool_, bt.uint8, bt.int8, bt.int16, bt.int32, bt.int64
 f2, bf, f4, f8 = bt.float16, bt.bfloat16, bt.float32, bt.float64
@@ -137,3 +138,23 @@ def test_no_silent_coercion_in_ops_that_take_one_dtype() -> None:
         bt.ones(2, dtype="int64").add_(bt.ones(2))
     with pytest.raises(TensorTypeError, match=r"fill_: cannot write the float 0\.5 into a tensor of dtype int64"):
         bt.ones(2, dtype="int64").fill_(0.5)
+
+
+def test_the_dtype_groups_partition_the_dtypes_as_their_names_say() -> None:
+    assert tuple(d for d in ORDER if d is not b1) == dtypes.NUMERIC_DTYPES
+    assert set(dtypes.FLOATING_DTYPES) | set(dtypes.INTEGER_DTYPES) | {b1} == set(dtypes.ALL_DTYPES)
+    assert set(dtypes.HALF_DTYPES) == {f2, bf} <= set(dtypes.FLOATING_DTYPES)
+    assert {"float16", "bfloat16", "float32", "float64"} == dtypes.FLOATING_NAMES
+    assert {np.dtype(np.float16).name, np.dtype(ml_dtypes.bfloat16).name} == dtypes.HALF_NAMES
+
+
+@pytest.mark.parametrize("name", sorted(dtypes.DTYPE_NAMES))
+def test_every_dtype_name_is_accepted_by_as_dtype_and_by_tensor_to(name: str) -> None:
+    x = bt.tensor([1.0, 2.0])
+    assert x.to(name).dtype is bt.as_dtype(name)
+
+
+def test_float_unary_ops_promote_integer_inputs_to_the_default_float() -> None:
+    x = bt.tensor([1, 2, 3])
+    for op in dtypes.FLOAT_UNARY_OPS:
+        assert getattr(bt, op)(x).dtype is bt.get_default_dtype(), op

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.kernels import cuda as fused
-from blutrain.tensor.dtype import as_dtype, bfloat16
+from blutrain.tensor.dtype import HALF_NAMES, as_dtype, bfloat16
 
 Array = Any
 _tf32 = False
@@ -53,7 +53,7 @@ def tf32_enabled() -> bool:
 
 
 # float32 GEMMs as strict cuBLAS SGEMM ("cublas", the default) or as BluTrain's 3xTF32 tensor-core kernel
-# ("3xtf32": float32 accuracy at up to ~3x SGEMM's rate; opt-in until measured on the GPU). TF32, when
+# ("3xtf32": float32 accuracy at up to ~3x SGEMM's rate; opt-in: by default float32 GEMMs are cuBLAS's own). TF32, when
 # asked for, takes precedence: it is the less accurate, faster mode the user chose.
 FP32_GEMMS = ("cublas", "3xtf32")
 _fp32_gemm = "cublas"
@@ -391,7 +391,7 @@ def _lt_matmul(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, cod
 def _half_in_float32(a: Array, b: Array) -> Array:
     """CuPy sends bfloat16 vector and batched products down an integer tensordot path that does not know
     the dtype, and float16 vector products (dot) accumulate in float16 (~7 ulps off over 13 terms; both
-    seen on an H100 with CuPy 14.2): those are computed in float32 and rounded once."""
+    with CuPy 14.2): those are computed in float32 and rounded once."""
     import cupy as cp
 
     return cp.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
@@ -407,7 +407,7 @@ def matmul(a: Array, b: Array) -> Array:
         out = cp.empty((a.shape[0], b.shape[1]), a.dtype)
         gemm_into(a, b, out)
         return out
-    if a.dtype.name in ("bfloat16", "float16"):
+    if a.dtype.name in HALF_NAMES:
         return _half_in_float32(a, b)
     return cp.matmul(a, b)
 
@@ -449,7 +449,7 @@ def linear_gelu(x: Array, w: Array, b: Array | None, approximate: str) -> tuple[
 
     xr = _rows(x)
     shape = (*x.shape[:-1], w.shape[0])
-    if (approximate == "tanh" and x.dtype.name in ("bfloat16", "float16") and _gemm_fits(xr, w) and xr.shape[0]
+    if (approximate == "tanh" and x.dtype.name in HALF_NAMES and _gemm_fits(xr, w) and xr.shape[0]
             and xr.shape[1] and w.shape[0] % 8 == 0 and (b is None or b.dtype == x.dtype)):
         out = cp.empty((xr.shape[0], w.shape[0]), x.dtype)
         pre = cp.empty_like(out)
@@ -516,7 +516,7 @@ def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool,
             gb = g.sum(axis=0, dtype=np.float32).astype(g.dtype)  # accumulate in float32, round once
         elif gb is None:
             gb = g.sum(axis=0, dtype=g.dtype)
-    half = x.dtype.name in ("bfloat16", "float16")
+    half = x.dtype.name in HALF_NAMES
     if half and wide_x and gx is not None and gx.dtype != np.float32:
         gx = gx.astype(np.float32)
     if half and wide_w:
@@ -536,11 +536,10 @@ def astype_by_kernel(v: Any, dtype: np.dtype[Any]) -> Any:
 
 def _compute_operand(a: Array, dtype: np.dtype[Any]) -> Array:
     """``a`` in the GEMMs' compute dtype, C-contiguous. Under autocast that is a cast of float32 x and of the
-    whole (tied) weight to bfloat16 every step: BluTrain's cast kernel (16-byte accesses, near copy speed on
-    an H100) rather than CuPy's astype, which ran at about 1.25 TB/s (245 µs a GPT-2 step for the two). Both
-    round to nearest even, so the bits are the same but for a NaN: the cast kernel writes the quiet NaN of
-    its sign (0x7fc0, as the CPU backend's astype), CuPy the canonical 0x7fff; either way a NaN operand makes
-    NaN logits and loss."""
+    whole (tied) weight to bfloat16 every step: BluTrain's cast kernel (16-byte accesses, near copy speed)
+    rather than CuPy's astype, which is well below copy speed (docs/kernels.md). Both round to nearest even,
+    so the bits are the same but for a NaN: the cast kernel writes the quiet NaN of its sign (0x7fc0, as the
+    CPU backend's astype), CuPy the canonical 0x7fff; either way a NaN operand makes NaN logits and loss."""
     import cupy as cp
 
     return cp.ascontiguousarray(a if a.dtype == dtype else astype_by_kernel(a, dtype))

@@ -24,8 +24,9 @@ import numpy as np
 
 from blutrain.kernels import cuda as fused
 from blutrain.tensor.cpu.indexing import check_embedding_addend
-from blutrain.tensor.cpu.kernels import HALF, STATISTICS, TABLE
-from blutrain.tensor.dtype import ALL_DTYPES, DType, as_dtype
+from blutrain.tensor.cpu.kernels import STATISTICS, TABLE
+from blutrain.tensor.dtype import ALL_DTYPES, HALF_NAMES, DType, as_dtype
+from blutrain.tensor.half import HalfPrecision
 from blutrain.tensor.kernel import KernelRegistry
 from blutrain_backend_cupy import gemm
 from blutrain_backend_cupy.backend import unavailable_error
@@ -47,46 +48,20 @@ def _cp() -> Any:
 
 # ---------------------------------------------------------------------------------------------- half precision
 
-_F32 = np.dtype(np.float32)
+def _is_device_array(value: Any) -> bool:
+    """A value with a dtype that is not a host (NumPy) array: a CuPy array, or a NumPy scalar."""
+    return type(value) is not np.ndarray and getattr(value, "dtype", None) is not None
 
 
-def _up(v: Any) -> Any:
-    if isinstance(v, list):
-        return [_up(x) for x in v]
-    dt = getattr(v, "dtype", None)
-    if dt is not None and dt.name in HALF and type(v) is not np.ndarray:
-        return gemm.astype_by_kernel(v, _F32)
-    return v
-
-
-def _down(v: Any, dtype: np.dtype[Any]) -> Any:
-    if isinstance(v, tuple):
-        return tuple(_down(x, dtype) for x in v)
-    if v is not None and getattr(v, "dtype", None) == np.float32 and type(v) is not np.ndarray:
-        return gemm.astype_by_kernel(v, dtype)
-    return v
-
-
-def in_float32(fn: Kernel, dtype: DType, keep: tuple[int, ...] = ()) -> Kernel:
-    """Run a half-precision kernel in float32 and round its float32 outputs back to ``dtype``, except
-    the outputs listed in ``keep`` (statistics for backward, kept float32 as on the CPU)."""
-    target = dtype.np
-
-    def kernel(*args: Any) -> Any:
-        out = fn(*[_up(a) for a in args])
-        if not keep:
-            return _down(out, target)
-        return tuple(o if i in keep else _down(o, target) for i, o in enumerate(out))
-
-    kernel.__name__ = getattr(fn, "__name__", "kernel")
-    return kernel
+# float16/bfloat16 math in float32 as on the CPU; casts by the cast kernels (the CPU backend's bits).
+HALF_PRECISION = HalfPrecision(is_array=_is_device_array, cast=gemm.astype_by_kernel)
 
 
 # ---------------------------------------------------------------------------------------------- NumPy-only ops
 
 
 def _via_float32(dtype: Any) -> bool:
-    return np.dtype(dtype).name in HALF
+    return np.dtype(dtype).name in HALF_NAMES
 
 
 def full(shape: tuple[int, ...], value: float, dtype: Any) -> Array:
@@ -99,7 +74,7 @@ def full(shape: tuple[int, ...], value: float, dtype: Any) -> Array:
 def arange(start: float, end: float, step: float, dtype: Any) -> Array:
     cp = _cp()
     # ml_dtypes' bfloat16 has kind 'V', not 'f': test the name too
-    wide = np.float64 if np.dtype(dtype).kind == "f" or np.dtype(dtype).name in HALF else np.int64
+    wide = np.float64 if np.dtype(dtype).kind == "f" or np.dtype(dtype).name in HALF_NAMES else np.int64
     return cp.arange(start, end, step, dtype=wide).astype(dtype)
 
 
@@ -140,7 +115,7 @@ def add_at(out: Array, key: Any, values: Any) -> None:
     name = out.dtype.name
     if name in _NATIVE_ADD_AT:
         cp.add.at(out, key, cp.asarray(values).astype(out.dtype, copy=False))
-    elif name in HALF:
+    elif name in HALF_NAMES:
         tmp = out.astype(np.float32)
         cp.add.at(tmp, key, cp.asarray(values).astype(np.float32))
         out[...] = tmp.astype(out.dtype)
@@ -212,13 +187,13 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int, addend: Arr
         add_at(out, idx.reshape(-1), grad.reshape(idx.size, dim))
     if addend is None:
         return out
-    half = out.dtype.name in HALF
+    half = out.dtype.name in HALF_NAMES
     term = addend
     if addend_scale is not None:
-        term = cp.multiply(_up(addend), _up(addend_scale))
-        term = _down(term, out.dtype) if half else term
-    total = cp.add(_up(term), _up(out))
-    return _down(total, out.dtype) if half else total
+        term = cp.multiply(HALF_PRECISION.widen(addend), HALF_PRECISION.widen(addend_scale))
+        term = HALF_PRECISION.narrow(term, out.dtype) if half else term
+    total = cp.add(HALF_PRECISION.widen(term), HALF_PRECISION.widen(out))
+    return HALF_PRECISION.narrow(total, out.dtype) if half else total
 
 
 OVERRIDES: dict[str, Kernel] = {
@@ -250,8 +225,8 @@ def generic_kernel(op: str, dtype: DType) -> Kernel:
     if dtype not in tuple(dtypes):
         raise KeyError((op, dtype.name))
     base = OVERRIDES.get(op, fn)
-    if math and dtype.name in HALF and op not in NATIVE_HALF:
-        return in_float32(base, dtype, STATISTICS.get(op, ()))
+    if math and dtype.name in HALF_NAMES and op not in NATIVE_HALF:
+        return HALF_PRECISION.in_float32(base, dtype, STATISTICS.get(op, ()))
     return base
 
 

@@ -69,8 +69,8 @@ class NCCLWork:
         """Order the current stream after the collective (the host does not block). Waited on the stream
         it was issued from, the tensors it kept alive are let go: memory freed from here on is reused by
         work of that stream, ordered after the collective. (The watchdog keeps the work itself until it
-        completes; holding the tensors that long kept every buffer of the last 100 ms, a ZeRO-3 forward's
-        gathered parameters.)"""
+        completes, seen at its next poll; holding the tensors that long would keep alive every buffer of up to
+        a poll interval, 0.1 s, a ZeRO-3 forward's gathered parameters among them.)"""
         if self.waited:
             return
         self.group._raise_if_broken(self.what)

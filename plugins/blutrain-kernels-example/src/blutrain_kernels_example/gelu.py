@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from blutrain.tensor.cpu import elementwise as builtin
+from blutrain.tensor.dtype import HALF_NAMES
 
 Array = Any  # a backend array: numpy.ndarray here, cupy.ndarray in gelu_cuda
 # −2·√(2/π): u and the sign of the exponent folded into one constant
 MINUS_TWO_SQRT_2_OVER_PI = -2.0 * math.sqrt(2.0 / math.pi)
 CUBIC = 0.044715
-HALF_PRECISION = ("float16", "bfloat16")
 
 
 def gelu_tanh_numpy(x: Array) -> Array:
@@ -49,7 +49,7 @@ def gelu_cpu(x: Array, approximate: str = "none") -> Array:
     """Kernel "gelu" on device "cpu"."""
     if approximate == "tanh":
         return gelu_tanh_numpy(x)
-    wide = x.astype(np.float32) if x.dtype.name in HALF_PRECISION else x
+    wide = x.astype(np.float32) if x.dtype.name in HALF_NAMES else x
     return np.asarray(builtin.gelu(wide, approximate)).astype(x.dtype, copy=False)
 
 
@@ -68,7 +68,7 @@ def _cupy_kernel() -> Any:
 
 def gelu_cuda(x: Array, approximate: str = "none") -> Array:
     """Kernel "gelu" on device "cuda": one launch for float32/float64, a cast either side for halves."""
-    half = x.dtype.name in HALF_PRECISION
+    half = x.dtype.name in HALF_NAMES
     wide = x.astype("float32") if half else x
     y = _cupy_kernel()(wide) if approximate == "tanh" else builtin.gelu(wide, approximate)
     return y.astype(x.dtype) if half else y

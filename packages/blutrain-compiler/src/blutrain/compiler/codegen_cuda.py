@@ -34,7 +34,8 @@ from xdsl.ir import SSAValue
 
 from blutrain.compiler.dialect import FusedOp, Operand, YieldOp, decode, kernel_name, type_info
 from blutrain.compiler.errors import CompilerError
-from blutrain.compiler.passes.fusion import FLOATS, HALF, compute_dtype, dtype_name, is_scalar_arg
+from blutrain.compiler.passes.fusion import compute_dtype, dtype_name, is_scalar_arg
+from blutrain.tensor.dtype import FLOATING_NAMES, HALF_NAMES
 
 # NaN as CuPy's maximum/minimum define it, then the conversions between float32 and the 16-bit dtypes, bit
 # for bit as NumPy/ml_dtypes (and the eager cast kernels of casts.cu) convert; 16-bit values are their bits.
@@ -159,7 +160,7 @@ def _generate(op: FusedOp) -> tuple[str, str, str, str, list[int]]:
     parameter ``int32 p<index>`` after the constants)."""
     block = op.body.block
     for v in (*block.args, *op.results):
-        if dtype_name(v) not in FLOATS:
+        if dtype_name(v) not in FLOATING_NAMES:
             raise CompilerError(f"cuda codegen: fused regions hold float16, bfloat16, float32 and float64 values, "
                                 f"not {dtype_name(v)}")
     names: dict[SSAValue, str] = {a: f"in{i}" for i, a in enumerate(block.args)}
@@ -195,7 +196,7 @@ def _generate(op: FusedOp) -> tuple[str, str, str, str, list[int]]:
                 exponents.append(len(consts) - 1)
                 form = f"bt_pow_scalar({{0}}, {{1}}, p{len(consts) - 1})"
             expr = form.format(*args)
-            if rdt in HALF:  # rounded once, as the eager half-precision kernels round their float32 result
+            if rdt in HALF_NAMES:  # rounded once, as the eager half-precision kernels round their float32 result
                 expr = _CAST[("float32", rdt)].format(expr)
         body.append(f"{_STORAGE[rdt]} v{i} = {expr};")
         names[m.results[0]] = f"v{i}"
@@ -222,15 +223,15 @@ def compile_region(op: FusedOp) -> Callable[..., Any]:
     if kernel is None:
         kernel = _cache[name] = cupy.ElementwiseKernel(ins, outs, operation, name, preamble=PREAMBLE)
     shapes = [type_info(r.type) for r in op.results]
-    half_in = [dtype_name(a) in HALF for a in op.body.block.args]
+    half_in = [dtype_name(a) in HALF_NAMES for a in op.body.block.args]
     u16 = cupy.uint16
 
     def fn(consts: list[Any], *inputs: Any) -> Any:
         paths = [np.int32(pow_fast_path(consts[k])) for k in exponents]  # from this call's exponents
         args = [x.view(u16) if h else x for x, h in zip(inputs, half_in, strict=True)]
-        results = [cupy.empty(shape, dtype=u16 if dt.name in HALF else dt.np) for shape, dt in shapes]
+        results = [cupy.empty(shape, dtype=u16 if dt.name in HALF_NAMES else dt.np) for shape, dt in shapes]
         kernel(*consts, *paths, *args, *results)
-        return tuple(r.view(dt.np) if dt.name in HALF else r for r, (_, dt) in zip(results, shapes, strict=True))
+        return tuple(r.view(dt.np) if dt.name in HALF_NAMES else r for r, (_, dt) in zip(results, shapes, strict=True))
 
     return fn
 

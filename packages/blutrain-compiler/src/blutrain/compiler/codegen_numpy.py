@@ -20,14 +20,14 @@ from xdsl.ir import Operation, SSAValue
 
 from blutrain.compiler.dialect import FusedOp, Operand, YieldOp, decode, kernel_name, type_info
 from blutrain.compiler.errors import CompilerError
-from blutrain.compiler.passes.fusion import FLOATS, HALF, compute_dtype, dtype_name, is_scalar_arg
-from blutrain.tensor.dtype import as_dtype
+from blutrain.compiler.passes.fusion import compute_dtype, dtype_name, is_scalar_arg
+from blutrain.tensor.dtype import FLOATING_NAMES, HALF_NAMES, as_dtype
 
 UFUNCS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "pow": "power",
           "maximum": "maximum", "minimum": "minimum", "neg": "negative", "exp": "exp", "log": "log",
           "sqrt": "sqrt", "tanh": "tanh", "abs": "abs"}
 # the NumPy dtypes the generated code names (``DT["bfloat16"]`` is ml_dtypes' bfloat16)
-DTYPES: dict[str, np.dtype[Any]] = {name: as_dtype(name).np for name in FLOATS}
+DTYPES: dict[str, np.dtype[Any]] = {name: as_dtype(name).np for name in FLOATING_NAMES}
 
 _cache: dict[str, Callable[..., Any]] = {}
 
@@ -38,7 +38,7 @@ def region_key(op: FusedOp) -> str:
 
 def _reads(m: Operation) -> list[tuple[str, SSAValue]]:
     """The arrays member ``m`` reads: ("s", v) is value v as stored, ("w", v) a half value widened to float32."""
-    kind = "w" if kernel_name(m) != "cast" and dtype_name(m.results[0]) in HALF else "s"
+    kind = "w" if kernel_name(m) != "cast" and dtype_name(m.results[0]) in HALF_NAMES else "s"
     return [(kind, v) for v in m.operands]
 
 
@@ -85,7 +85,7 @@ def source(op: FusedOp, name: str = "fused") -> str:
         if op_name == "cast":
             out = names[("s", result)] = fresh()
             lines.append(f"        {out} = {names[reads[0]]}.astype(DT[{rdt!r}])")
-            if rdt not in HALF:
+            if rdt not in HALF_NAMES:
                 temps[out] = rdt
             continue
         ufunc = UFUNCS.get(op_name)
@@ -115,7 +115,7 @@ def source(op: FusedOp, name: str = "fused") -> str:
             out = fresh()
             temps[out] = cdt
             lines.append(f"        {out} = xp.asarray(xp.{ufunc}({', '.join(args)}))  # 0-d: an array, not a scalar")
-        if rdt in HALF:  # rounded once, as the CPU kernels' ``astype`` of their float32 result
+        if rdt in HALF_NAMES:  # rounded once, as the CPU kernels' ``astype`` of their float32 result
             names[("s", result)] = fresh()
             lines.append(f"        {names[('s', result)]} = {out}.astype(DT[{rdt!r}])")
             free.setdefault(cdt, []).append(out)

@@ -29,6 +29,7 @@ from blutrain.tensor.dtype import (
     ALL_DTYPES,
     FLOATING_DTYPES,
     INTEGER_DTYPES,
+    NUMERIC_DTYPES,
     DType,
     bool_,
     float64,
@@ -39,9 +40,6 @@ from blutrain.tensor.tensor import Tensor
 if TYPE_CHECKING:
     from hypothesis.strategies import DrawFn, SearchStrategy
 
-NUMERIC: tuple[DType, ...] = tuple(d for d in ALL_DTYPES if d is not bool_)
-FLOATS: tuple[DType, ...] = FLOATING_DTYPES
-INTS: tuple[DType, ...] = INTEGER_DTYPES
 BOOL: tuple[DType, ...] = (bool_,)
 LAYOUTS = ("contiguous", "transposed", "strided", "offset", "expanded")
 
@@ -794,14 +792,14 @@ def _operator(symbol: str) -> Callable[..., Any]:
 _BINARY = {
     # name: (dtypes, meaning, call, domain of a, domain of b)
     "add": (ALL_DTYPES, "elementwise a + b with broadcasting (logical or for bool)", _fn("add"), "normal", "normal"),
-    "sub": (NUMERIC, "elementwise a − b with broadcasting", _fn("sub"), "normal", "normal"),
+    "sub": (NUMERIC_DTYPES, "elementwise a − b with broadcasting", _fn("sub"), "normal", "normal"),
     "mul": (ALL_DTYPES, "elementwise a · b with broadcasting (logical and for bool)", _fn("mul"), "normal",
             "normal"),
-    "div": (FLOATS, "elementwise true division a / b (integers divide in the default float dtype)", _fn("div"),
+    "div": (FLOATING_DTYPES, "elementwise true division a / b (integers divide in the default float dtype)", _fn("div"),
             "normal", "nonzero"),
-    "pow": (NUMERIC, "elementwise a ** b", _fn("pow"), "base", "exponent"),
-    "floor_divide": (NUMERIC, "elementwise floor(a / b), Python's //", _operator("//"), "normal", "nonzero"),
-    "remainder": (NUMERIC, "elementwise a − b·floor(a / b), Python's % (sign of b)", _operator("%"), "normal",
+    "pow": (NUMERIC_DTYPES, "elementwise a ** b", _fn("pow"), "base", "exponent"),
+    "floor_divide": (NUMERIC_DTYPES, "elementwise floor(a / b), Python's //", _operator("//"), "normal", "nonzero"),
+    "remainder": (NUMERIC_DTYPES, "elementwise a − b·floor(a / b), Python's % (sign of b)", _operator("%"), "normal",
                   "nonzero"),
     "maximum": (ALL_DTYPES, "elementwise larger of a and b", _fn("maximum"), "coarse", "coarse"),
     "minimum": (ALL_DTYPES, "elementwise smaller of a and b", _fn("minimum"), "coarse", "coarse"),
@@ -817,11 +815,11 @@ _BINARY = {
                    "normal"),
     "logical_xor": (BOOL, "elementwise a xor b of bool tensors (operator ^)", _operator("^"), "normal",
                     "normal"),
-    "bitwise_and": (INTS, "elementwise bitwise and of integer tensors (operator &)", _operator("&"), "normal",
+    "bitwise_and": (INTEGER_DTYPES, "elementwise bitwise and of integer tensors (operator &)", _operator("&"), "normal",
                     "normal"),
-    "bitwise_or": (INTS, "elementwise bitwise or of integer tensors (operator |)", _operator("|"), "normal",
+    "bitwise_or": (INTEGER_DTYPES, "elementwise bitwise or of integer tensors (operator |)", _operator("|"), "normal",
                    "normal"),
-    "bitwise_xor": (INTS, "elementwise bitwise xor of integer tensors (operator ^)", _operator("^"), "normal",
+    "bitwise_xor": (INTEGER_DTYPES, "elementwise bitwise xor of integer tensors (operator ^)", _operator("^"), "normal",
                     "normal"),
 }
 _SIGNATURES = {"add": "add(input, other, *, alpha=1) -> Tensor", "sub": "sub(input, other, *, alpha=1) -> Tensor",
@@ -844,28 +842,28 @@ for _name, (_dtypes, _meaning, _call, _da, _db) in _BINARY.items():
 
 _UNARY = {
     # name: (dtypes, meaning, domain)
-    "neg": (NUMERIC, "elementwise −x", "normal"),
-    "abs": (NUMERIC, "elementwise |x|", "normal"),
-    "sign": (NUMERIC, "elementwise sign: −1, 0 or 1", "coarse"),
-    "relu": (NUMERIC, "elementwise max(x, 0)", "normal"),
-    "exp": (FLOATS, "elementwise eˣ", "exp"),
-    "expm1": (FLOATS, "elementwise eˣ − 1, accurate near 0", "exp"),
-    "log": (FLOATS, "elementwise natural logarithm", "positive"),
-    "log1p": (FLOATS, "elementwise log(1 + x), accurate near 0", "log1p"),
-    "sqrt": (FLOATS, "elementwise square root", "positive"),
-    "rsqrt": (FLOATS, "elementwise 1 / √x", "positive"),
-    "tanh": (FLOATS, "elementwise hyperbolic tangent", "normal"),
-    "sin": (FLOATS, "elementwise sine", "normal"),
-    "cos": (FLOATS, "elementwise cosine", "normal"),
-    "sigmoid": (FLOATS, "elementwise 1 / (1 + e⁻ˣ), without overflow for large |x|", "normal"),
-    "silu": (FLOATS, "elementwise x · sigmoid(x)", "normal"),
-    "erf": (FLOATS, "elementwise Gauss error function", "normal"),
+    "neg": (NUMERIC_DTYPES, "elementwise −x", "normal"),
+    "abs": (NUMERIC_DTYPES, "elementwise |x|", "normal"),
+    "sign": (NUMERIC_DTYPES, "elementwise sign: −1, 0 or 1", "coarse"),
+    "relu": (NUMERIC_DTYPES, "elementwise max(x, 0)", "normal"),
+    "exp": (FLOATING_DTYPES, "elementwise eˣ", "exp"),
+    "expm1": (FLOATING_DTYPES, "elementwise eˣ − 1, accurate near 0", "exp"),
+    "log": (FLOATING_DTYPES, "elementwise natural logarithm", "positive"),
+    "log1p": (FLOATING_DTYPES, "elementwise log(1 + x), accurate near 0", "log1p"),
+    "sqrt": (FLOATING_DTYPES, "elementwise square root", "positive"),
+    "rsqrt": (FLOATING_DTYPES, "elementwise 1 / √x", "positive"),
+    "tanh": (FLOATING_DTYPES, "elementwise hyperbolic tangent", "normal"),
+    "sin": (FLOATING_DTYPES, "elementwise sine", "normal"),
+    "cos": (FLOATING_DTYPES, "elementwise cosine", "normal"),
+    "sigmoid": (FLOATING_DTYPES, "elementwise 1 / (1 + e⁻ˣ), without overflow for large |x|", "normal"),
+    "silu": (FLOATING_DTYPES, "elementwise x · sigmoid(x)", "normal"),
+    "erf": (FLOATING_DTYPES, "elementwise Gauss error function", "normal"),
 }
 for _name, (_dtypes, _meaning, _domain) in _UNARY.items():
     _op(_name, f"{_name}(input) -> Tensor", _meaning, _dtypes, _unary_sampler(_domain), _fn(_name))
 _op("logical_not", "logical_not(input) -> Tensor", "elementwise not of the truth values", BOOL,
     lambda dt: unary_samples(dt), _fn("logical_not"))
-_op("bitwise_not", "~input -> Tensor", "elementwise bitwise not of an integer tensor", INTS,
+_op("bitwise_not", "~input -> Tensor", "elementwise bitwise not of an integer tensor", INTEGER_DTYPES,
     lambda dt: unary_samples(dt), lambda x: ~x)
 
 
@@ -874,14 +872,14 @@ def _gelu_kwargs(draw: DrawFn) -> dict[str, Any]:
 
 
 _op("gelu", "gelu(input, approximate='none') -> Tensor",
-    "x·Φ(x) (approximate='none', through erf) or GPT-2's tanh approximation", FLOATS,
+    "x·Φ(x) (approximate='none', through erf) or GPT-2's tanh approximation", FLOATING_DTYPES,
     lambda dt: unary_samples(dt, kwargs=_gelu_kwargs), _fn("gelu"))
-_op("gelu_backward", "gelu(input, approximate) → backward", "gradient of gelu: dy·dgelu/dx", FLOATS,
+_op("gelu_backward", "gelu(input, approximate) → backward", "gradient of gelu: dy·dgelu/dx", FLOATING_DTYPES,
     lambda dt: unary_samples(dt, grad=True, kwargs=_gelu_kwargs), _fn("gelu"), backward=True)
 _op("where", "where(condition, input, other) -> Tensor",
     "input where condition holds, other elsewhere (three-way broadcasting)", ALL_DTYPES, where_samples,
     _fn("where"))
-_op("clamp", "clamp(input, min=None, max=None) -> Tensor", "elementwise min(max(x, min), max)", NUMERIC,
+_op("clamp", "clamp(input, min=None, max=None) -> Tensor", "elementwise min(max(x, min), max)", NUMERIC_DTYPES,
     clamp_samples, _fn("clamp"))
 _op("copy", "Tensor.clone() / Tensor.contiguous() -> Tensor",
     "a contiguous copy of any view (transposed, strided, offset, expanded)", ALL_DTYPES,
@@ -893,10 +891,10 @@ _op("full", "full(size, fill_value, *, dtype, device) -> Tensor", "a new tensor 
     ALL_DTYPES, full_samples, lambda size, value, dtype, device: bt.full(size, value, dtype=dtype, device=device),
     factory=True)
 _op("arange", "arange(start, end, step, *, dtype, device) -> Tensor",
-    "start, start + step, … up to but not including end", NUMERIC, arange_samples,
+    "start, start + step, … up to but not including end", NUMERIC_DTYPES, arange_samples,
     lambda start, end, step, dtype, device: bt.arange(start, end, step, dtype=dtype, device=device), factory=True)
 _op("linspace", "linspace(start, end, steps, *, dtype, device) -> Tensor",
-    "steps evenly spaced values from start to end inclusive", NUMERIC, linspace_samples,
+    "steps evenly spaced values from start to end inclusive", NUMERIC_DTYPES, linspace_samples,
     lambda start, end, steps, dtype, device: bt.linspace(start, end, steps, dtype=dtype, device=device),
     factory=True)
 _op("eye", "eye(n, m, *, dtype, device) -> Tensor", "an n×m matrix with ones on the diagonal", ALL_DTYPES,
@@ -905,7 +903,7 @@ _op("eye", "eye(n, m, *, dtype, device) -> Tensor", "an n×m matrix with ones on
 _op("sum", "sum(input, dim=None, keepdim=False) -> Tensor",
     "sum over dims (bool and integers accumulate in int64)", ALL_DTYPES, lambda dt: reduction_samples(dt),
     _fn("sum"))
-_op("mean", "mean(input, dim=None, keepdim=False) -> Tensor", "arithmetic mean over dims", FLOATS,
+_op("mean", "mean(input, dim=None, keepdim=False) -> Tensor", "arithmetic mean over dims", FLOATING_DTYPES,
     lambda dt: reduction_samples(dt), _fn("mean"))
 _op("amax", "amax(input, dim=None, keepdim=False) -> Tensor", "largest element over dims", ALL_DTYPES,
     lambda dt: reduction_samples(dt, "distinct", nonempty=True), _fn("amax"))
@@ -936,43 +934,43 @@ def _p(draw: DrawFn) -> dict[str, Any]:
 
 
 _op("var", "var(input, dim=None, *, correction=1, keepdim=False) -> Tensor",
-    "variance over dims, divided by count − correction", FLOATS,
+    "variance over dims, divided by count − correction", FLOATING_DTYPES,
     lambda dt: reduction_samples(dt, extra=_correction), _fn("var"))
 _op("norm", "norm(input, p=2, dim=None, keepdim=False) -> Tensor", "vector p-norm over dims (p may be inf)",
-    FLOATS, lambda dt: reduction_samples(dt, extra=_p), _fn("norm"))
+    FLOATING_DTYPES, lambda dt: reduction_samples(dt, extra=_p), _fn("norm"))
 _op("logsumexp", "logsumexp(input, dim, keepdim=False) -> Tensor", "log Σ eˣ over dims, without overflow",
-    FLOATS, lambda dt: reduction_samples(dt, none=False), _fn("logsumexp"))
-_op("softmax", "softmax(input, dim) -> Tensor", "eˣ / Σ eˣ along dim", FLOATS, lambda dt: dim_samples(dt),
+    FLOATING_DTYPES, lambda dt: reduction_samples(dt, none=False), _fn("logsumexp"))
+_op("softmax", "softmax(input, dim) -> Tensor", "eˣ / Σ eˣ along dim", FLOATING_DTYPES, lambda dt: dim_samples(dt),
     _fn("softmax"))
-_op("log_softmax", "log_softmax(input, dim) -> Tensor", "x − logsumexp(x) along dim", FLOATS,
+_op("log_softmax", "log_softmax(input, dim) -> Tensor", "x − logsumexp(x) along dim", FLOATING_DTYPES,
     lambda dt: dim_samples(dt), _fn("log_softmax"))
-_op("softmax_backward", "softmax(input, dim) → backward", "gradient of softmax: y ∘ (dy − Σ dy ∘ y)", FLOATS,
+_op("softmax_backward", "softmax(input, dim) → backward", "gradient of softmax: y ∘ (dy − Σ dy ∘ y)", FLOATING_DTYPES,
     lambda dt: dim_samples(dt, grad=True), _fn("softmax"), backward=True)
 _op("log_softmax_backward", "log_softmax(input, dim) → backward", "gradient of log_softmax: dy − eʸ Σ dy",
-    FLOATS, lambda dt: dim_samples(dt, grad=True), _fn("log_softmax"), backward=True)
+    FLOATING_DTYPES, lambda dt: dim_samples(dt, grad=True), _fn("log_softmax"), backward=True)
 _op("all", "Tensor.all() -> Tensor", "whether every element is true", BOOL, lambda dt: unary_samples(dt),
     lambda x: x.all())
 _op("any", "Tensor.any() -> Tensor", "whether some element is true", BOOL, lambda dt: unary_samples(dt),
     lambda x: x.any())
 
 _op("matmul", "matmul(input, other) -> Tensor",
-    "matrix product; 1-D operands are vectors, batch dims broadcast", NUMERIC, lambda dt: matmul_samples(dt),
+    "matrix product; 1-D operands are vectors, batch dims broadcast", NUMERIC_DTYPES, lambda dt: matmul_samples(dt),
     _fn("matmul"))
-_op("linear", "linear(input, weight, bias=None) -> Tensor", "x Wᵀ + b over the last dim of x", NUMERIC,
+_op("linear", "linear(input, weight, bias=None) -> Tensor", "x Wᵀ + b over the last dim of x", NUMERIC_DTYPES,
     lambda dt: linear_samples(dt), _fn("linear"))
 _op("linear_gelu", "linear_gelu(input, weight, bias=None, approximate='tanh') -> Tensor",
-    "gelu(x Wᵀ + b) (a GEMM whose epilogue adds the bias and applies GELU)", FLOATS,
+    "gelu(x Wᵀ + b) (a GEMM whose epilogue adds the bias and applies GELU)", FLOATING_DTYPES,
     lambda dt: linear_samples(dt, gelu=True), _fn("linear_gelu"))
 _op("linear_add", "linear_add(residual, input, weight, bias=None) -> Tensor",
-    "residual + x Wᵀ + b in one GEMM (bias and residual added by its epilogue)", FLOATS,
+    "residual + x Wᵀ + b in one GEMM (bias and residual added by its epilogue)", FLOATING_DTYPES,
     lambda dt: linear_add_samples(dt), _fn("linear_add"))
-_op("linear_backward", "linear(input, weight, bias) → backward", "dx = dy W, dW = dyᵀ x, db = Σ dy", FLOATS,
+_op("linear_backward", "linear(input, weight, bias) → backward", "dx = dy W, dW = dyᵀ x, db = Σ dy", FLOATING_DTYPES,
     lambda dt: linear_samples(dt, grad=True), _fn("linear"), backward=True)
 
 _op("linear_cross_entropy",
     "linear_cross_entropy(input, weight, target, *, ignore_index=-100, reduction='mean', label_smoothing=0.0, "
     "chunk_size=None) -> Tensor",
-    "cross_entropy(linear(input, weight), target) a chunk of rows at a time, never holding all logits", FLOATS,
+    "cross_entropy(linear(input, weight), target) a chunk of rows at a time, never holding all logits", FLOATING_DTYPES,
     lambda dt: linear_cross_entropy_samples(dt), _loss_and_grads)
 
 _op("index", "input[key] (integer or bool tensors in key) -> Tensor",
@@ -999,55 +997,55 @@ _op("cat", "cat(tensors, dim=0) -> Tensor", "joins tensors along an existing dim
 _op("embedding", "embedding(input, weight) -> Tensor", "rows of weight picked by integer ids", ALL_DTYPES,
     lambda dt: embedding_samples(dt), _fn("embedding"))
 _op("embedding_backward", "embedding(input, weight) → backward",
-    "gradient of embedding: output-gradient rows summed per id", FLOATS,
+    "gradient of embedding: output-gradient rows summed per id", FLOATING_DTYPES,
     lambda dt: embedding_samples(dt, grad=True), _fn("embedding"), backward=True)
 
 _op("layer_norm", "layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5) -> Tensor",
-    "(x − mean) / √(var + eps) · weight + bias over the trailing dims", FLOATS,
+    "(x − mean) / √(var + eps) · weight + bias over the trailing dims", FLOATING_DTYPES,
     lambda dt: norm_layer_samples(dt), _fn("layer_norm"))
 _op("layer_norm_backward", "layer_norm(...) → backward", "gradients of layer_norm for input, weight and bias",
-    FLOATS, lambda dt: norm_layer_samples(dt, grad=True), _fn("layer_norm"), backward=True)
+    FLOATING_DTYPES, lambda dt: norm_layer_samples(dt, grad=True), _fn("layer_norm"), backward=True)
 _op("rms_norm", "rms_norm(input, normalized_shape, weight=None, eps=None) -> Tensor",
-    "x / √(mean(x²) + eps) · weight over the trailing dims", FLOATS,
+    "x / √(mean(x²) + eps) · weight over the trailing dims", FLOATING_DTYPES,
     lambda dt: norm_layer_samples(dt, rms=True), _fn("rms_norm"))
-_op("rms_norm_backward", "rms_norm(...) → backward", "gradients of rms_norm for input and weight", FLOATS,
+_op("rms_norm_backward", "rms_norm(...) → backward", "gradients of rms_norm for input and weight", FLOATING_DTYPES,
     lambda dt: norm_layer_samples(dt, rms=True, grad=True), _fn("rms_norm"), backward=True)
 _op("bias_gelu", "bias_gelu(input, bias, approximate='tanh') -> Tensor",
-    "gelu(x + bias), bias over the last dim (a GEMM's bias epilogue fused with the activation)", FLOATS,
+    "gelu(x + bias), bias over the last dim (a GEMM's bias epilogue fused with the activation)", FLOATING_DTYPES,
     lambda dt: bias_gelu_samples(dt), _fn("bias_gelu"))
 _op("bias_gelu_backward", "bias_gelu(...) → backward",
-    "dx = dy·gelu'(x + bias); dbias = Σ dx over all but the last dim", FLOATS,
+    "dx = dy·gelu'(x + bias); dbias = Σ dx over all but the last dim", FLOATING_DTYPES,
     lambda dt: bias_gelu_samples(dt, grad=True), _fn("bias_gelu"), backward=True)
 _op("rope", "rope(q, k, cos, sin) -> (Tensor, Tensor)",
-    "rotary embedding of q and k in one kernel, rotate-half: (x₁ cos − x₂ sin, x₂ cos + x₁ sin)", FLOATS,
+    "rotary embedding of q and k in one kernel, rotate-half: (x₁ cos − x₂ sin, x₂ cos + x₁ sin)", FLOATING_DTYPES,
     lambda dt: rope_samples(dt), _fn("rope"))
-_op("rope_backward", "rope(...) → backward", "the gradients of q and k rotated back by the same angles", FLOATS,
-    lambda dt: rope_samples(dt, grad=True), _rope_joined, backward=True)
-_op("swiglu", "swiglu(gate, up) -> Tensor", "silu(gate) · up (Llama's gated MLP)", FLOATS,
+_op("rope_backward", "rope(...) → backward", "the gradients of q and k rotated back by the same angles",
+    FLOATING_DTYPES, lambda dt: rope_samples(dt, grad=True), _rope_joined, backward=True)
+_op("swiglu", "swiglu(gate, up) -> Tensor", "silu(gate) · up (Llama's gated MLP)", FLOATING_DTYPES,
     lambda dt: swiglu_samples(dt), _fn("swiglu"))
 _op("swiglu_backward", "swiglu(...) → backward",
-    "d gate = dy·up·σ(g)(1 + g(1 − σ(g))), d up = dy·silu(g)", FLOATS, lambda dt: swiglu_samples(dt, grad=True),
-    _fn("swiglu"), backward=True)
+    "d gate = dy·up·σ(g)(1 + g(1 − σ(g))), d up = dy·silu(g)", FLOATING_DTYPES,
+    lambda dt: swiglu_samples(dt, grad=True), _fn("swiglu"), backward=True)
 _op("dropout", "dropout(input, p=0.5, training=True) -> Tensor",
-    "zeroes each element with probability p, scales the rest by 1/(1−p)", FLOATS, dropout_samples, _dropout,
+    "zeroes each element with probability p, scales the rest by 1/(1−p)", FLOATING_DTYPES, dropout_samples, _dropout,
     reference=_dropout_reference)
 _op("cross_entropy",
     "cross_entropy(input, target, *, ignore_index=-100, reduction='mean', label_smoothing=0.0) -> Tensor",
-    "softmax cross-entropy of logits against class ids", FLOATS, lambda dt: cross_entropy_samples(dt),
+    "softmax cross-entropy of logits against class ids", FLOATING_DTYPES, lambda dt: cross_entropy_samples(dt),
     _fn("cross_entropy"))
 _op("cross_entropy_backward", "cross_entropy(...) → backward",
-    "gradient of cross_entropy: softmax − smoothed one-hot, zero on ignored rows", FLOATS,
+    "gradient of cross_entropy: softmax − smoothed one-hot, zero on ignored rows", FLOATING_DTYPES,
     lambda dt: cross_entropy_samples(dt, grad=True), _fn("cross_entropy"), backward=True)
 _op("sdpa", "scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None)",
-    "softmax(q kᵀ·scale + mask) v", FLOATS, lambda dt: sdpa_samples(dt), _sdpa)
+    "softmax(q kᵀ·scale + mask) v", FLOATING_DTYPES, lambda dt: sdpa_samples(dt), _sdpa)
 _op("sdpa_backward", "scaled_dot_product_attention(...) → backward",
-    "gradients of attention for q, k and v (probabilities recomputed from the log-sum-exp)", FLOATS,
+    "gradients of attention for q, k and v (probabilities recomputed from the log-sum-exp)", FLOATING_DTYPES,
     lambda dt: sdpa_samples(dt, grad=True), _sdpa, backward=True)
 _op("sdpa_packed", "self_attention(qkv, n_head, is_causal=False, scale=None) -> Tensor",
-    "attention of each head of a packed (B, T, 3C) q|k|v projection, heads merged to (B, T, C)", FLOATS,
+    "attention of each head of a packed (B, T, 3C) q|k|v projection, heads merged to (B, T, C)", FLOATING_DTYPES,
     lambda dt: sdpa_packed_samples(dt), _fn("self_attention"))
 _op("sdpa_packed_backward", "self_attention(...) → backward",
-    "the (B, T, 3C) gradient of packed self-attention, one buffer in qkv's dtype", FLOATS,
+    "the (B, T, 3C) gradient of packed self-attention, one buffer in qkv's dtype", FLOATING_DTYPES,
     lambda dt: sdpa_packed_samples(dt, grad=True), _fn("self_attention"), backward=True)
 
 

@@ -62,11 +62,25 @@ float64 = DType("float64", np.float64, True, True, 9)
 ALL_DTYPES: tuple[DType, ...] = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
 FLOATING_DTYPES: tuple[DType, ...] = (float16, bfloat16, float32, float64)
 INTEGER_DTYPES: tuple[DType, ...] = (uint8, int8, int16, int32, int64)
+NUMERIC_DTYPES: tuple[DType, ...] = tuple(d for d in ALL_DTYPES if d is not bool_)
+# Half precision: kernels compute in float32 and round once to the storage dtype.
+HALF_DTYPES: tuple[DType, ...] = (float16, bfloat16)
+
+# The same groups by name, for code that holds an array's dtype (``a.dtype.name`` is the same on NumPy and
+# CuPy, ml_dtypes' bfloat16 included) or a dtype attribute of compiled IR rather than a DType.
+FLOATING_NAMES: frozenset[str] = frozenset(d.name for d in FLOATING_DTYPES)
+HALF_NAMES: frozenset[str] = frozenset(d.name for d in HALF_DTYPES)
+
+# Unary ops defined only on floating inputs: an integer input is first promoted to the default float dtype.
+FLOAT_UNARY_OPS: tuple[str, ...] = ("exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "tanh", "sin", "cos", "sigmoid",
+                                    "silu", "erf", "gelu")
 
 _BY_NAME: dict[str, DType] = {d.name: d for d in ALL_DTYPES}
 _BY_NAME.update({"bool_": bool_, "half": float16, "float": float32, "double": float64, "long": int64,
                  "int": int32, "bf16": bfloat16, "fp16": float16, "fp32": float32, "fp64": float64})
 _BY_NP: dict[np.dtype[Any], DType] = {d.np: d for d in ALL_DTYPES}
+# Every string ``as_dtype`` accepts: the canonical names and their aliases.
+DTYPE_NAMES: frozenset[str] = frozenset(_BY_NAME)
 
 
 def _promote_pair(a: DType, b: DType) -> DType:
@@ -151,3 +165,34 @@ def from_numpy_dtype(npd: np.dtype[Any]) -> DType:
         raise TensorTypeError(f"NumPy dtype {npd} has no BluTrain equivalent; supported: "
                               f"{', '.join(str(d.np) for d in ALL_DTYPES)}")
     return found
+
+
+__all__ = [
+    "ALL_DTYPES",
+    "DTYPE_NAMES",
+    "FLOATING_DTYPES",
+    "FLOATING_NAMES",
+    "FLOAT_UNARY_OPS",
+    "HALF_DTYPES",
+    "HALF_NAMES",
+    "INTEGER_DTYPES",
+    "NUMERIC_DTYPES",
+    "PROMOTION_TABLE",
+    "DType",
+    "as_dtype",
+    "bfloat16",
+    "bool_",
+    "float16",
+    "float32",
+    "float64",
+    "from_numpy_dtype",
+    "get_default_dtype",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "promote_types",
+    "scalar_dtype",
+    "set_default_dtype",
+    "uint8",
+]

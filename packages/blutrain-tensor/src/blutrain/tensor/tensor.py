@@ -24,7 +24,7 @@ import numpy as np
 from blutrain.tensor import dispatch
 from blutrain.tensor.backend import array_module
 from blutrain.tensor.device import Device, device
-from blutrain.tensor.dtype import DType, as_dtype, from_numpy_dtype
+from blutrain.tensor.dtype import DTYPE_NAMES, DType, as_dtype, from_numpy_dtype
 from blutrain.tensor.errors import (
     AutogradError,
     ShapeError,
@@ -481,7 +481,7 @@ class Tensor:
            copy: _bool = False) -> Tensor:
         """``to(device)``, ``to(dtype)``, ``to(device, dtype)`` or keywords; no-op when nothing changes."""
         for a in args:
-            if isinstance(a, DType) or (isinstance(a, str) and a in _DTYPE_NAMES):
+            if isinstance(a, DType) or (isinstance(a, str) and a in DTYPE_NAMES):
                 dtype = a
             elif isinstance(a, (str, Device)):
                 device = a
@@ -963,8 +963,6 @@ class Tensor:
         return _ops.shape.repeat(self, _shape_arg(sizes, "sizes"))
 
 
-_DTYPE_NAMES = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
-                "float64", "half", "float", "double", "long", "int", "bf16", "fp16", "fp32", "fp64"}
 
 
 def _infer_shape(shape: tuple[int, ...], numel: int, op: str) -> tuple[int, ...]:

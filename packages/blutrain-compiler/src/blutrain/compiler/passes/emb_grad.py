@@ -3,11 +3,11 @@ embedding_backward(...))``) becomes one ``embedding_backward(grad, idx, V, g, s)
 rows summed per id`` as it stores the rows.
 
 GPT-2 ties the token embedding to the LM head, so autograd adds the weight's two gradients: the head's, which
-``linear_cross_entropy``'s rule multiplies by the 0-d loss scale, and the embedding's. On an H100 that was the
-embedding backward writing all of wte's [50304, 768] float32 entries (94 µs) and then one fused elementwise
-kernel reading both and the product's operand again (188 µs). The embedding backward writes every row anyway
-(zero rows included), so it takes the head's gradient and the scale as ``addend`` / ``addend_scale`` and the
-product and the sum are no pass over memory of their own.
+``linear_cross_entropy``'s rule multiplies by the 0-d loss scale, and the embedding's. Unfused, that is the
+embedding backward writing all of wte's [50304, 768] float32 entries and then one fused elementwise kernel
+reading both and the product's operand again (docs/benchmarks.md has the timings). The embedding backward
+writes every row anyway (zero rows included), so it takes the head's gradient and the scale as ``addend`` /
+``addend_scale`` and the product and the sum are no pass over memory of their own.
 
 The pattern, at the plain ops (the pass runs before ``elementwise-fusion``):
 
@@ -38,7 +38,8 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import Operand, decode, encode, kernel_op_class, type_info
-from blutrain.compiler.passes.patterns import FLOATS, Scan, kernel_values, only_use, plain_kernel, same_type_add
+from blutrain.compiler.passes.patterns import Scan, kernel_values, only_use, plain_kernel, same_type_add
+from blutrain.tensor.dtype import FLOATING_NAMES
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def _scaled(value: SSAValue, like: SSAValue) -> tuple[Operation, SSAValue, SSAVa
 def match(op: Operation) -> TiedGradSum | None:
     """The tied-gradient sum that a plain ``embedding_backward`` ``op`` can take over, or None."""
     if (not plain_kernel(op, "embedding_backward")
-            or op.properties["dtype"].data not in FLOATS):  # type: ignore[attr-defined]
+            or op.properties["dtype"].data not in FLOATING_NAMES):  # type: ignore[attr-defined]
         return None
     args = decode(op.properties["args"])
     if len(args) != 3 or not isinstance(args[0], Operand) or not isinstance(args[1], Operand):

@@ -20,12 +20,13 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import Operand, encode, kernel_op_class, type_info
-from blutrain.compiler.passes.patterns import FLOATS, Scan, kernel_values, only_use, plain_kernel, same_type_add
+from blutrain.compiler.passes.patterns import Scan, kernel_values, only_use, plain_kernel, same_type_add
+from blutrain.tensor.dtype import FLOATING_NAMES
 
 
 def match(linear: Operation) -> tuple[Operation, SSAValue, list[Operation]] | None:
     """(the add, the residual, the ops the fused op replaces) for a ``linear`` that feeds a residual add."""
-    if not plain_kernel(linear, "linear") or linear.properties["dtype"].data not in FLOATS:  # type: ignore[attr-defined]
+    if not plain_kernel(linear, "linear") or linear.properties["dtype"].data not in FLOATING_NAMES:  # type: ignore[attr-defined]
         return None
     args = kernel_values(linear)
     if args is None or len(args) != 3 or args[0] is None or args[1] is None:
@@ -37,7 +38,7 @@ def match(linear: Operation) -> tuple[Operation, SSAValue, list[Operation]] | No
         chain.append(cast)
         value = cast.results[0]
     found = same_type_add(value)
-    if found is None or type_info(value.type)[1].name not in FLOATS:
+    if found is None or type_info(value.type)[1].name not in FLOATING_NAMES:
         return None
     add, residual = found
     return add, residual, [*chain, add]

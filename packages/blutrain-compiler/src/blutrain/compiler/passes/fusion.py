@@ -26,12 +26,11 @@ from xdsl.rewriter import InsertPoint, Rewriter
 from blutrain.compiler.dialect import FusedOp, Operand, YieldOp, decode, is_kernel, kernel_name, type_info
 from blutrain.compiler.graph import body
 from blutrain.compiler.passes.aliasing import analyse
-from blutrain.compiler.passes.patterns import FLOATS
+from blutrain.tensor.dtype import FLOATING_NAMES, HALF_NAMES
 
 # ops whose kernels are one ufunc each, in the same form on every array module (codegen mirrors them)
 ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "pow", "maximum", "minimum", "neg", "exp", "log", "sqrt",
                          "tanh", "abs"})
-HALF = frozenset({"float16", "bfloat16"})
 _NUMBER = (int, float, np.integer, np.floating)
 
 
@@ -50,11 +49,11 @@ def fusible(op: Operation) -> bool:
         return False
     dtype = op.properties["dtype"].data  # type: ignore[attr-defined]
     result = type_info(op.results[0].type)[1]
-    if dtype not in FLOATS or any(type_info(v.type)[1].name != dtype for v in op.operands):
+    if dtype not in FLOATING_NAMES or any(type_info(v.type)[1].name != dtype for v in op.operands):
         return False
     args = decode(op.properties["args"])
     if name == "cast":  # (source, target dtype), between two floating dtypes
-        return (result.name in FLOATS and len(op.operands) == 1 and len(args) == 2 and args[0] == Operand(0)
+        return (result.name in FLOATING_NAMES and len(op.operands) == 1 and len(args) == 2 and args[0] == Operand(0)
                 and isinstance(args[1], np.dtype) and args[1] == result.np)
     # an eager half kernel whose float32 result came back unrounded (a 0-d NumPy scalar) has another dtype
     return result.name == dtype and all(isinstance(a, Operand) or is_scalar_arg(a) for a in args)
@@ -68,7 +67,7 @@ def compute_dtype(m: Operation) -> str:
     """The dtype a fused member's arithmetic runs in: float32 for float16/bfloat16 (its result rounded
     after, as the eager half-precision kernels do), else its own."""
     d = dtype_name(m.results[0])
-    return "float32" if d in HALF else d
+    return "float32" if d in HALF_NAMES else d
 
 
 def _shape(v: SSAValue) -> tuple[int, ...]:
@@ -167,5 +166,5 @@ class ElementwiseFusion(ModulePass):
             fuse(members)
 
 
-__all__ = ["ELEMENTWISE", "FLOATS", "HALF", "ElementwiseFusion", "compute_dtype", "dtype_name", "fuse", "fusible",
+__all__ = ["ELEMENTWISE", "ElementwiseFusion", "compute_dtype", "dtype_name", "fuse", "fusible",
            "is_scalar_arg", "regions"]

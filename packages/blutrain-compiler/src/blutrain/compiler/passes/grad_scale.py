@@ -3,8 +3,8 @@
 ``grad_scale`` operand.
 
 ``blutrain.optim.clip_grad_norm_`` scales every gradient in place by a 0-d device coefficient; the optimizer
-then reads every gradient again. In a GPT-2 124M step on an H100 the scale alone read and wrote 124 M float32
-elements (397 µs), just before AdamW read them (1.25 ms). The AdamW kernels (the plugin's CPU kernel and
+then reads every gradient again: in a GPT-2 124M step the scale alone reads and writes 124 M float32 elements
+just before AdamW reads them (docs/benchmarks.md has the timings). The AdamW kernels (the plugin's CPU kernel and
 ``blutrain.kernels.cuda``'s) multiply each gradient element by ``grad_scale`` as they read it and round the
 product to the gradient's dtype, as the in-place scale stores it: the update is eager's bit for bit, and the
 scale's pass over memory is gone.

@@ -2,11 +2,11 @@
 start of the step.
 
 Under autocast each linear layer rounds its float32 weight and bias to bf16 as it reads them, so a compiled
-GPT-2 124M step launched 72 small cast kernels in its forward (1.6-7 µs each, far from the copy bandwidth,
-and the gap between two graph nodes after each). Their sources are the step's arguments (parameters, inputs),
-which hold their values from the step's start, so the casts can all run there, in one launch (casts.cu's
-multi-tensor kernels on cuda). Autograd saves those bf16 copies for the backward's GEMMs anyway, so making
-them at the start does not raise the peak.
+GPT-2 124M step without this pass has 72 small cast kernels in its forward (each launch-bound, far from the
+copy bandwidth, and followed by the gap between two graph nodes; docs/benchmarks.md). Their sources are the
+step's arguments (parameters, inputs), which hold their values from the step's start, so the casts can all run
+there, in one launch (casts.cu's multi-tensor kernels on cuda). Autograd saves those bf16 copies for the
+backward's GEMMs anyway, so making them at the start does not raise the peak.
 
 The pattern: a plain ``cast`` kernel (one result, no in-place write, no changing scalars) between floating
 dtypes whose operand is a block argument itself (not a view of one) that no op before the cast writes (a
@@ -27,8 +27,8 @@ from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import KernelOp, Operand, decode, encode, type_info
 from blutrain.compiler.graph import body
-from blutrain.compiler.passes.patterns import FLOATS, Scan, plain_kernel, written_between
-from blutrain.tensor.dtype import as_dtype
+from blutrain.compiler.passes.patterns import Scan, plain_kernel, written_between
+from blutrain.tensor.dtype import FLOATING_NAMES, as_dtype
 from blutrain.tensor.errors import KernelNotFoundError
 from blutrain.tensor.kernel import kernels
 
@@ -45,7 +45,7 @@ def match(scan: Scan, op: Operation) -> Group | None:
     if not isinstance(src, BlockArgument):
         return None
     source, target = type_info(src.type)[1].name, type_info(op.results[0].type)[1].name
-    if source not in FLOATS or target not in FLOATS or source == target:
+    if source not in FLOATING_NAMES or target not in FLOATING_NAMES or source == target:
         return None
     if written_between(scan.info, scan.ops, -1, scan.pos[op], [src]):
         return None

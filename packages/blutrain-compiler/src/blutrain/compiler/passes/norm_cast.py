@@ -20,7 +20,8 @@ from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
 from blutrain.compiler.dialect import Operand, decode, encode, kernel_op_class, type_info
-from blutrain.compiler.passes.patterns import FLOATS, Scan, only_use, plain_call, plain_kernel
+from blutrain.compiler.passes.patterns import Scan, only_use, plain_call, plain_kernel
+from blutrain.tensor.dtype import FLOATING_NAMES
 
 # norm kernel → its number of arguments before the output dtype (which a residual operand follows)
 NORMS: dict[str, int] = {"layer_norm": 5, "rms_norm": 4}
@@ -45,7 +46,7 @@ def match(op: Operation) -> Operation | None:
     cast = only_use(op.results[ret[0].index])
     if cast is None or not plain_kernel(cast, "cast"):
         return None
-    if type_info(cast.results[0].type)[1].name not in FLOATS:
+    if type_info(cast.results[0].type)[1].name not in FLOATING_NAMES:
         return None
     return cast
 

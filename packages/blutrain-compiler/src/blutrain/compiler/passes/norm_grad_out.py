@@ -6,7 +6,7 @@ Under autocast the float32 gradient of the residual stream leaves each LayerNorm
 bfloat16 for the backward GEMMs of the projection that wrote the stream, and that projection's bias gradient,
 a float32 sum over the rows (autocast keeps the bias float32; ``linear_add``'s backward sums
 ``g.reshape(-1, C)``). Each is a pass over a tensor of the stream's size (GPT-2 124M at B=16, T=1024: 50 MB,
-about 24 µs, 24 casts and 24 sums a step). ``layer_norm_backward`` takes ``dx_copy_dtype`` and
+24 casts and 24 sums a step; docs/benchmarks.md has the time). ``layer_norm_backward`` takes ``dx_copy_dtype`` and
 ``need_dx_sum`` (``blutrain.tensor.cpu.nn`` and ``blutrain.kernels.cuda``) and writes the bf16 copy beside dx
 and sums each column of dx as it stores it.
 

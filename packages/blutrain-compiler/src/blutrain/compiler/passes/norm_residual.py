@@ -3,11 +3,11 @@ the norm, and the projection that fed it a plain bf16 GEMM.
 
 Under autocast a transformer block's output projection meets the float32 residual stream and the sum goes
 straight into the next LayerNorm. As one ``linear_add`` (the model's, or ``gemm-epilogue``'s) the GEMM's
-epilogue reads and writes the float32 stream: on an H100 at GPT-2's 16384x768 the attention projection took
-77 µs against 32 µs for the same GEMM writing bf16 alone, and the MLP's 136 against ~98, before a LayerNorm
-read the sum again. Here the GEMM writes its bf16 product and ``layer_norm(..., residual=r)``
-(``blutrain.tensor.cpu.nn``, ``blutrain.kernels.cuda``) forms s = r + product as it reads its row, writes s
-(float32: the residual stream goes on from it) and normalizes it: the stream is read and written once.
+epilogue reads and writes the float32 stream, which makes the GEMM much slower than the same GEMM writing bf16
+alone (docs/benchmarks.md has the timings), and a LayerNorm then reads the sum again. Here the GEMM writes its
+bf16 product and ``layer_norm(..., residual=r)`` (``blutrain.tensor.cpu.nn``, ``blutrain.kernels.cuda``) forms
+s = r + product as it reads its row, writes s (float32: the residual stream goes on from it) and normalizes
+it: the stream is read and written once.
 
 The pattern: a ``layer_norm`` or ``rms_norm`` (no output dtype, no residual yet; the kernels' ``residual``
 operand is the same for both) whose input is a float32 sum of the stream
@@ -55,8 +55,8 @@ from blutrain.compiler.dialect import (
 from blutrain.compiler.passes.patterns import Scan, kernel_values, only_use, plain_call, plain_kernel
 from blutrain.tensor.dtype import bfloat16
 
-HALF = "bfloat16"
-STREAM = "float32"
+PROJECTION = bfloat16.name  # the dtype of the projection (and of its operands) that the pass fuses
+STREAM = "float32"  # the residual stream's dtype
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _add_form(add: Operation, total: SSAValue) -> ResidualSum | None:
             continue
         source = cast.operands[0]
         linear = source.owner
-        if (isinstance(linear, Operation) and plain_kernel(linear, "linear") and _dtype(source) == HALF
+        if (isinstance(linear, Operation) and plain_kernel(linear, "linear") and _dtype(source) == PROJECTION
                 and only_use(source) is cast and decode(cast.properties["args"])[0] == Operand(0)):
             return ResidualSum(add, residual, (add, cast), linear)
     return None
@@ -101,8 +101,8 @@ def _linear_add_form(op: Operation, total: SSAValue) -> ResidualSum | None:
     residual, x, w, b = values
     if residual is None or x is None or w is None:
         return None
-    if (residual.type != total.type or _dtype(x) != HALF or _dtype(w) != HALF
-            or (b is not None and _dtype(b) not in (HALF, STREAM))):
+    if (residual.type != total.type or _dtype(x) != PROJECTION or _dtype(w) != PROJECTION
+            or (b is not None and _dtype(b) not in (PROJECTION, STREAM))):
         return None
     return ResidualSum(op, residual, (op,), None)
 
@@ -134,7 +134,7 @@ def match(norm: Operation, linear_add: bool = False) -> ResidualSum | None:
         return None
     if plain_kernel(maker, "add"):
         return _add_form(maker, total)
-    if linear_add and plain_kernel(maker, "linear_add") and maker.properties["dtype"].data == HALF:  # type: ignore[attr-defined]
+    if linear_add and plain_kernel(maker, "linear_add") and maker.properties["dtype"].data == PROJECTION:  # type: ignore[attr-defined]
         return _linear_add_form(maker, total)
     return None
 
@@ -145,7 +145,7 @@ def _plain_linear(op: Operation, where: InsertPoint) -> SSAValue:
     _, x, w, b = kernel_values(op)  # type: ignore[misc]
     assert x is not None and w is not None  # the match checked them
     device = op.properties["device"]
-    if b is not None and _dtype(b) != HALF:
+    if b is not None and _dtype(b) != PROJECTION:
         cast = kernel_op_class("cast").create(
             operands=[b], result_types=[tensor_type(type_info(b.type)[0], bfloat16)],
             properties={"args": encode((Operand(0), bfloat16.np)), "ret": encode(Operand(0)), "device": device,
@@ -157,7 +157,7 @@ def _plain_linear(op: Operation, where: InsertPoint) -> SSAValue:
     linear = kernel_op_class("linear").create(
         operands=operands, result_types=[out_type],
         properties={"args": encode((Operand(0), Operand(1), Operand(2) if b is not None else None)),
-                    "ret": encode(Operand(0)), "device": device, "dtype": StringAttr(HALF)})
+                    "ret": encode(Operand(0)), "device": device, "dtype": StringAttr(PROJECTION)})
     Rewriter.insert_op(linear, where)
     return linear.results[0]
 

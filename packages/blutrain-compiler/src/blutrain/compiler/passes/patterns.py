@@ -23,9 +23,6 @@ def only_use(v: SSAValue) -> Operation | None:
     return uses[0].operation if len(uses) == 1 else None
 
 
-FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})  # the dtypes the fusing passes handle
-
-
 def plain_call(op: Operation, name: str) -> bool:
     """A call of kernel ``name`` with no data-dependent shape and no in-place write (any number of results)."""
     return (is_kernel(op) and kernel_name(op) == name and "dynamic" not in op.properties
@@ -94,5 +91,5 @@ class Scan:
         return written_between(self.info, self.ops, self.pos[first], self.pos[last], values)
 
 
-__all__ = ["FLOATS", "Scan", "kernel_values", "only_use", "plain_call", "plain_kernel", "same_type_add",
+__all__ = ["Scan", "kernel_values", "only_use", "plain_call", "plain_kernel", "same_type_add",
            "written_between"]

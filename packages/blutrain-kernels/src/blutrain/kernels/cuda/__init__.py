@@ -1283,7 +1283,7 @@ def _attn_forward(q: Array, k: Array, v: Array, out: Array, suffix: str, BH: int
             *_layout_args(lq, lk, lv, lo))
     if suffix == "bf16" and D == 64 and hopper_module("attention_wgmma") is not None:
         # Hopper's warpgroup MMA (attention_wgmma.cu): 2 warpgroups of 64 queries, 64-key tiles, S_j overlapping
-        # P_{j-1} v_{j-1}; 101 us against the mma.sync kernel's 124 at GPT-2's causal 16x12x1024 (H100)
+        # P_{j-1} v_{j-1}; the same contract as the mma.sync kernel, and faster (docs/kernels.md)
         rows = 128
         smem = rows * 128 + 3 * 2 * 64 * 128 + 1024  # q, three stages of k and v, 1024-byte alignment slack
         _launch("attention_wgmma", "attn_wgmma_fwd_d64_wg2n64p", ((L + rows - 1) // rows, BH), (256,),
@@ -1315,7 +1315,7 @@ def _attn_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: A
     head = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)), np.int32(H))
     if suffix == "bf16" and D == 64 and hopper_module("attention_wgmma_bwd") is not None:
         # Hopper's warpgroup MMA (attention_wgmma_bwd.cu), one warpgroup of 64 rows per block in both kernels; dq, dk,
-        # dv within 2e-5 of attention_bf16.cu's and 310 us against its 389 at GPT-2's causal 16x12x1024 (H100)
+        # dv within 2e-5 of attention_bf16.cu's, and faster (docs/kernels.md)
         lse2 = cp.empty((BH, L), np.float32)
         _launch("attention_wgmma_bwd", "attn_wgmma_bwd_dq_d64_wg1", ((L + 63) // 64, BH), (128,),
                 (q, k, v, out, grad, lsec, lse2, delta, dq, *head, *_layout_args(lq, lk, lv, lo, ldo, ldq)),
@@ -1428,7 +1428,8 @@ def sdpa_packed_backward(grad: Array, qkv: Array, out: Array, lse: Array, n_head
 
 # bfloat16 attention on the tensor cores (attention_bf16.cu). Tile shape (kernel name suffix, warps, rows per
 # block), rows being queries (forward, dq) or keys (dk/dv), plus queries per step for dk/dv; the forward's is
-# chosen per (head dim, causal), as measured on an H100. Forward and dq step over 64 keys at a time.
+# chosen per (head dim, causal): the fastest of the tile shapes timed on an H100 (docs/kernels.md). Forward and dq
+# step over 64 keys at a time.
 _ATT_BF16_FWD = {(64, False): ("w4m2", 4, 128), (64, True): ("w4m2", 4, 128),
                  (128, False): ("w4m2s", 4, 128), (128, True): ("w4m1", 4, 64)}
 _ATT_BF16_DKV = {64: ("w4q64", 4, 64, 64), 128: ("w4q32", 4, 64, 32)}

@@ -7,7 +7,7 @@
 // (int32 [K, 2]: tensor, tile index); every tile is ADAMW_TILE = 2048 elements (the tensor's last one
 // shorter). Both kernels run a persistent grid of G blocks x 256 threads (G = resident blocks of the
 // whole chip) and block b takes tiles b, b + G, b + 2G, ...: small tiles keep the blocks' shares within
-// one tile (~2% of a GPT-2 step) of each other, and the fixed assignment keeps sums reproducible.
+// one tile of each other, and the fixed assignment keeps sums reproducible.
 //
 // adamw_sqnorm:  partial[b] = sum of g^2 over block b's tiles (float). Bytes: read the gradients once.
 // adamw_update:  with partial != nullptr each block first sums the G partials in one fixed order

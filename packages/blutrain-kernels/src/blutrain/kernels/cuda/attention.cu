@@ -9,9 +9,8 @@
 // attention_bf16.cu.
 //
 // float32 (attn_*_f32_d*): tensor cores with 3xTF32 (mma.sync m16n8k8), the scheme PyTorch's fp32
-// memory-efficient attention (xFormers' CUTLASS kernel, OpMultiplyAddFastF32) uses. The fp32 FFMA
-// ceiling of an H100 is ~51 TFLOP/s; TF32 mma.sync is several times that, so three TF32 products
-// per product still win. Each operand x is split as hi = tf32(x) (round to nearest), lo = x - hi,
+// memory-efficient attention (xFormers' CUTLASS kernel, OpMultiplyAddFastF32) uses. TF32 mma.sync
+// runs at several times the fp32 FFMA rate, so three TF32 products per product still win. Each operand x is split as hi = tf32(x) (round to nearest), lo = x - hi,
 // and a.b ~ hi_a hi_b + hi_a lo_b + lo_a hi_b with float32 accumulation: the dropped lo_a lo_b and the
 // roundings are ~2^-21 relative per product, float32-level (one-pass TF32, ~2^-11, is not). The split
 // is three ALU ops per fragment element, in registers, so shared memory holds plain float32.
@@ -29,8 +28,7 @@
 //   t+4 is 2t+1, and V's fragment reads the same physical rows, so no shuffle is needed.
 //   Under causal masking, a warp skips the 8-key (8-query) column blocks its rows cannot see.
 //   Occupancy (warps per SM, bounded by registers and shared memory) is what the speed follows, hence
-//   the narrow other side: measured on an H100, 16 warps/SM beat 12 by 10-15 %, and 8 warps per block
-//   lost to 4.
+//   the narrow other side (small tiles, 4 warps per block: docs/kernels.md has the timings).
 // attn_fwd_f32:     grid (ceil(L/64), BH); BN = 64 keys per step (D = 64, 4 blocks/SM) or 32 (D = 128,
 //                   3 blocks/SM); smem (64 + 2*BN)*(D+4) floats. Heaviest causal tiles first.
 //                   FLOPs 4*BH*L*S*D (half when causal), x3 on the tensor cores; bytes: q once, k and v
@@ -175,7 +173,8 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 }
 
 // attention.cuh's cp.async to a float* destination, its shared-window address taken last (through cvta in asm,
-// not shared_address's intrinsic): so ptxas sees the instruction order these float32 kernels were measured with.
+// not shared_address's intrinsic), which fixes the instruction order ptxas sees: the float32 kernels' tile shapes
+// are tuned for that order.
 __device__ __forceinline__ void cp_async_16(float* dst, const float* src, bool valid) {
     cp_async_16(smem_addr(dst), src, valid);
 }

@@ -2,9 +2,8 @@
 // sm_90a: bf16 operands, float32 accumulators); head dim D = 64; causal (top-left aligned: query i sees
 // keys 0..i) or not; any L and S (tails zero-filled on load and masked). On a compute capability 9.0 GPU
 // blutrain.kernels.cuda runs wg2n64p for the bf16 D = 64 forward in place of attn_bf16_fwd_* (attention_bf16.cu),
-// with the same contract and the same kernel arguments (measured on an H100 by tools/attention_wgmma_check.py,
-// GPT-2's causal 16 x 12 x 1024: wg2n64p 100.6 us, wg2n64 102.2, the BN = 128 and 3-warpgroup variants 127-153,
-// attn_bf16_fwd 123.7, PyTorch's SDPA (cuDNN) 82.4; non-causal 153.5 / 178.5 / 118.7): q, out hold
+// with the same contract and the same kernel arguments (the fastest variant at GPT-2's shapes;
+// tools/attention_wgmma_check.py checks and times them all, the numbers are in docs/kernels.md): q, out hold
 // L rows of D per (batch, head), k, v S rows, each addressed through its own (batch, head, row) strides in
 // elements (a row's D elements contiguous, every row 16-byte aligned), blockIdx.y = b * H + h; lse [B*H, L]
 // float32, contiguous, the natural-log log-sum-exp of the scaled scores (scale * m + ln l).
@@ -29,10 +28,8 @@
 //   Pipelined variants (suffix p): per tile j, S_j = q k_j^T and O += P_{j-1} v_{j-1} are issued back to
 //   back; the softmax of S_j runs while P_{j-1} v_{j-1} is still on the tensor cores (wait_group 1, then 0
 //   before O is rescaled). v_{j-1} stays live one tile longer, so three K/V stages.
-//   Tried and removed (code in commit 42d3ab8): wg2n64p with K/V two tiles ahead (four stages) and/or causal
-//   tiles launched heavy-first across all heads. H100 at 42d3ab8, causal 16 x 12 x 1024: 101.9 / 102.3 / 97.9
-//   us against wg2n64p's 102.8 in the same run; non-causal 151.3 / 155.4 / 164.0 against 151.7: within a few
-//   per cent either way (all 220 checks passed).
+//   One tile ahead is enough: prefetching K/V two tiles ahead (four stages), or launching causal tiles
+//   heavy-first across all heads, changes the time by a few per cent either way (docs/kernels.md).
 //
 // Fragments (PTX ISA, "Register Fragments", .m64nNk16; warp w of the warpgroup, lane = 4 g + t):
 //   Accumulator D 64 x N float: warp w holds rows 16w .. 16w + 15; d[4i + 0], d[4i + 1] = (row g, columns

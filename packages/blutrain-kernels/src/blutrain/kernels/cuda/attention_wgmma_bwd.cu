@@ -5,9 +5,9 @@
 // same outputs, same layouts (each tensor addressed through its own (batch, head, row) strides in elements, a
 // row's D elements contiguous, every row 16-byte aligned; blockIdx.y = b * H + h), same launch order (dq first:
 // it writes Delta = rowsum(dO * out) and lse2 = lse * log2(e), float32 [B*H, L], that dk/dv reads).
-// blutrain.kernels.cuda runs the wg1 kernels on compute capability 9.0 (tools/attention_wgmma_bwd_check.py on an H100
-// at 7c5f4e3: dq, dk, dv within 2e-5 of attention_bf16.cu's at every checked shape; GPT-2's causal 16 x 12 x 1024
-// 310.5 us (wg1), 325.9-346.1 (other variants) against attention_bf16.cu's 389.0; non-causal 514.5 / 660.7).
+// blutrain.kernels.cuda runs the wg1 kernels on compute capability 9.0: dq, dk, dv agree with attention_bf16.cu's
+// to 2e-5, and wg1 is the fastest variant at GPT-2's shapes (tools/attention_wgmma_bwd_check.py checks and times
+// them; the numbers are in docs/kernels.md).
 // Needs -arch=sm_90a. The PTX wrappers and descriptor helpers are the forward's (attention.cuh, wgmma.cuh).
 //
 //   attn_wgmma_bwd_dq_d64_wg<WG>: grid (ceil(L / BM), B*H), WG warpgroups (128 WG threads), BM = 64 WG
@@ -24,11 +24,9 @@
 //     B = dO), all K-major; P^T, dS^T as above; dv += P^T dO and dk += dS^T q (A from registers, B = dO and q
 //     MN-major). dk stored scaled by `scale`. Dynamic shared memory 2 BN 128 + 4 * 64 * 128 + 1024 + 1024 bytes
 //     (wg2: 67584, wg1: 51200).
-//   Tried and removed (code in commit 42d3ab8): wg1 with the product that consumes tile j - 1 issued behind tile
-//     j's S and dP so that it runs under tile j's softmax, 1 or 2 tiles of prefetch, causal tiles heavy-first
-//     across heads, 3 blocks per SM. H100 at 42d3ab8 (all checks passed), causal 16 x 12 x 1024, dq + dk/dv:
-//     wg1 314.7 us against 321-353 for those; non-causal 497.3 against 505-550; only at (1, 16, 2048) causal did
-//     the heavy-first order win (102.7 against 130.9). Two blocks per SM already hide the softmax.
+//   wg1 issues each tile's products in order, with no software pipelining: two blocks per SM already hide the
+//     softmax, so overlapping tile j - 1's product with tile j's softmax, deeper prefetch, heavy-first causal
+//     tiles across heads or 3 blocks per SM do not pay at GPT-2's shapes (docs/kernels.md).
 // In causal mode the dq kernel stops at its last query and a warpgroup skips the key tiles wholly above its
 // rows; the dk/dv kernel starts at the query tile of its first key and a warpgroup skips query tiles wholly
 // before its keys (warpgroup-uniform branches: wgmma is collective); only tiles that cross the diagonal or a

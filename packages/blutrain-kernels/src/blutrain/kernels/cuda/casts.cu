@@ -15,8 +15,8 @@
 //                      aligned (a view at an odd offset): each thread has 4 loads in flight, a block's
 //                      accesses are contiguous. Block 256, grid min(ceil(n / 4 / 256), 16 x SMs).
 // cast_{src}_{dst}_multi_tensor: the same conversion of every tensor of a list in one launch (under autocast
-//                      the float32 weights of a step become bf16 together: GPT-2 124M had 72 launches of
-//                      1.6-7 us). The host's table, int64 [T, 4]: source pointer, destination pointer, numel,
+//                      the float32 weights of a step become bf16 together, one launch instead of one small,
+//                      launch-bound cast per weight). The host's table, int64 [T, 4]: source pointer, destination pointer, numel,
 //                      first block; tensor t owns ceil(numel_t / CAST_TILE) blocks from its first, and a block
 //                      finds its tensor by binary search over the first blocks (as scale.cu's tiles). A block of
 //                      256 threads converts one tile of 4096 elements: two 8-element vectors per thread with

@@ -1,6 +1,6 @@
-// The global-norm clip over a list of tensors: its norm in two launches and its in-place rescale in one
-// (GPT-2 124M: 148 gradients; a norm of their copy laid end to end took a copy, an abs, a multiply and a
-// reduction over all of them, about 1.7 ms of a 41 ms bf16 step on an H100).
+// The global-norm clip over a list of tensors: its norm in two launches and its in-place rescale in one,
+// reading each gradient where it lies (a norm of their copy laid end to end costs a copy, an abs, a multiply
+// and a reduction over all of them).
 //
 // scale_multi_tensor_*: x *= c for every tensor.
 // sqnorm_multi_tensor_*: partial[b] = sum of x^2 over block b's tile (float); norm_finish: one block sums

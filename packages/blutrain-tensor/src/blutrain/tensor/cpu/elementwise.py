@@ -280,5 +280,3 @@ COMPARISON = ("eq", "ne", "lt", "le", "gt", "ge")
 LOGICAL = ("logical_and", "logical_or", "logical_xor", "logical_not")
 BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not")
 UNARY_ANY = ("neg", "abs", "sign", "relu")
-UNARY_FLOAT = ("exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "tanh", "sin", "cos", "sigmoid", "silu", "erf",
-               "gelu", "gelu_backward")

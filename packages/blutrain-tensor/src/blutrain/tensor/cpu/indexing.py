@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.tensor.backend import array_module
+from blutrain.tensor.dtype import HALF_NAMES
 from blutrain.tensor.errors import ShapeError, TensorTypeError, TensorValueError
 
 Array = Any
@@ -87,7 +88,7 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int, addend: Arr
     """
     xp = array_module(grad)
     check_embedding_addend(grad, num_embeddings, addend, addend_scale)
-    half = grad.dtype.name in _HALF
+    half = grad.dtype.name in HALF_NAMES
     out = _row_sums(xp, grad.astype(np.float32) if half else grad, idx, num_embeddings)
     if half:
         out = out.astype(grad.dtype)
@@ -95,8 +96,6 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int, addend: Arr
         return out
     return _scaled_sum(addend, addend_scale, out)
 
-
-_HALF = frozenset({"float16", "bfloat16"})
 
 
 def check_embedding_addend(grad: Array, num_embeddings: int, addend: Array | None, addend_scale: Array | None) -> None:
@@ -140,7 +139,7 @@ def _scaled_sum(addend: Array, addend_scale: Array | None, sums: Array) -> Array
     """``addend * addend_scale + sums`` with the roundings of the separate multiply and add (each in float32
     and rounded back for the half dtypes)."""
     dtype = sums.dtype
-    wide = np.float32 if dtype.name in _HALF else dtype
+    wide = np.float32 if dtype.name in HALF_NAMES else dtype
     term = addend
     if addend_scale is not None:
         term = (addend.astype(wide, copy=False) * addend_scale.astype(wide, copy=False)).astype(dtype, copy=False)

@@ -17,13 +17,23 @@ from blutrain.tensor.cpu import indexing as ix
 from blutrain.tensor.cpu import linalg as la
 from blutrain.tensor.cpu import nn
 from blutrain.tensor.cpu import reduction as rd
-from blutrain.tensor.dtype import ALL_DTYPES, FLOATING_DTYPES, INTEGER_DTYPES, DType, bool_, float32
+from blutrain.tensor.dtype import (
+    ALL_DTYPES,
+    FLOAT_UNARY_OPS,
+    FLOATING_DTYPES,
+    HALF_NAMES,
+    INTEGER_DTYPES,
+    NUMERIC_DTYPES,
+    DType,
+    bool_,
+    float32,
+)
 from blutrain.tensor.errors import TensorTypeError
+from blutrain.tensor.half import HalfPrecision
 from blutrain.tensor.kernel import KernelRegistry
 from blutrain.tensor.plugins import hookimpl
 
 Kernel = Callable[..., Any]
-HALF = frozenset({"float16", "bfloat16"})
 _ndarray = np.ndarray
 
 
@@ -49,38 +59,17 @@ def arrays_out(fn: Kernel) -> Kernel:
     return kernel
 
 
-def _up(v: Any) -> Any:
-    if type(v) is _ndarray and v.dtype.name in HALF:
-        return v.astype(np.float32)
-    if isinstance(v, list):
-        return [_up(x) for x in v]
-    return v
+def _is_host_array(value: Any) -> bool:
+    return type(value) is _ndarray
 
 
-def _down(v: Any, dtype: np.dtype[Any]) -> Any:
-    if type(v) is _ndarray and v.dtype == np.float32:
-        return v.astype(dtype)
-    if isinstance(v, tuple):
-        return tuple(_down(x, dtype) for x in v)
-    return _fix(v)
+def _astype(value: Any, dtype: np.dtype[Any]) -> Any:
+    return value.astype(dtype)
 
 
-def in_float32(fn: Kernel, dtype: DType, keep: tuple[int, ...] = ()) -> Kernel:
-    """Run a half-precision kernel in float32 and round its floating outputs back to ``dtype``.
-
-    Outputs listed in ``keep`` (per-row statistics that only backward reads: mean, rstd, log-sum-exp)
-    stay float32, as PyTorch keeps them, so backward does not start from rounded statistics.
-    """
-    target = dtype.np
-
-    def kernel(*args: Any) -> Any:
-        out = fn(*[_up(a) for a in args])
-        if not keep:
-            return _down(out, target)
-        return tuple(_fix(o) if i in keep else _down(o, target) for i, o in enumerate(out))
-
-    kernel.__name__ = fn.__name__
-    return kernel
+# Half-precision math in float32; outputs that are not rounded back (kept statistics, non-float32 results)
+# are still made arrays.
+HALF_PRECISION = HalfPrecision(is_array=_is_host_array, cast=_astype, finish=_fix)
 
 
 def _index_put_in_float32(a: Any, key: tuple[Any, ...], value: Any, accumulate: bool) -> None:
@@ -90,13 +79,9 @@ def _index_put_in_float32(a: Any, key: tuple[Any, ...], value: Any, accumulate: 
         ix.index_put(a, key, value, False)
         return
     wide = a.astype(np.float32)
-    ix.index_put(wide, key, _up(value), True)
+    ix.index_put(wide, key, HALF_PRECISION.widen(value), True)
     a[...] = wide.astype(a.dtype)
 
-
-NUMERIC = tuple(d for d in ALL_DTYPES if d is not bool_)
-FLOATS = FLOATING_DTYPES
-INTS = INTEGER_DTYPES
 
 # op → (kernel, dtypes, runs in float32 for half types)
 TABLE: dict[str, tuple[Kernel, Iterable[DType], bool]] = {}
@@ -108,32 +93,32 @@ def _add(names: Iterable[str], module: Any, dtypes: Iterable[DType], math: bool 
 
 
 _add(("add", "mul", "maximum", "minimum"), ew, ALL_DTYPES)
-_add(("sub", "pow", "floor_divide", "remainder"), ew, NUMERIC)
-_add(("div",), ew, FLOATS)  # true division of integers runs in the default float dtype
+_add(("sub", "pow", "floor_divide", "remainder"), ew, NUMERIC_DTYPES)
+_add(("div",), ew, FLOATING_DTYPES)  # true division of integers runs in the default float dtype
 _add(ew.COMPARISON, ew, ALL_DTYPES)
 _add(ew.LOGICAL, ew, (bool_,), math=False)
-_add(ew.BITWISE, ew, INTS, math=False)  # `&`, `|`, `^`, `~` on bool tensors are the logical ops
-_add(("neg", "abs", "sign", "relu"), ew, NUMERIC)
-_add(ew.UNARY_FLOAT, ew, FLOATS)
+_add(ew.BITWISE, ew, INTEGER_DTYPES, math=False)  # `&`, `|`, `^`, `~` on bool tensors are the logical ops
+_add(("neg", "abs", "sign", "relu"), ew, NUMERIC_DTYPES)
+_add((*FLOAT_UNARY_OPS, "gelu_backward"), ew, FLOATING_DTYPES)
 _add(("where", "copy", "cast", "full", "eye"), ew, ALL_DTYPES, math=False)
-_add(("arange", "linspace"), ew, NUMERIC, math=False)
-_add(("clamp",), ew, NUMERIC)
+_add(("arange", "linspace"), ew, NUMERIC_DTYPES, math=False)
+_add(("clamp",), ew, NUMERIC_DTYPES)
 _add(("sum", "amax", "amin", "max_dim", "min_dim", "argmax", "argmin"), rd, ALL_DTYPES)
 _add(("mean", "var", "norm", "logsumexp", "softmax", "log_softmax", "softmax_backward",
-      "log_softmax_backward"), rd, FLOATS)
+      "log_softmax_backward"), rd, FLOATING_DTYPES)
 _add(("all", "any"), rd, (bool_,), math=False)
-_add(("matmul", "linear"), la, NUMERIC)
-_add(("linear_gelu",), la, FLOATS)
-_add(("linear_add",), la, FLOATS, math=False)  # half operands, float32 residual: one rounding, its own
-_add(("linear_backward",), la, FLOATS, math=False)  # multiplies half operands in float32 itself (wide outputs)
+_add(("matmul", "linear"), la, NUMERIC_DTYPES)
+_add(("linear_gelu",), la, FLOATING_DTYPES)
+_add(("linear_add",), la, FLOATING_DTYPES, math=False)  # half operands, float32 residual: one rounding, its own
+_add(("linear_backward",), la, FLOATING_DTYPES, math=False)  # multiplies half operands in float32 itself (wide outputs)
 _add(("index", "index_select", "gather", "tril", "triu", "cat", "embedding", "index_put"), ix, ALL_DTYPES,
      math=False)
 _add(("scatter_add", "index_add"), ix, ALL_DTYPES)
-_add(("embedding_backward",), ix, FLOATS, math=False)  # rounds half sums, product and addend sum itself
+_add(("embedding_backward",), ix, FLOATING_DTYPES, math=False)  # rounds half sums, product and addend sum itself
 _add(("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "bias_gelu", "bias_gelu_backward",
       "dropout", "cross_entropy", "cross_entropy_backward", "sdpa", "sdpa_backward", "sdpa_packed",
-      "sdpa_packed_backward", "rope", "rope_backward", "swiglu", "swiglu_backward"), nn, FLOATS)
-_add(("linear_cross_entropy",), nn, FLOATS, math=False)  # handles half dtypes itself (float32 accumulation)
+      "sdpa_packed_backward", "rope", "rope_backward", "swiglu", "swiglu_backward"), nn, FLOATING_DTYPES)
+_add(("linear_cross_entropy",), nn, FLOATING_DTYPES, math=False)  # handles half dtypes itself (float32 accumulation)
 
 # outputs of forward kernels that are statistics for backward: kept in float32 for half inputs
 STATISTICS: dict[str, tuple[int, ...]] = {"layer_norm": (1, 2), "rms_norm": (1, 2), "cross_entropy": (1,),
@@ -145,11 +130,11 @@ def kernel_for(op: str, dtype: DType) -> Kernel:
     fn, dtypes, math = TABLE[op]
     if dtype not in dtypes:
         raise KeyError((op, dtype.name))
-    if dtype.name in HALF:
+    if dtype.name in HALF_NAMES:
         if op == "index_put":
             return _index_put_in_float32
         if math:
-            return in_float32(fn, dtype, STATISTICS.get(op, ()))
+            return HALF_PRECISION.in_float32(fn, dtype, STATISTICS.get(op, ()))
     return arrays_out(fn)
 
 
@@ -190,7 +175,7 @@ def blutrain_register_kernels(registry: KernelRegistry) -> None:
     for op, (_, dtypes, _) in TABLE.items():
         for dt in dtypes:
             registry.register(op, "cpu", dt, kernel_for(op, dt))
-    for dt in FLOATS:
+    for dt in FLOATING_DTYPES:
         registry.register("scale_multi_tensor", "cpu", dt, scale_multi_tensor)
         registry.register("norm_multi_tensor", "cpu", dt, norm_multi_tensor)
     for dt in ALL_DTYPES:  # the dtypes of the cast kernel

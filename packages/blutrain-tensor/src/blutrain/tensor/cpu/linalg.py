@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.tensor.backend import array_module
+from blutrain.tensor.dtype import HALF_NAMES
 
 Array = Any
 
@@ -42,7 +43,7 @@ def linear_add(residual: Array, x: Array, w: Array, b: Array | None) -> Array:
     """``residual + (x Wᵀ + b)`` in ``residual``'s dtype. Half operands are multiplied in float32 and the
     product is not rounded before the bias and the residual are added (one rounding, into the result);
     float32 and float64 add in eager order (product, bias, residual), so the result is eager's bit for bit."""
-    half = x.dtype.name in ("float16", "bfloat16")
+    half = x.dtype.name in HALF_NAMES
     if half:
         x, w = x.astype(np.float32), w.astype(np.float32)
     out = _rows(x) @ w.T
@@ -59,7 +60,7 @@ def linear_backward(grad: Array, x: Array, w: Array, need_x: bool, need_w: bool,
     Half-precision operands are multiplied in float32; the results are rounded to their dtype, except
     dx with ``wide_x`` and dW, db with ``wide_w``, which stay float32 (autocast's float32 operands).
     """
-    half = x.dtype.name in ("float16", "bfloat16")
+    half = x.dtype.name in HALF_NAMES
     dtype = x.dtype
     if half:
         grad, x, w = grad.astype(np.float32), x.astype(np.float32), w.astype(np.float32)

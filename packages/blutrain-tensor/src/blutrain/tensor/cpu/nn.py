@@ -16,6 +16,7 @@ import numpy as np
 from blutrain.tensor.backend import array_module
 from blutrain.tensor.cpu.elementwise import gelu, gelu_backward
 from blutrain.tensor.cpu.reduction import logsumexp
+from blutrain.tensor.dtype import HALF_NAMES, as_dtype
 from blutrain.tensor.errors import ShapeError, TensorTypeError
 
 Array = Any
@@ -261,11 +262,9 @@ def linear_cross_entropy(x: Array, w: Array, target: Array, ignore_index: int, l
     as GEMMs writing that dtype do; everything else accumulates in float32 and is returned in the
     dtypes of x and w.
     """
-    from blutrain.tensor.dtype import as_dtype
-
     xp = array_module(x)
     cd = as_dtype(compute)
-    half = cd.name in ("float16", "bfloat16")
+    half = cd.name in HALF_NAMES
     acc = np.dtype(np.float32) if half else np.dtype(cd.np)
 
     def rounded(a: Array) -> Array:

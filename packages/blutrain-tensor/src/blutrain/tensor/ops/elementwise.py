@@ -16,6 +16,7 @@ from blutrain.tensor import capture, dispatch
 from blutrain.tensor.backend import is_writeable
 from blutrain.tensor.device import Device
 from blutrain.tensor.dtype import (
+    FLOAT_UNARY_OPS,
     INTEGER_DTYPES,
     PROMOTION_TABLE,
     DType,
@@ -41,9 +42,7 @@ _table = dispatch.TABLE  # read directly on the hottest path; _kernel fills it o
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor"})
 BITWISE = frozenset({"bitwise_and", "bitwise_or", "bitwise_xor"})
-# Unary ops defined only on floating inputs: integer inputs are promoted to the default float dtype.
-FLOAT_UNARY = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "silu", "gelu",
-                         "log1p", "expm1", "erf"})
+_FLOAT_UNARY = frozenset(FLOAT_UNARY_OPS)  # a set for the per-op membership test
 _SCALARS = (bool, int, float)
 _broadcast_cache: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
 
@@ -203,7 +202,7 @@ def unary(op: str, x: Tensor, *args: Any) -> Tensor:
         raise TensorTypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
     dt = x.dtype
     data = x._data
-    if op in FLOAT_UNARY and not dt.is_floating:
+    if op in _FLOAT_UNARY and not dt.is_floating:
         dt = get_default_dtype()
         data = data.astype(dt.np)
     elif op == "logical_not" and dt is not bool_:

@@ -264,9 +264,9 @@ def default_chunk_rows(n_rows: int, vocab: int, itemsize: int) -> int:
     """Rows per chunk of ``linear_cross_entropy`` when no ``chunk_size`` is given: the rows split into
     equal chunks, as many as :data:`LOGITS_CHUNK_BYTES` of logits per chunk gives, rounded to the nearest
     count. Every chunk, a short last one included, reads and writes the whole float32 weight-gradient
-    accumulator ([V, C], 154 MB for GPT-2) in its dW GEMM: at B·T = 16384 the budget's 2668 rows made
-    six chunks and a seventh of 376 rows that cost that pass for 2% of the rows (about 0.3 ms of an
-    H100 step); six chunks of 2731 rows do the same work without it. So the budget is approximate: a
+    accumulator ([V, C], 154 MB for GPT-2) in its dW GEMM: at B·T = 16384 the budget's 2668 rows would
+    make six chunks and a seventh of 376 rows that pays that pass for 2% of the rows; six chunks of 2731
+    rows do the same work without it. So the budget is approximate: a
     chunk holds at most 1.5 times it (one chunk up to 1.5 budgets of rows), 1 + 1/(2·chunks) times it
     in general, plus a row."""
     budget = max(1, LOGITS_CHUNK_BYTES // max(1, vocab * itemsize))
