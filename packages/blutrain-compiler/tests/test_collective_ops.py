@@ -15,7 +15,7 @@ import pytest
 import blutrain.compiler as bc
 import blutrain.tensor as bt
 from blutrain.autograd import no_grad
-from blutrain.compiler.executor import CUDAGraphExecutor, Program, StreamCollectives
+from blutrain.compiler.executor import Program
 from blutrain.tensor import capture
 
 
@@ -190,6 +190,7 @@ def test_on_cuda_the_work_runs_on_a_side_stream_inside_the_graph_and_is_joined_b
     registry = bt.backends()
     if "cuda" not in registry.names() or not registry.get("cuda").is_available():
         pytest.skip("no CUDA device")
+    from blutrain_backend_cupy.compile_target import CUDAGraphExecutor, StreamCollectives
     acc = bt.zeros(1 << 20, device="cuda")
 
     def f(x: bt.Tensor) -> bt.Tensor:

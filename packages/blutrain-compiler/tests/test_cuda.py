@@ -13,7 +13,7 @@ import pytest
 
 import blutrain.compiler as bc
 import blutrain.tensor as bt
-from blutrain.compiler.executor import CUDAGraphExecutor
+from blutrain_backend_cupy.compile_target import CUDAGraphExecutor
 
 pytestmark = pytest.mark.cuda
 

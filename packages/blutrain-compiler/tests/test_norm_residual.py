@@ -285,7 +285,7 @@ def test_on_cuda_the_compiled_gpt_with_unfused_projections_matches_eager_bit_for
     float32-to-bf16) LayerNorm kernel: six AdamW steps of the hooked tiny GPT (C = 128: the VEC 4 kernels),
     replayed as a CUDA graph, are eager's bits."""
     _cuda()
-    from blutrain.compiler.executor import CUDAGraphExecutor
+    from blutrain_backend_cupy.compile_target import CUDAGraphExecutor
 
     eager, _ = _gpt_runs(gpt_steps, "adamw", None, hooked=True, device="cuda", steps=6, big=True)
     compiled, ir = _gpt_runs(gpt_steps, "adamw", list(bc.DEFAULT_PIPELINE), hooked=True, device="cuda", steps=6,

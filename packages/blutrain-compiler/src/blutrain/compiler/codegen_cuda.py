@@ -1,5 +1,6 @@
-"""CUDA codegen: a ``blutrain.fused`` region becomes one CUDA elementwise kernel (CuPy's
-``ElementwiseKernel``, compiled by NVRTC), cached by the hash of the region's IR.
+"""CUDA codegen: a ``blutrain.fused`` region becomes the source of one CUDA elementwise kernel in the form of
+CuPy's ``ElementwiseKernel`` (:func:`kernel_spec`), named by the hash of the region's IR. The compiler imports
+no device library: the CUDA backend plugin's compile target compiles it (NVRTC) and launches it.
 
 The kernel reads each input once (broadcast by CuPy's indexing), keeps every intermediate in
 registers and writes only the region's results: n ops cost one launch and one pass over memory.
@@ -26,7 +27,7 @@ the same sign.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from xdsl.ir import SSAValue
 from blutrain.compiler.dialect import FusedOp, Operand, YieldOp, decode, kernel_name, type_info
 from blutrain.compiler.errors import CompilerError
 from blutrain.compiler.passes.fusion import compute_dtype, dtype_name, is_scalar_arg
-from blutrain.tensor.dtype import FLOATING_NAMES, HALF_NAMES
+from blutrain.tensor.dtype import FLOATING_NAMES, HALF_NAMES, DType
 
 # NaN as CuPy's maximum/minimum define it, then the conversions between float32 and the 16-bit dtypes, bit
 # for bit as NumPy/ml_dtypes (and the eager cast kernels of casts.cu) convert; 16-bit values are their bits.
@@ -152,8 +153,6 @@ _FORMS: dict[str, dict[str, str]] = {
                "neg": "(-{0})", "exp": "exp({0})", "log": "log({0})", "sqrt": "sqrt({0})", "tanh": "tanh({0})",
                "abs": "fabs({0})"},
 }
-_cache: dict[str, Any] = {}
-
 
 def _generate(op: FusedOp) -> tuple[str, str, str, str, list[int]]:
     """:func:`kernel_source`, and the indices of the constants that are scalar exponents (each has a fast-path
@@ -214,38 +213,31 @@ def kernel_source(op: FusedOp) -> tuple[str, str, str, str]:
     return _generate(op)[:4]
 
 
-def compile_region(op: FusedOp) -> Callable[..., Any]:
-    """The region as ``fn(consts, *inputs) -> tuple`` on CuPy arrays (compiled once per distinct region)."""
-    import cupy
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything a CUDA backend needs to compile and launch a region as one ``ElementwiseKernel``.
 
+    The kernel takes, in order: the region's scalar constants; an ``int32`` fast-path code
+    (:func:`pow_fast_path`) for each constant at an index in ``exponents``, chosen per call from that call's
+    value; the inputs (half-precision ones, marked in ``half_inputs``, as ``uint16`` views); then the results,
+    allocated by the caller with the shapes and dtypes in ``results`` (half-precision ones as ``uint16``,
+    viewed back as their dtype)."""
+
+    in_params: str
+    out_params: str
+    operation: str
+    name: str  # unique per distinct region: a cache key
+    exponents: tuple[int, ...]
+    half_inputs: tuple[bool, ...]
+    results: tuple[tuple[tuple[int, ...], DType], ...]
+
+
+def kernel_spec(op: FusedOp) -> KernelSpec:
+    """The region ``op`` as a :class:`KernelSpec` (its source with :data:`PREAMBLE`, and how to call it)."""
     ins, outs, operation, name, exponents = _generate(op)
-    kernel = _cache.get(name)
-    if kernel is None:
-        kernel = _cache[name] = cupy.ElementwiseKernel(ins, outs, operation, name, preamble=PREAMBLE)
-    shapes = [type_info(r.type) for r in op.results]
-    half_in = [dtype_name(a) in HALF_NAMES for a in op.body.block.args]
-    u16 = cupy.uint16
-
-    def fn(consts: list[Any], *inputs: Any) -> Any:
-        paths = [np.int32(pow_fast_path(consts[k])) for k in exponents]  # from this call's exponents
-        args = [x.view(u16) if h else x for x, h in zip(inputs, half_in, strict=True)]
-        results = [cupy.empty(shape, dtype=u16 if dt.name in HALF_NAMES else dt.np) for shape, dt in shapes]
-        kernel(*consts, *paths, *args, *results)
-        return tuple(r.view(dt.np) if dt.name in HALF_NAMES else r for r, (_, dt) in zip(results, shapes, strict=True))
-
-    return fn
+    return KernelSpec(ins, outs, operation, name, tuple(exponents),
+                      tuple(dtype_name(a) in HALF_NAMES for a in op.body.block.args),
+                      tuple(type_info(r.type) for r in op.results))
 
 
-class CudaTarget:
-    """The "codegen-cuda" target: fused regions as CUDA elementwise kernels."""
-
-    name = "codegen-cuda"
-    device = "cuda"
-
-    def compile_region(self, op: FusedOp) -> Callable[..., Any]:
-        return compile_region(op)
-
-
-TARGET = CudaTarget()
-
-__all__ = ["POW_FAST_PATHS", "PREAMBLE", "TARGET", "CudaTarget", "compile_region", "kernel_source", "pow_fast_path"]
+__all__ = ["POW_FAST_PATHS", "PREAMBLE", "KernelSpec", "kernel_source", "kernel_spec", "pow_fast_path"]

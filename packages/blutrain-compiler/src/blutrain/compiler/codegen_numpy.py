@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from xdsl.ir import Operation, SSAValue
@@ -22,6 +22,9 @@ from blutrain.compiler.dialect import FusedOp, Operand, YieldOp, decode, kernel_
 from blutrain.compiler.errors import CompilerError
 from blutrain.compiler.passes.fusion import compute_dtype, dtype_name, is_scalar_arg
 from blutrain.tensor.dtype import FLOATING_NAMES, HALF_NAMES, as_dtype
+
+if TYPE_CHECKING:
+    from blutrain.compiler.executor import CPUExecutor, Program
 
 UFUNCS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "pow": "power",
           "maximum": "maximum", "minimum": "minimum", "neg": "negative", "exp": "exp", "log": "log",
@@ -152,13 +155,17 @@ def compile_region(op: FusedOp) -> Callable[..., Any]:
 
 
 class NumpyTarget:
-    """The "codegen-numpy" target: fused regions as generated NumPy functions."""
+    """The "cpu" compile target: fused regions as generated NumPy functions, programs run launch by launch."""
 
-    name = "codegen-numpy"
     device = "cpu"
 
     def compile_region(self, op: FusedOp) -> Callable[..., Any]:
         return compile_region(op)
+
+    def executor(self, program: Program, inputs: list[Any], state: list[Any]) -> CPUExecutor:
+        from blutrain.compiler.executor import CPUExecutor  # the executor module builds on this one
+
+        return CPUExecutor(program, inputs, state)
 
 
 TARGET = NumpyTarget()

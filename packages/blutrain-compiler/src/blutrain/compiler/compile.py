@@ -39,10 +39,11 @@ from xdsl.passes import ModulePass
 
 from blutrain.compiler.dialect import context
 from blutrain.compiler.errors import CompilerError, GraphBreakError, TracingError
-from blutrain.compiler.executor import CPUExecutor, CUDAGraphExecutor, Program
+from blutrain.compiler.executor import Program
 from blutrain.compiler.graph import build_module
 from blutrain.compiler.passes import DEFAULT_PIPELINE
 from blutrain.compiler.registry import passes as pass_registry
+from blutrain.compiler.target import Executor, compile_target
 from blutrain.compiler.trace import TraceArray, Tracer, tracing
 from blutrain.tensor.tensor import Tensor
 
@@ -140,9 +141,7 @@ class CompiledGraph:
                                                 if ev.kind == "collective" and ev.call is not None})
         inputs = [tracer.concrete[v] for v in tracer.inputs]
         state = [tracer.concrete[v] for v in tracer.state_order]
-        self.executor: CPUExecutor | CUDAGraphExecutor = (
-            CUDAGraphExecutor(self.program, inputs, state, defer_capture=True) if device == "cuda"
-            else CPUExecutor(self.program, inputs, state))
+        self.executor: Executor = compile_target(device).executor(self.program, inputs, state)
         ops = next(iter(module.body.block.ops)).regions[0].block.ops
         self._stats = CompileStats(
             traced_ops=len(tracer.events), ops=sum(1 for _ in ops), fused_regions=sum(1 for o in ops

@@ -179,6 +179,8 @@ def _check_pending(pm: pluggy.PluginManager) -> None:
         if caller.spec is not None:
             continue
         for impl in caller.get_hookimpls():
+            if impl.optionalhook:  # marked as implementing a hook of a package that may not be installed
+                continue
             plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
             info = _state.infos.get(plugin_name)
             where = f" ({info.distribution} {info.version})" if info else ""

@@ -1,4 +1,5 @@
-"""The built-in passes and codegen targets: a plugin of ``blutrain_register_passes`` like any other.
+"""The built-in passes and the built-in compile target (NumPy, "cpu"): a plugin of ``blutrain_register_passes``
+and ``blutrain_register_compile_targets`` like any other.
 
 Each pass is an xDSL :class:`~xdsl.passes.ModulePass` with a ``name``; :data:`DEFAULT_PIPELINE` is
 the order :func:`blutrain.compiler.compile` runs them in. The pass modules import xDSL, so this
@@ -13,6 +14,7 @@ from blutrain.tensor.plugins import hookimpl
 
 if TYPE_CHECKING:
     from blutrain.compiler.registry import PassRegistry
+    from blutrain.compiler.target import CompileTargetRegistry
 
 DEFAULT_PIPELINE: tuple[str, ...] = ("adamw-grad-scale", "inplace-aliasing", "dce", "cse", "dce", "layernorm-residual",
                                      "gemm-epilogue", "layernorm-grad-add", "layernorm-cast", "layernorm-grad-outputs",
@@ -22,7 +24,6 @@ DEFAULT_PIPELINE: tuple[str, ...] = ("adamw-grad-scale", "inplace-aliasing", "dc
 
 @hookimpl
 def blutrain_register_passes(registry: PassRegistry) -> None:
-    from blutrain.compiler import codegen_cuda, codegen_numpy
     from blutrain.compiler.passes.aliasing import InplaceAliasing
     from blutrain.compiler.passes.cse import CommonSubexpressionElimination
     from blutrain.compiler.passes.dce import DeadCodeElimination
@@ -43,8 +44,13 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
               KernelSelection, MemoryPlan,
               AdamWGradScale, MultiTensorCast, LayerNormResidual, LayerNormResidualLinearAdd):
         registry.register(p.name, p)
-    registry.register("codegen-numpy", codegen_numpy.TARGET)
-    registry.register("codegen-cuda", codegen_cuda.TARGET)
 
 
-__all__ = ["DEFAULT_PIPELINE", "blutrain_register_passes"]
+@hookimpl
+def blutrain_register_compile_targets(registry: CompileTargetRegistry) -> None:
+    from blutrain.compiler.codegen_numpy import TARGET
+
+    registry.register(TARGET.device, TARGET)
+
+
+__all__ = ["DEFAULT_PIPELINE", "blutrain_register_compile_targets", "blutrain_register_passes"]

@@ -1,5 +1,6 @@
-"""The CUDA executor's arena flow on the CPU: a fake CuPy (pointers, pool, stream capture) under a scripted
-launch list — record, place, serve, plan again when a run strays, fall back to no graph, give memory back."""
+"""The cuda compile target's executor, its arena flow on the CPU: a fake CuPy (pointers, pool, stream capture)
+under a scripted launch list — record, place, serve, plan again when a run strays, fall back to no graph, give
+memory back."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from blutrain.compiler.arena import aligned
-from blutrain.compiler.executor import CUDAGraphExecutor
+from blutrain_backend_cupy.compile_target import CUDAGraphExecutor
 
 
 class Mem:
@@ -208,7 +209,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
     module = types.SimpleNamespace(cuda=fake, array=lambda a, copy=True: np.array(a, copy=True))
     monkeypatch.setitem(sys.modules, "cupy", module)
     # the stand-in has no cuda backend whose allocator cache the executor could empty
-    monkeypatch.setattr("blutrain.compiler.executor._release_cached", lambda: None)
+    monkeypatch.setattr("blutrain_backend_cupy.compile_target._release_cached", lambda: None)
     return fake
 
 
