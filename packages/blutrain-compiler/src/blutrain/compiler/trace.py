@@ -56,7 +56,7 @@ import numpy as np
 from blutrain.compiler.dialect import Operand, scalars_equal
 from blutrain.compiler.errors import DataDependentError, GraphBreakError, TracingError
 from blutrain.tensor import capture, dispatch
-from blutrain.tensor.backend import ARRAY_MODULES
+from blutrain.tensor.backend import ARRAY_DEVICES, ARRAY_MODULES
 from blutrain.tensor.dtype import DType, from_numpy_dtype
 from blutrain.tensor.kernel import Kernel, kernels
 from blutrain.tensor.tensor import Tensor
@@ -165,7 +165,11 @@ def _is_array(x: Any) -> bool:
 
 
 def _device_of(a: Any) -> str:
-    return "cpu" if isinstance(a, np.ndarray) else "cuda"
+    """The device type of the backend whose array ``a`` is (a NumPy subclass is the CPU's)."""
+    found = ARRAY_DEVICES.get(type(a))
+    if found is not None:
+        return found
+    return "cpu" if isinstance(a, np.ndarray) else f"<no backend's array: {type(a).__name__}>"
 
 
 def user_frame() -> str:

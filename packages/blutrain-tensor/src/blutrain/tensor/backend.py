@@ -63,6 +63,8 @@ class Backend(Protocol):
 # Array type → array module, so generic kernels find NumPy or CuPy from their inputs with one dict
 # lookup (Chainer's get_array_module, without importing CuPy).
 ARRAY_MODULES: dict[type, ModuleType] = {np.ndarray: np}
+# Array type → the device type of the backend that registered it ("cpu" for NumPy's)
+ARRAY_DEVICES: dict[type, str] = {np.ndarray: "cpu"}
 
 
 def array_module(array: Any) -> ModuleType:
@@ -98,6 +100,7 @@ class BackendRegistry(Registry[Backend]):
             raise PluginError(f"{self.current_provider.plugin}: backend {name!r} lacks {', '.join(missing)}")
         super().register(name, obj)
         ARRAY_MODULES[obj.array_type] = obj.xp
+        ARRAY_DEVICES[obj.array_type] = name
 
 
 def backends() -> BackendRegistry:
