@@ -44,9 +44,9 @@ def build(family: str) -> str:
 def launch(family: str, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
            smem: int) -> None:
     """One launch through the package, which raises the kernel's dynamic shared-memory limit first (driver)."""
-    from blutrain.kernels import cuda as kc
+    from blutrain.kernels.cuda import _core
 
-    kc._launch(family, name, grid, block, args, smem)
+    _core._launch(family, name, grid, block, args, smem)
 
 
 def describe_kernel(family: str, name: str, smem: int) -> str:

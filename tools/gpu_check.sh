@@ -16,7 +16,7 @@
 #    the cuBLAS binding and the fused LM-head loss), after the
 #    benchmark: it is the slowest stage, and a call that runs out of time loses the least there.
 # Environment: TESTS="pytest args" replaces the cuda-test selection (e.g. "packages/blutrain-kernels/tests/
-# test_cuda.py -k attention"); BENCH="--only attention" is passed to the benchmark; GPT2=0 skips stage 3c;
+# test_cuda_attention.py -k bfloat16"); BENCH="--only attention" is passed to the benchmark; GPT2=0 skips stage 3c;
 # BENCH_ALLOC=1 adds tools/bench_alloc.py (allocation cost, a traced GPT-2 step and its memory plots).
 # BENCH_GPT2=1 (or --gpt2-bench) adds tools/bench/gpt2.py, GPT-2 training beside PyTorch (docs/benchmarks.md),
 # last; BENCH_GPT2=only (or --gpt2-bench-only) runs it alone after the workspace setup, within the call's

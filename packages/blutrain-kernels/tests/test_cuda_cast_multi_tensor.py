@@ -83,16 +83,16 @@ def assert_same_as_single_cast(sources: list[Any], got: list[Any], dtype: Any) -
 
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the kernels casts.cu's launcher starts from now on (the test's calls)."""
-    from blutrain.kernels import cuda
+    from blutrain.kernels.cuda import _casts
 
     names: list[str] = []
-    launch = cuda._launch
+    launch = _casts._launch
 
     def counting(family: str, name: str, *args: Any, **kwargs: Any) -> None:
         names.append(name)
         launch(family, name, *args, **kwargs)
 
-    monkeypatch.setattr(cuda, "_launch", counting)
+    monkeypatch.setattr(_casts, "_launch", counting)
     return names
 
 

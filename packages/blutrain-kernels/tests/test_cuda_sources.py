@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from blutrain.kernels import cuda
+from blutrain.kernels.cuda import _casts, _gemm_3xtf32
 from blutrain.kernels.cuda import philox_reference as ref
 
 CUDA_DIR = Path(cuda.__file__).parent
@@ -45,15 +46,15 @@ def test_every_cast_the_launcher_names_is_a_kernel_of_casts_cu() -> None:
     code = cuda.source("casts")
     pairs = set(re.findall(r"^CAST_KERNELS\((\w+), (\w+), (\w+)\)$", code, re.M))
     defined = {f"cast_{name}_{v}" for name, _, _ in pairs for v in ("v8", "v1")}
-    named = {kernel for names in cuda._CASTS.values() for kernel in names}
-    assert len(cuda._CASTS) == 6 and named == defined
+    named = {kernel for names in _casts._CASTS.values() for kernel in names}
+    assert len(_casts._CASTS) == 6 and named == defined
 
 
 def test_every_pair_of_the_cast_kernels_has_a_multi_tensor_kernel_of_the_same_tile() -> None:
     code = cuda.source("casts")
     pairs = set(re.findall(r"^CAST_KERNELS\((\w+), (\w+), (\w+)\)$", code, re.M))
-    assert set(cuda._MULTI_CASTS.values()) == {f"cast_{name}_multi_tensor" for name, _, _ in pairs}
-    assert set(cuda._MULTI_CASTS) == set(cuda._CASTS)
+    assert set(_casts._MULTI_CASTS.values()) == {f"cast_{name}_multi_tensor" for name, _, _ in pairs}
+    assert set(_casts._MULTI_CASTS) == set(_casts._CASTS)
     assert f"#define CAST_TILE {cuda.CAST_TILE} " in code
 
 
@@ -80,7 +81,7 @@ def test_vectorized_philox_reference_agrees_with_the_single_block_one() -> None:
 ])
 def test_gemm_3xtf32_splits_k_only_where_the_tiles_leave_sms_idle(m: int, n: int, k: int, split: bool) -> None:
     tiles, kt = -(-m // 128) * -(-n // 128), -(-k // 32)
-    splits = cuda._gemm_splits(tiles, kt, m * n, 132)  # an H100 SXM
+    splits = _gemm_3xtf32._gemm_splits(tiles, kt, m * n, 132)  # an H100 SXM
     assert (splits > 1) == split
     assert 1 <= splits <= 16 and -(-kt // splits) >= 8
     if split:  # the blocks fill at least 90 % of the waves they take

@@ -9,9 +9,19 @@ from typing import Any
 
 import numpy as np
 
-from blutrain.kernels.cuda import _contig, _cp, _launch, _numel, _ptr, _row_threads, _suffix, sm_count
+from blutrain.kernels.cuda._core import (
+    Array,
+    Registry,
+    _contig,
+    _cp,
+    _launch,
+    _numel,
+    _ptr,
+    _row_threads,
+    _suffix,
+    sm_count,
+)
 
-Array = Any
 _THREADS = 256
 
 
@@ -123,4 +133,14 @@ def swiglu_backward(grad: Array, gate: Array, up: Array, need_gate: bool,
     return dgate, dup
 
 
-__all__ = ["rms_norm", "rms_norm_backward", "rope", "rope_backward", "swiglu", "swiglu_backward"]
+# op name -> (launcher, dtype names it handles): this family's part of the package's KERNELS
+KERNELS: Registry = {
+    "rms_norm": (rms_norm, ("float32", "bfloat16")),
+    "rms_norm_backward": (rms_norm_backward, ("float32", "bfloat16")),
+    "rope": (rope, ("float32", "bfloat16")),
+    "rope_backward": (rope_backward, ("float32", "bfloat16")),
+    "swiglu": (swiglu, ("float32", "bfloat16")),
+    "swiglu_backward": (swiglu_backward, ("float32", "bfloat16")),
+}
+
+__all__ = ["KERNELS", "rms_norm", "rms_norm_backward", "rope", "rope_backward", "swiglu", "swiglu_backward"]
