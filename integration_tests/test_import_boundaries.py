@@ -3,7 +3,8 @@
 Every ``.py`` file under packages/ and plugins/ (sources and tests) is parsed with ``ast``; no module is imported.
 The rules:
 
-- a plugin never imports another plugin;
+- a plugin's code (its src/) never imports another plugin (its tests may use one as their environment, as the
+  multi-rank tests use the MPI comm plugin);
 - no file imports a private name (``_x``), or from a private module, of another distribution;
 - ``cupy`` (and ``cupyx``) is imported only by the CUDA backend plugin, the NCCL plugin, the kernel library's CUDA
   kernels and blutrain-alloc.
@@ -30,7 +31,7 @@ CUPY_HOMES = (
     "plugins/blutrain-backend-cupy/",
     "plugins/blutrain-comm-nccl/",
     "packages/blutrain-kernels/src/blutrain/kernels/cuda/",
-    "packages/blutrain-kernels/tests/",
+    "packages/blutrain-kernels/tests/",  # the tests of those kernels
     "packages/blutrain-alloc/",
 )
 DEVICE_LIBRARIES = ("cupy", "cupyx", "cupy_backends")
@@ -38,9 +39,18 @@ DEVICE_LIBRARIES = ("cupy", "cupyx", "cupy_backends")
 # (rule, file relative to the repository root) pairs that still break the rule, each with the reason; each entry
 # must still break it (test_allow_list_is_not_stale).
 ALLOWED: dict[tuple[str, str], str] = {
-    # the compiler's CUDA executor and code generation move into the CuPy backend plugin (issue 24 point 5)
-    ("cupy", "packages/blutrain-compiler/src/blutrain/compiler/executor.py"): "moving to the CuPy backend plugin",
-    ("cupy", "packages/blutrain-compiler/src/blutrain/compiler/codegen_cuda.py"): "moving to the CuPy backend plugin",
+    # the compiler's CUDA executor and code generation move into the CuPy backend plugin (issue 24 point 5), and
+    # its CUDA tests with them
+    ("cupy", "packages/blutrain-compiler/src/blutrain/compiler/executor.py"): "moves to the CuPy backend plugin",
+    ("cupy", "packages/blutrain-compiler/src/blutrain/compiler/codegen_cuda.py"): "moves to the CuPy backend plugin",
+    ("cupy", "packages/blutrain-compiler/tests/test_cuda.py"): "moves with the executor",
+    ("cupy", "packages/blutrain-compiler/tests/test_fusion_cuda.py"): "moves with the executor",
+    # the generic erf kernel reaches cupyx.scipy.special for CuPy arrays: the CUDA backend should register its own
+    # erf (and the generic gelu take it from there)
+    ("cupy", "packages/blutrain-tensor/src/blutrain/tensor/cpu/elementwise.py"): "erf on CuPy arrays",
+    # the example kernel plugin compiles a CuPy ElementwiseKernel: a kernel plugin for device "cuda" needs a way
+    # to build device code that the Backend protocol does not declare yet
+    ("cupy", "plugins/blutrain-kernels-example/src/blutrain_kernels_example/gelu.py"): "CuPy ElementwiseKernel",
 }
 
 
@@ -140,7 +150,7 @@ def _violations(path: Path, source: str | None = None) -> Iterator[tuple[str, st
         owner = _owner(imp.module)
         if owner is None or owner is dist:
             continue
-        if dist.is_plugin and owner.is_plugin:
+        if dist.is_plugin and owner.is_plugin and "src" in path.relative_to(dist.root).parts[:1]:
             yield "plugin", f"{imp.line}: plugin {dist.name} imports plugin {owner.name} ({imp.module})"
         private = [p for p in imp.module.split(".") if _private(p)] + [n for n in imp.names if _private(n)]
         if private:
