@@ -23,6 +23,7 @@ import numpy as np
 
 from blutrain.tensor import dispatch
 from blutrain.tensor.backend import array_module
+from blutrain.tensor.base import Scalar, TensorBase, _normalize_dim, _shape_arg
 from blutrain.tensor.device import Device, device
 from blutrain.tensor.dtype import DTYPE_NAMES, DType, as_dtype, from_numpy_dtype
 from blutrain.tensor.errors import (
@@ -32,8 +33,12 @@ from blutrain.tensor.errors import (
     TensorTypeError,
     TensorValueError,
 )
+from blutrain.tensor.ops import elementwise as _ew
+from blutrain.tensor.ops import indexing as _ix
+from blutrain.tensor.ops import linalg as _la
+from blutrain.tensor.ops import reduction as _rd
+from blutrain.tensor.ops import shape as _sh
 
-Scalar = bool | int | float
 _new_object = object.__new__
 
 
@@ -52,26 +57,7 @@ class Storage:
         self.version = 0
 
 
-def _normalize_dim(dim: int, ndim: int, argument: str = "dim") -> int:
-    n = builtins.max(ndim, 1)
-    if not -n <= dim < n:
-        raise TensorValueError(f"{argument}: expected a dimension in [{-n}, {n - 1}], got {dim}")
-    return dim % n if ndim else 0
-
-
-def _shape_arg(shape: tuple[Any, ...], argument: str = "size") -> tuple[int, ...]:
-    """Accept ``f(2, 3)`` and ``f((2, 3))`` as PyTorch does."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    out = []
-    for s in shape:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-            raise TensorTypeError(f"{argument}: expected a sequence of ints, got {shape!r}")
-        out.append(int(s))
-    return tuple(out)
-
-
-class Tensor:
+class Tensor(TensorBase):
     """An n-dimensional array on a device, with reverse-mode autograd state."""
 
     __slots__ = (
@@ -433,17 +419,17 @@ class Tensor:
         return self.shape[0]
 
     def __getitem__(self, key: Any) -> Tensor:
-        return _ops.indexing.getitem(self, key)
+        return _ix.getitem(self, key)
 
     def __setitem__(self, key: Any, value: Tensor | Scalar) -> None:
-        _ops.indexing.setitem(self, key, value)
+        _ix.setitem(self, key, value)
 
     # -- copies and conversions ----------------------------------------------------------------
     def contiguous(self) -> Tensor:
-        return self if self._data.flags.c_contiguous else _ops.elementwise.copy(self)
+        return self if self._data.flags.c_contiguous else _ew.copy(self)
 
     def clone(self) -> Tensor:
-        return _ops.elementwise.copy(self)
+        return _ew.copy(self)
 
     def detach(self) -> Tensor:
         """The same data (shared storage and version counter), cut from the graph.
@@ -493,11 +479,11 @@ class Tensor:
         if device is not None:
             dev = globals()["device"](device)
             if dev is not out.device:
-                out = _ops.elementwise.to_device(out, dev)
+                out = _ew.to_device(out, dev)
         if dtype is not None:
             dt = as_dtype(dtype)
             if dt is not out.dtype:
-                out = _ops.elementwise.cast(out, dt)
+                out = _ew.cast(out, dt)
         if copy and out is self:
             out = self.clone()
         return out
@@ -691,10 +677,10 @@ class Tensor:
         return _ew.binary("pow", other, self)
 
     def __matmul__(self, other: Tensor) -> Tensor:
-        return _ops.linalg.matmul(self, other)
+        return _la.matmul(self, other)
 
     def __rmatmul__(self, other: Tensor) -> Tensor:
-        return _ops.linalg.matmul(other, self)
+        return _la.matmul(other, self)
 
     def __neg__(self) -> Tensor:
         return _ew.unary("neg", self)
@@ -789,13 +775,13 @@ class Tensor:
         return _ew.assign(self, src)
 
     def uniform_(self, a: _float = 0.0, b: _float = 1.0) -> Tensor:
-        return _ops.factory.uniform_(self, a, b)
+        return _ew.uniform_(self, a, b)
 
     def normal_(self, mean: _float = 0.0, std: _float = 1.0) -> Tensor:
-        return _ops.factory.normal_(self, mean, std)
+        return _ew.normal_(self, mean, std)
 
     def masked_fill_(self, mask: Tensor, value: Scalar) -> Tensor:
-        return _ew.assign(self, _ops.elementwise.masked_fill(self.detach(), mask, value), "masked_fill_")
+        return _ew.assign(self, _ew.masked_fill(self.detach(), mask, value), "masked_fill_")
 
     # methods mirroring the functional API
     def add(self, other: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
@@ -886,81 +872,81 @@ class Tensor:
 
     def sum(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False,
             dtype: DType | str | None = None) -> Tensor:
-        return _ops.reduction.sum(self, dim, keepdim, dtype=dtype)
+        return _rd.sum(self, dim, keepdim, dtype=dtype)
 
     def mean(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.mean(self, dim, keepdim)
+        return _rd.mean(self, dim, keepdim)
 
     def max(self, dim: _int | None = None, keepdim: _bool = False) -> Any:
-        return _ops.reduction.max(self, dim, keepdim)
+        return _rd.max(self, dim, keepdim)
 
     def min(self, dim: _int | None = None, keepdim: _bool = False) -> Any:
-        return _ops.reduction.min(self, dim, keepdim)
+        return _rd.min(self, dim, keepdim)
 
     def amax(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.amax(self, dim, keepdim)
+        return _rd.amax(self, dim, keepdim)
 
     def amin(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.amin(self, dim, keepdim)
+        return _rd.amin(self, dim, keepdim)
 
     def argmax(self, dim: _int | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.argmax(self, dim, keepdim)
+        return _rd.argmax(self, dim, keepdim)
 
     def argmin(self, dim: _int | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.argmin(self, dim, keepdim)
+        return _rd.argmin(self, dim, keepdim)
 
     def var(self, dim: _int | Sequence[_int] | None = None, correction: _int = 1, keepdim: _bool = False,
             unbiased: _bool | None = None) -> Tensor:
-        return _ops.reduction.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+        return _rd.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
 
     def std(self, dim: _int | Sequence[_int] | None = None, correction: _int = 1, keepdim: _bool = False,
             unbiased: _bool | None = None) -> Tensor:
-        return _ops.reduction.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+        return _rd.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
 
     def norm(self, p: _float = 2.0, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.norm(self, p, dim, keepdim)
+        return _rd.norm(self, p, dim, keepdim)
 
     def logsumexp(self, dim: _int | Sequence[_int], keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.logsumexp(self, dim, keepdim)
+        return _rd.logsumexp(self, dim, keepdim)
 
     def softmax(self, dim: _int) -> Tensor:
-        return _ops.reduction.softmax(self, dim)
+        return _rd.softmax(self, dim)
 
     def log_softmax(self, dim: _int) -> Tensor:
-        return _ops.reduction.log_softmax(self, dim)
+        return _rd.log_softmax(self, dim)
 
     def all(self) -> Tensor:
-        return _ops.reduction.all(self)
+        return _rd.all(self)
 
     def any(self) -> Tensor:
-        return _ops.reduction.any(self)
+        return _rd.any(self)
 
     def matmul(self, other: Tensor) -> Tensor:
-        return _ops.linalg.matmul(self, other)
+        return _la.matmul(self, other)
 
     def bmm(self, other: Tensor) -> Tensor:
-        return _ops.linalg.bmm(self, other)
+        return _la.bmm(self, other)
 
     def index_select(self, dim: _int, index: Tensor) -> Tensor:
-        return _ops.indexing.index_select(self, dim, index)
+        return _ix.index_select(self, dim, index)
 
     def gather(self, dim: _int, index: Tensor) -> Tensor:
-        return _ops.indexing.gather(self, dim, index)
+        return _ix.gather(self, dim, index)
 
     def scatter_add(self, dim: _int, index: Tensor, src: Tensor) -> Tensor:
-        return _ops.indexing.scatter_add(self, dim, index, src)
+        return _ix.scatter_add(self, dim, index, src)
 
     def index_add(self, dim: _int, index: Tensor, source: Tensor, alpha: Scalar = 1) -> Tensor:
-        return _ops.indexing.index_add(self, dim, index, source, alpha=alpha)
+        return _ix.index_add(self, dim, index, source, alpha=alpha)
 
     def tril(self, diagonal: _int = 0) -> Tensor:
-        return _ops.indexing.tril(self, diagonal)
+        return _ix.tril(self, diagonal)
 
     def triu(self, diagonal: _int = 0) -> Tensor:
-        return _ops.indexing.triu(self, diagonal)
+        return _ix.triu(self, diagonal)
 
     def repeat(self, *sizes: Any) -> Tensor:
-        return _ops.shape.repeat(self, _shape_arg(sizes, "sizes"))
+        return _sh.repeat(self, _shape_arg(sizes, "sizes"))
 
 
 
@@ -1084,6 +1070,3 @@ def from_dlpack(obj: Any) -> Tensor:
             return Tensor._make(arr, from_numpy_dtype(arr.dtype), dev)
     raise TensorValueError(f"from_dlpack: no installed backend handles DLPack device type {dev_type}")
 
-
-from blutrain.tensor import ops as _ops  # noqa: E402  (ops need the Tensor class defined above)
-from blutrain.tensor.ops import elementwise as _ew  # noqa: E402
