@@ -5,15 +5,15 @@ after a class definition to break a cycle."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
-import blutrain.tensor.ops as ops_package
-import blutrain.tensor.tensor as tensor_module
 from blutrain.tensor.base import TensorBase
 from blutrain.tensor.tensor import Tensor
 
-OPS = Path(ops_package.__file__).parent
-TENSOR_PY = Path(tensor_module.__file__)
+# by module name: the package's attribute `tensor` is the function tensor()
+OPS = Path(str(importlib.import_module("blutrain.tensor.ops").__file__)).parent
+TENSOR_PY = Path(str(importlib.import_module("blutrain.tensor.tensor").__file__))
 
 
 def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
