@@ -4,6 +4,9 @@ The backend array held in ``_data`` *is* the view: NumPy and CuPy arrays already
 strides and offset over a shared buffer, so a view op is the array module's own view plus a new
 Tensor that shares the :class:`Storage` (and with it the version counter). Arithmetic, reductions
 and the rest live in :mod:`blutrain.tensor.ops`; this file holds metadata, views and conversions.
+A method whose op function takes the tensor first with the method's own parameters is that function
+(``mean = _rd.mean``): calling it costs no forwarding frame. The op modules never import this file
+(see :mod:`blutrain.tensor.base`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from blutrain.tensor.ops import indexing as _ix
 from blutrain.tensor.ops import linalg as _la
 from blutrain.tensor.ops import reduction as _rd
 from blutrain.tensor.ops import shape as _sh
+from blutrain.tensor.strides import infer_shape, try_view
 
 _new_object = object.__new__
 
@@ -253,8 +257,8 @@ class Tensor(TensorBase):
         """Same storage, new shape; the strides must allow it (otherwise use reshape)."""
         if len(shape) == 1 and isinstance(shape[0], DType | str):
             raise TensorTypeError("view(dtype) is not supported; use to(dtype)")
-        sh = _infer_shape(_shape_arg(shape, "shape"), self.numel(), "view")
-        new = _try_view(self._data, sh)
+        sh = infer_shape(_shape_arg(shape, "shape"), self.numel(), "view")
+        new = try_view(self._data, sh)
         if new is None:
             raise ShapeError(
                 f"view: shape {list(sh)} is not compatible with the strides {list(self.stride())} of a "  # type: ignore[arg-type]
@@ -263,8 +267,8 @@ class Tensor(TensorBase):
 
     def reshape(self, *shape: Any) -> Tensor:
         """A view when the strides allow it, otherwise a contiguous copy."""
-        sh = _infer_shape(_shape_arg(shape, "shape"), self.numel(), "reshape")
-        new = _try_view(self._data, sh)
+        sh = infer_shape(_shape_arg(shape, "shape"), self.numel(), "reshape")
+        new = try_view(self._data, sh)
         if new is None:
             return self.contiguous().view(sh)
         return self._view_op("view", new, {"shape": self.shape})
@@ -418,18 +422,14 @@ class Tensor(TensorBase):
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __getitem__(self, key: Any) -> Tensor:
-        return _ix.getitem(self, key)
-
-    def __setitem__(self, key: Any, value: Tensor | Scalar) -> None:
-        _ix.setitem(self, key, value)
+    __getitem__ = _ix.getitem
+    __setitem__ = _ix.setitem
 
     # -- copies and conversions ----------------------------------------------------------------
     def contiguous(self) -> Tensor:
         return self if self._data.flags.c_contiguous else _ew.copy(self)
 
-    def clone(self) -> Tensor:
-        return _ew.copy(self)
+    clone = _ew.copy
 
     def detach(self) -> Tensor:
         """The same data (shared storage and version counter), cut from the graph.
@@ -862,38 +862,22 @@ class Tensor(TensorBase):
     def reciprocal(self) -> Tensor:
         return _ew.binary("div", 1.0, self)
 
-    def clamp(self, min: Scalar | Tensor | None = None, max: Scalar | Tensor | None = None) -> Tensor:
-        return _ew.clamp(self, min, max)
-
+    clamp = _ew.clamp
     clip = clamp
 
-    def masked_fill(self, mask: Tensor, value: Scalar) -> Tensor:
-        return _ew.masked_fill(self, mask, value)
+    masked_fill = _ew.masked_fill
 
     def sum(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False,
             dtype: DType | str | None = None) -> Tensor:
         return _rd.sum(self, dim, keepdim, dtype=dtype)
 
-    def mean(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _rd.mean(self, dim, keepdim)
-
-    def max(self, dim: _int | None = None, keepdim: _bool = False) -> Any:
-        return _rd.max(self, dim, keepdim)
-
-    def min(self, dim: _int | None = None, keepdim: _bool = False) -> Any:
-        return _rd.min(self, dim, keepdim)
-
-    def amax(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _rd.amax(self, dim, keepdim)
-
-    def amin(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _rd.amin(self, dim, keepdim)
-
-    def argmax(self, dim: _int | None = None, keepdim: _bool = False) -> Tensor:
-        return _rd.argmax(self, dim, keepdim)
-
-    def argmin(self, dim: _int | None = None, keepdim: _bool = False) -> Tensor:
-        return _rd.argmin(self, dim, keepdim)
+    mean = _rd.mean
+    max = _rd.max
+    min = _rd.min
+    amax = _rd.amax
+    amin = _rd.amin
+    argmax = _rd.argmax
+    argmin = _rd.argmin
 
     def var(self, dim: _int | Sequence[_int] | None = None, correction: _int = 1, keepdim: _bool = False,
             unbiased: _bool | None = None) -> Tensor:
@@ -903,11 +887,8 @@ class Tensor(TensorBase):
             unbiased: _bool | None = None) -> Tensor:
         return _rd.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
 
-    def norm(self, p: _float = 2.0, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _rd.norm(self, p, dim, keepdim)
-
-    def logsumexp(self, dim: _int | Sequence[_int], keepdim: _bool = False) -> Tensor:
-        return _rd.logsumexp(self, dim, keepdim)
+    norm = _rd.norm
+    logsumexp = _rd.logsumexp
 
     def softmax(self, dim: _int) -> Tensor:
         return _rd.softmax(self, dim)
@@ -915,11 +896,8 @@ class Tensor(TensorBase):
     def log_softmax(self, dim: _int) -> Tensor:
         return _rd.log_softmax(self, dim)
 
-    def all(self) -> Tensor:
-        return _rd.all(self)
-
-    def any(self) -> Tensor:
-        return _rd.any(self)
+    all = _rd.all
+    any = _rd.any
 
     def matmul(self, other: Tensor) -> Tensor:
         return _la.matmul(self, other)
@@ -927,77 +905,20 @@ class Tensor(TensorBase):
     def bmm(self, other: Tensor) -> Tensor:
         return _la.bmm(self, other)
 
-    def index_select(self, dim: _int, index: Tensor) -> Tensor:
-        return _ix.index_select(self, dim, index)
-
-    def gather(self, dim: _int, index: Tensor) -> Tensor:
-        return _ix.gather(self, dim, index)
-
-    def scatter_add(self, dim: _int, index: Tensor, src: Tensor) -> Tensor:
-        return _ix.scatter_add(self, dim, index, src)
+    index_select = _ix.index_select
+    gather = _ix.gather
+    scatter_add = _ix.scatter_add
 
     def index_add(self, dim: _int, index: Tensor, source: Tensor, alpha: Scalar = 1) -> Tensor:
         return _ix.index_add(self, dim, index, source, alpha=alpha)
 
-    def tril(self, diagonal: _int = 0) -> Tensor:
-        return _ix.tril(self, diagonal)
-
-    def triu(self, diagonal: _int = 0) -> Tensor:
-        return _ix.triu(self, diagonal)
+    tril = _ix.tril
+    triu = _ix.triu
 
     def repeat(self, *sizes: Any) -> Tensor:
         return _sh.repeat(self, _shape_arg(sizes, "sizes"))
 
 
-
-
-def _infer_shape(shape: tuple[int, ...], numel: int, op: str) -> tuple[int, ...]:
-    if shape.count(-1) > 1:
-        raise ShapeError(f"{op}: only one dimension can be -1, got {list(shape)}")
-    if -1 in shape:
-        known = int(np.prod([s for s in shape if s != -1]))
-        if known == 0 or numel % known:
-            raise ShapeError(f"{op}: shape {list(shape)} is invalid for a tensor of {numel} elements")
-        shape = tuple(numel // known if s == -1 else s for s in shape)
-    if any(s < 0 for s in shape) or int(np.prod(shape)) != numel:
-        raise ShapeError(f"{op}: shape {list(shape)} is invalid for a tensor of {numel} elements")
-    return shape
-
-
-def _try_view(data: Any, shape: tuple[int, ...]) -> Any:
-    """A view of ``data`` with ``shape``, or None when the strides make a copy necessary."""
-    if data.flags.c_contiguous:
-        return data.reshape(shape)
-    strides = _view_strides(data.shape, data.strides, shape)
-    if strides is None:
-        return None
-    return array_module(data).lib.stride_tricks.as_strided(data, shape, strides)
-
-
-def _view_strides(old_shape: tuple[int, ...], old_strides: tuple[int, ...],
-                  shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """Strides (bytes) that give ``shape`` over the same memory, or None if there are none.
-
-    PyTorch's rule (``computeStride``): the old dims split into chunks that are contiguous with each
-    other; a new shape is a view only if it regroups each chunk on its own, never across chunks.
-    """
-    new = [0] * len(shape)
-    view_d = len(shape) - 1
-    chunk_stride = old_strides[-1]
-    tensor_numel = view_numel = 1
-    for d in range(len(old_shape) - 1, -1, -1):
-        tensor_numel *= old_shape[d]
-        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
-                new[view_d] = view_numel * chunk_stride
-                view_numel *= shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk_stride = old_strides[d - 1]
-                tensor_numel = view_numel = 1
-    return tuple(new) if view_d == -1 else None
 
 
 _autograd_module: Any = None

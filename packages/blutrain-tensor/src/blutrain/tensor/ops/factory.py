@@ -11,10 +11,10 @@ from typing import Any
 
 from blutrain.tensor import dispatch
 from blutrain.tensor.backend import Generator, backends
+from blutrain.tensor.base import Scalar, _shape_arg
 from blutrain.tensor.device import Device, device
 from blutrain.tensor.dtype import DType, as_dtype, get_default_dtype, int64
 from blutrain.tensor.errors import TensorTypeError, TensorValueError
-from blutrain.tensor.base import Scalar, _shape_arg
 from blutrain.tensor.tensor import Tensor, as_tensor_data
 
 _kernel = dispatch.kernel
