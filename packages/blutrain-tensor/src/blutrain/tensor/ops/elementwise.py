@@ -170,17 +170,17 @@ def binary(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     if op in _SPECIAL:
         dt = _special_dtype(op, dt, b)
     needs_grad = False
-    # _binary_dtype has checked that a or b is a tensor: `make` is set below
+    # _binary_dtype has checked that a or b is a tensor: `host` (whose _make wraps the result) is set below
     if isinstance(a, TensorBase):
         xa = a._data if a.dtype is dt else a._data.astype(dt.np)
         needs_grad = a._rg
-        make = a._make
+        host = a
     else:
         xa = a
     if isinstance(b, TensorBase):
         xb = b._data if b.dtype is dt else b._data.astype(dt.np)
         needs_grad = needs_grad or b._rg
-        make = b._make
+        host = b
         if isinstance(a, TensorBase) and xa.shape != xb.shape:
             broadcast_shapes(xa.shape, xb.shape, op)
     else:
@@ -188,7 +188,7 @@ def binary(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     fn = _table.get((op, dev.type, dt))
     if fn is None:
         fn = _kernel(op, dev.type, dt)
-    res = make(fn(xa, xb), bool_ if op in COMPARISONS else dt, dev)
+    res = host._make(fn(xa, xb), bool_ if op in COMPARISONS else dt, dev)
     if needs_grad and _grad_mode.enabled and op not in COMPARISONS:
         rec = dispatch.recorder
         if rec is not None:
