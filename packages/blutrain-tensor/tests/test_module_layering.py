@@ -47,6 +47,13 @@ def test_op_modules_never_import_tensor_py() -> None:
         assert back == [], f"{path.name} imports {back}"
 
 
+def test_the_modules_tensor_py_is_built_from_never_import_it() -> None:
+    for name in ("base", "views"):
+        path = TENSOR_PY.parent / f"{name}.py"
+        imports = _runtime_imports(ast.parse(path.read_text(encoding="utf-8")))
+        assert [m for _, m in imports if m.startswith("blutrain.tensor.tensor")] == [], name
+
+
 def test_tensor_py_imports_everything_before_its_first_definition() -> None:
     tree = ast.parse(TENSOR_PY.read_text(encoding="utf-8"))
     first_def = next(n.lineno for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)))

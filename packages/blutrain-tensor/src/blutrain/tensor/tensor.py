@@ -2,8 +2,10 @@
 
 The backend array held in ``_data`` *is* the view: NumPy and CuPy arrays already carry shape,
 strides and offset over a shared buffer, so a view op is the array module's own view plus a new
-Tensor that shares the :class:`Storage` (and with it the version counter). Arithmetic, reductions
-and the rest live in :mod:`blutrain.tensor.ops`; this file holds metadata, views and conversions.
+Tensor that shares the :class:`Storage` (and with it the version counter). The view methods are
+:class:`~blutrain.tensor.views.ViewMethods` (mixed in; they need ``_view_op`` from this class); arithmetic,
+reductions and the rest live in :mod:`blutrain.tensor.ops`; this file holds construction, metadata,
+conversions and the autograd entry points.
 A method whose op function takes the tensor first with the method's own parameters is that function
 (``mean = _rd.mean``): calling it costs no forwarding frame. The op modules never import this file
 (see :mod:`blutrain.tensor.base`).
@@ -12,27 +14,24 @@ A method whose op function takes the tensor first with the method's own paramete
 from __future__ import annotations
 
 import builtins
-import math
 
 # In Tensor's signatures, ``int``/``float``/``bool`` would name its methods of those names (as in
 # PyTorch's stubs, which use the same aliases).
 from builtins import bool as _bool
 from builtins import float as _float
 from builtins import int as _int
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from blutrain.tensor import dispatch
-from blutrain.tensor.backend import array_module
 from blutrain.tensor.base import Scalar, TensorBase, _normalize_dim, _shape_arg
 from blutrain.tensor.device import Device, device
 from blutrain.tensor.dtype import DTYPE_NAMES, DType, as_dtype, from_numpy_dtype
 from blutrain.tensor.errors import (
     AutogradError,
     ShapeError,
-    TensorIndexError,
     TensorTypeError,
     TensorValueError,
 )
@@ -41,7 +40,7 @@ from blutrain.tensor.ops import indexing as _ix
 from blutrain.tensor.ops import linalg as _la
 from blutrain.tensor.ops import reduction as _rd
 from blutrain.tensor.ops import shape as _sh
-from blutrain.tensor.strides import infer_shape, try_view
+from blutrain.tensor.views import ViewMethods
 
 _new_object = object.__new__
 
@@ -61,7 +60,7 @@ class Storage:
         self.version = 0
 
 
-class Tensor(TensorBase):
+class Tensor(ViewMethods, TensorBase):
     """An n-dimensional array on a device, with reverse-mode autograd state."""
 
     __slots__ = (
@@ -252,175 +251,11 @@ class Tensor(TensorBase):
     def _bump_version(self) -> None:
         self._storage.version += 1
 
-    # -- views ---------------------------------------------------------------------------------
-    def view(self, *shape: Any) -> Tensor:
-        """Same storage, new shape; the strides must allow it (otherwise use reshape)."""
-        if len(shape) == 1 and isinstance(shape[0], DType | str):
-            raise TensorTypeError("view(dtype) is not supported; use to(dtype)")
-        sh = infer_shape(_shape_arg(shape, "shape"), self.numel(), "view")
-        new = try_view(self._data, sh)
-        if new is None:
-            raise ShapeError(
-                f"view: shape {list(sh)} is not compatible with the strides {list(self.stride())} of a "  # type: ignore[arg-type]
-                f"tensor of shape {list(self.shape)}; use reshape(), which copies when it must")
-        return self._view_op("view", new, {"shape": self.shape})
-
-    def reshape(self, *shape: Any) -> Tensor:
-        """A view when the strides allow it, otherwise a contiguous copy."""
-        sh = infer_shape(_shape_arg(shape, "shape"), self.numel(), "reshape")
-        new = try_view(self._data, sh)
-        if new is None:
-            return self.contiguous().view(sh)
-        return self._view_op("view", new, {"shape": self.shape})
-
-    def flatten(self, start_dim: _int = 0, end_dim: _int = -1) -> Tensor:
-        if self.ndim == 0:
-            return self.reshape(1)
-        s = _normalize_dim(start_dim, self.ndim, "start_dim")
-        e = _normalize_dim(end_dim, self.ndim, "end_dim")
-        if s > e:
-            raise TensorValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
-        sh = (*self.shape[:s], math.prod(self.shape[s:e + 1]), *self.shape[e + 1:])
-        return self.reshape(sh)
-
-    def unflatten(self, dim: _int, sizes: Sequence[_int]) -> Tensor:
-        d = _normalize_dim(dim, self.ndim)
-        return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
-
-    def transpose(self, dim0: _int, dim1: _int) -> Tensor:
-        d0, d1 = _normalize_dim(dim0, self.ndim, "dim0"), _normalize_dim(dim1, self.ndim, "dim1")
-        if d0 == d1:
-            return self._view_op("view", self._data, {"shape": self.shape})
-        perm = list(range(self.ndim))
-        perm[d0], perm[d1] = perm[d1], perm[d0]
-        return self._view_op("permute", self._data.transpose(perm), {"dims": tuple(perm)})
-
-    swapaxes = transpose
-
-    def permute(self, *dims: Any) -> Tensor:
-        ds = _shape_arg(dims, "dims")
-        if len(ds) != self.ndim:
-            raise ShapeError(f"permute: expected {self.ndim} dims for shape {list(self.shape)}, got {list(ds)}")
-        perm = tuple(_normalize_dim(d, self.ndim, "dims") for d in ds)
-        if sorted(perm) != list(range(self.ndim)):
-            raise TensorValueError(f"permute: dims {list(ds)} is not a permutation of 0..{self.ndim - 1}")
-        return self._view_op("permute", self._data.transpose(perm), {"dims": perm})
-
+    # -- views (the others are ViewMethods'; t() returns self itself for fewer than 2 dims) ----------------
     def t(self) -> Tensor:
         if self.ndim > 2:
             raise ShapeError(f"t: expects a tensor with at most 2 dims, got shape {list(self.shape)}")
         return self if self.ndim < 2 else self.transpose(0, 1)
-
-    @property
-    def T(self) -> Tensor:
-        return self.permute(*reversed(range(self.ndim)))
-
-    @property
-    def mT(self) -> Tensor:
-        if self.ndim < 2:
-            raise ShapeError(f"mT: expects at least 2 dims, got shape {list(self.shape)}")
-        return self.transpose(-2, -1)
-
-    def movedim(self, source: _int, destination: _int) -> Tensor:
-        s = _normalize_dim(source, self.ndim, "source")
-        d = _normalize_dim(destination, self.ndim, "destination")
-        perm = [i for i in range(self.ndim) if i != s]
-        perm.insert(d, s)
-        return self.permute(perm)
-
-    def expand(self, *sizes: Any) -> Tensor:
-        """Broadcast to ``sizes`` without copying (-1 keeps a dimension); size-1 dims repeat."""
-        sz = _shape_arg(sizes, "sizes")
-        if len(sz) < self.ndim:
-            raise ShapeError(f"expand: target {list(sz)} has fewer dims than the tensor's shape {list(self.shape)}")
-        lead = len(sz) - self.ndim
-        target = tuple(
-            self.shape[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(sz))
-        for i, s in enumerate(self.shape):
-            if s != 1 and s != target[i + lead]:
-                raise ShapeError(f"expand: cannot expand shape {list(self.shape)} to {list(sz)}")
-        if any(s < 0 for s in target):
-            raise ShapeError(f"expand: -1 is not allowed for a new leading dim, got {list(sz)}")
-        xp = array_module(self._data)  # the array's own module: the compiler's tracer registers one
-        return self._view_op("expand", xp.broadcast_to(self._data, target), {"shape": self.shape})
-
-    def expand_as(self, other: Tensor) -> Tensor:
-        return self.expand(other.shape)
-
-    def broadcast_to(self, *shape: Any) -> Tensor:
-        return self.expand(*shape)
-
-    def squeeze(self, dim: _int | Sequence[_int] | None = None) -> Tensor:
-        if dim is None:
-            new_shape = tuple(s for s in self.shape if s != 1)
-        else:
-            dims = (dim,) if isinstance(dim, int) else tuple(dim)
-            nd = {_normalize_dim(d, self.ndim) for d in dims}
-            new_shape = tuple(s for i, s in enumerate(self.shape) if not (i in nd and s == 1))
-        return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
-
-    def unsqueeze(self, dim: _int) -> Tensor:
-        d = _normalize_dim(dim, self.ndim + 1)
-        new_shape = (*self.shape[:d], 1, *self.shape[d:])
-        return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
-
-    def narrow(self, dim: _int, start: _int, length: _int) -> Tensor:
-        d = _normalize_dim(dim, self.ndim)
-        size = self.shape[d]
-        if start < 0:
-            start += size
-        if not (0 <= start <= size and length >= 0 and start + length <= size):
-            raise TensorValueError(
-                f"narrow: start {start} and length {length} are out of range for dim {dim} of size {size}")
-        key = (slice(None),) * d + (slice(start, start + length),)
-        return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
-
-    def select(self, dim: _int, index: _int) -> Tensor:
-        d = _normalize_dim(dim, self.ndim)
-        size = self.shape[d]
-        if not -size <= index < size:
-            raise TensorIndexError(f"select: index {index} is out of range for dim {dim} of size {size}")
-        # the trailing Ellipsis makes NumPy return a 0-d view, not a scalar copy, for 1-d tensors
-        key = (slice(None),) * d + (index % size, Ellipsis)
-        return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
-
-    def split(self, split_size_or_sections: _int | Sequence[_int], dim: _int = 0) -> tuple[Tensor, ...]:
-        d = _normalize_dim(dim, self.ndim)
-        size = self.shape[d]
-        if isinstance(split_size_or_sections, int):
-            step = split_size_or_sections
-            if step <= 0:
-                raise TensorValueError(f"split: split_size must be positive, got {step}")
-            sizes = [builtins.min(step, size - i) for i in range(0, size, step)] or [0]
-        else:
-            sizes = list(split_size_or_sections)
-            if sum(sizes) != size:
-                raise ShapeError(f"split: sections {sizes} do not sum to dim {dim} of size {size}")
-        out, start = [], 0
-        for s in sizes:
-            out.append(self.narrow(d, start, s))
-            start += s
-        return tuple(out)
-
-    def chunk(self, chunks: _int, dim: _int = 0) -> tuple[Tensor, ...]:
-        if chunks <= 0:
-            raise TensorValueError(f"chunk: chunks must be positive, got {chunks}")
-        size = self.shape[_normalize_dim(dim, self.ndim)]
-        return self.split(builtins.max(-(-size // chunks), 1), dim)
-
-    def unbind(self, dim: _int = 0) -> tuple[Tensor, ...]:
-        d = _normalize_dim(dim, self.ndim)
-        return tuple(self.select(d, i) for i in range(self.shape[d]))
-
-    def __iter__(self) -> Iterator[Tensor]:
-        if self.ndim == 0:
-            raise TypeError("iteration over a 0-d tensor")
-        return iter(self.unbind(0))
-
-    def __len__(self) -> _int:
-        if self.ndim == 0:
-            raise TypeError("len() of a 0-d tensor")
-        return self.shape[0]
 
     __getitem__ = _ix.getitem
     __setitem__ = _ix.setitem
