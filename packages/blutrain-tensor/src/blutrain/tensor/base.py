@@ -3,8 +3,8 @@
 ``tensor.py`` imports the op modules (``blutrain.tensor.ops``) for Tensor's methods, so the op modules never
 import ``tensor.py``: they test ``isinstance(x, TensorBase)`` (``Tensor`` is its one subclass) and make each
 result with the ``_make`` of one of their input tensors, the one method the host class must provide. Only the
-factories, which have no input tensor, import ``tensor.py`` (``blutrain.tensor.ops.factory``; nothing it
-imports needs it).
+factories (``blutrain.tensor.ops.factory``), which have no input tensor, import ``tensor.py``, and ``tensor.py``
+does not import them.
 """
 
 from __future__ import annotations
