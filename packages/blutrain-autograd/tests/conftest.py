@@ -14,7 +14,7 @@ import pytest
 import blutrain.tensor as bt
 from blutrain.tensor import plugins
 from blutrain.tensor.cpu.backend import NumpyBackend
-from blutrain.tensor.cpu.kernels import TABLE, kernel_for
+from blutrain.tensor.cpu import TABLE, kernel_for
 from blutrain.tensor.device import Device
 
 

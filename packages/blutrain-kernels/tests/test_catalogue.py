@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from blutrain.kernels import CATALOGUE, OpInfo, get_op
 from blutrain.kernels.catalogue import Arg, Sample
-from blutrain.tensor.cpu.kernels import TABLE
+from blutrain.tensor.cpu import TABLE
 
 
 def test_the_catalogue_has_every_built_in_kernel_op_and_nothing_else() -> None:

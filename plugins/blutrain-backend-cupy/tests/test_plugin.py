@@ -12,7 +12,7 @@ import blutrain.tensor as bt
 import blutrain_backend_cupy
 from blutrain.kernels import cuda as fused
 from blutrain.tensor.backend import get_backend
-from blutrain.tensor.cpu.kernels import TABLE
+from blutrain.tensor.cpu import TABLE
 from blutrain.tensor.kernel import KernelRegistry, kernels
 from blutrain_backend_cupy import CudaUnavailableError, CupyBackend, cuda
 

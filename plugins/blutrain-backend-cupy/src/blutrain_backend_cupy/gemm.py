@@ -445,7 +445,7 @@ def linear_gelu(x: Array, w: Array, b: Array | None, approximate: str) -> tuple[
     linear and BluTrain's GELU kernel (the epilogue's GELU is checked at half precision only)."""
     import cupy as cp
 
-    from blutrain.tensor.cpu.elementwise import gelu
+    from blutrain.tensor.cpu import elementwise as generic
 
     xr = _rows(x)
     shape = (*x.shape[:-1], w.shape[0])
@@ -461,7 +461,7 @@ def linear_gelu(x: Array, w: Array, b: Array | None, approximate: str) -> tuple[
             return out.reshape(shape), pre.reshape(shape)
     pre = linear(x, w, b)
     out = fused.gelu(pre, approximate)
-    return (gelu(pre, approximate) if out is None else out), pre
+    return (generic.gelu(pre, approximate) if out is None else out), pre
 
 
 def linear_add(residual: Array, x: Array, w: Array, b: Array | None) -> Array:

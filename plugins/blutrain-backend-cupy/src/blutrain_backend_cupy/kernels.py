@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.kernels import cuda as fused
-from blutrain.tensor.cpu.indexing import check_embedding_addend
-from blutrain.tensor.cpu.kernels import STATISTICS, TABLE
+from blutrain.tensor.cpu import STATISTICS, TABLE, check_embedding_addend
 from blutrain.tensor.dtype import ALL_DTYPES, HALF_NAMES, DType, as_dtype
 from blutrain.tensor.half import HalfPrecision
 from blutrain.tensor.kernel import KernelRegistry

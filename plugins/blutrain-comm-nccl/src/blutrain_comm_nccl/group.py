@@ -35,7 +35,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from blutrain.dist import CollectiveTimeoutError, DistArgumentError, DistEnv, DistError, ReduceOp, Store, Work
+from blutrain.dist import (
+    CollectiveTimeoutError,
+    DistArgumentError,
+    DistEnv,
+    DistEnvironmentError,
+    DistError,
+    ReduceOp,
+    Store,
+    Work,
+)
 from blutrain.dist.process_group import (
     check_list,
     check_not_captured,
@@ -47,7 +56,27 @@ from blutrain.dist.process_group import (
     scattered_shape,
 )
 from blutrain.tensor import Tensor
-from blutrain_backend_cupy.backend import require_cupy
+
+
+def require_cupy() -> Any:
+    """The cupy module (whose ``cupy.cuda.nccl`` binding this plugin drives) with a visible GPU, or
+    DistEnvironmentError saying what is missing."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a CuPy built for another CUDA failing to load
+        raise DistEnvironmentError(f"backend 'nccl' needs CuPy with NCCL, which does not load ({exc}); install "
+                                   "blutrain-comm-nccl[cuda12] or blutrain-comm-nccl[cuda13], or use backend 'mpi' "
+                                   "on CPUs") from None
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        raise DistEnvironmentError(f"backend 'nccl' needs a CUDA GPU, and CuPy sees none ({exc}); use backend "
+                                   "'mpi' on CPUs") from None
+    if not count:
+        raise DistEnvironmentError("backend 'nccl' needs a CUDA GPU, and CuPy sees 0 devices; use backend 'mpi' on "
+                                   "CPUs")
+    return cupy
+
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h); AVG needs NCCL >= 2.10
 _DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "int64": 4, "float16": 6, "float32": 7, "float64": 8, "bfloat16": 9}

@@ -38,7 +38,13 @@ from blutrain.dist import DistArgumentError, ProcessGroup, Work
 from blutrain.tensor import Tensor, cat, dispatch, float32, float64, scaled_dot_product_attention, stack, zeros_like
 from blutrain.tensor.autocast import lower
 from blutrain.tensor.dtype import DType, from_numpy_dtype
-from blutrain_parallel_cp.comm import _exchange, _gather, _grad, _reduce_scatter, all_to_all
+from blutrain_parallel_cp.comm import (
+    all_to_all,
+    gather_unrecorded,
+    incoming_grad,
+    reduce_scatter_unrecorded,
+    start_exchange,
+)
 from blutrain_parallel_cp.layout import ChunkLayout
 
 AttentionKind = Literal["ring", "allgather", "ulysses"]
@@ -153,7 +159,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, layout:
         kv = stack([k, v])
         for step in range(n):
             # the next shift is in flight while this block is computed
-            transfer = _exchange(kv, group, (r + 1) % n, (r - 1) % n) if step < n - 1 else None
+            transfer = start_exchange(kv, group, (r + 1) % n, (r - 1) % n) if step < n - 1 else None
             _merge_block(acc, q, kv[0], kv[1], _block(r, (r - step) % n, layout.chunk), scale)
             if transfer is not None:
                 kv = _received(transfer)
@@ -168,12 +174,12 @@ def _ring_attention_backward(node: Any, grads: list[Any], create_graph: bool) ->
     q, k, v, out, lse = node.saved
     group: ProcessGroup = node.attrs["group"]
     r, n = group.rank, group.size
-    dout = _grad(node, grads)
+    dout = incoming_grad(node, grads)
     dq = None
     kv = stack([k, v])
     moving: tuple[Tensor, Work | None] | None = None  # the dk/dv of the K/V block held, on its way round
     for step in range(n):
-        transfer = _exchange(kv, group, (r + 1) % n, (r - 1) % n) if step < n - 1 else None
+        transfer = start_exchange(kv, group, (r + 1) % n, (r - 1) % n) if step < n - 1 else None
         block = _block(r, (r - step) % n, node.attrs["chunk"])
         g = _block_grads(dout, q, kv[0], kv[1], out, lse, block, node.attrs["scale"])
         if moving is None:  # step 0: the whole local block, causal, covers every row
@@ -183,7 +189,7 @@ def _ring_attention_backward(node: Any, grads: list[Any], create_graph: bool) ->
             dkv = _received(moving)  # sent by the previous rank while this block was computed
             _add_block(dq, dkv, g, block)
         # to the next rank, with the K/V it belongs to; the last shift brings every rank its own
-        moving = _exchange(dkv, group, (r + 1) % n, (r - 1) % n) if n > 1 else (dkv, None)
+        moving = start_exchange(dkv, group, (r + 1) % n, (r - 1) % n) if n > 1 else (dkv, None)
         if transfer is not None:
             kv = _received(transfer)
     assert dq is not None and moving is not None
@@ -196,7 +202,7 @@ def allgather_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, la
     """All-gather attention (see the module doc): one ``ALLGATHER_ATTENTION`` op."""
     q, k, v = lower(q), lower(k), lower(v)
     with no_grad():
-        kv = _gather(stack([k, v]), group)  # (world, 2, B, H, T_local, D)
+        kv = gather_unrecorded(stack([k, v]), group)  # (world, 2, B, H, T_local, D)
         acc: list[Partial | None] = [None, None]
         for src in range(group.size):
             _merge_block(acc, q, kv[src, 0], kv[src, 1], _block(group.rank, src, layout.chunk), scale)
@@ -212,15 +218,15 @@ def _allgather_attention_backward(node: Any, grads: list[Any],
     no_double_backward("all-gather attention", create_graph)
     q, k, v, out, lse = node.saved
     group: ProcessGroup = node.attrs["group"]
-    dout = _grad(node, grads)
-    kv = _gather(stack([k, v]), group)  # gathered again rather than kept: O(T) memory per layer
+    dout = incoming_grad(node, grads)
+    kv = gather_unrecorded(stack([k, v]), group)  # gathered again rather than kept: O(T) memory per layer
     dq = zeros_like(q, dtype=lse.dtype)
     dkv = zeros_like(kv, dtype=lse.dtype)
     for src in range(group.size):
         block = _block(group.rank, src, node.attrs["chunk"])
         g = _block_grads(dout, q, kv[src, 0], kv[src, 1], out, lse, block, node.attrs["scale"])
         _add_block(dq, dkv.select(0, src), g, block)
-    mine = _reduce_scatter(dkv, group)  # every rank's gradient of my K/V, summed
+    mine = reduce_scatter_unrecorded(dkv, group)  # every rank's gradient of my K/V, summed
     return dq.to(dtype=q.dtype), mine[0].to(dtype=k.dtype), mine[1].to(dtype=v.dtype)
 
 

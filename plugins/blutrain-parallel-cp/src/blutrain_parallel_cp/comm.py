@@ -31,7 +31,8 @@ ALL_GATHER = "cp_all_gather"
 ALL_TO_ALL = "cp_all_to_all"
 
 
-def _grad(node: Any, grads: list[Any]) -> Tensor:
+def incoming_grad(node: Any, grads: list[Any]) -> Tensor:
+    """The gradient a backward rule receives for the op's one output, contiguous; zeros where none flowed."""
     g = grads[0]
     if g is None:
         shape, dtype, device = node.out_meta[0]
@@ -39,7 +40,7 @@ def _grad(node: Any, grads: list[Any]) -> Tensor:
     return g.contiguous()  # type: ignore[no-any-return]
 
 
-def _exchange(x: Tensor, group: ProcessGroup, to: int, frm: int) -> tuple[Tensor, Work | None]:
+def start_exchange(x: Tensor, group: ProcessGroup, to: int, frm: int) -> tuple[Tensor, Work | None]:
     """Start sending ``x`` to ``to`` and receiving as much from ``frm``; both in flight together, so no
     rank blocks in a send while its peer blocks in one too."""
     out = zeros_like(x)
@@ -56,7 +57,7 @@ class RingShift:
         r, n = group.rank, group.size
         with no_grad():
             self.payload = x.detach().contiguous()
-            self.out, self.work = _exchange(self.payload, group, (r + 1) % n, (r - 1) % n)
+            self.out, self.work = start_exchange(self.payload, group, (r + 1) % n, (r - 1) % n)
 
     def finish(self) -> Tensor:
         if self.work is not None:
@@ -79,13 +80,13 @@ def ring_shift(x: Tensor, group: ProcessGroup) -> Tensor:
 def _ring_shift_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
     group: ProcessGroup = node.attrs["group"]
     r, n = group.rank, group.size
-    out, work = _exchange(_grad(node, grads), group, (r - 1) % n, (r + 1) % n)
+    out, work = start_exchange(incoming_grad(node, grads), group, (r - 1) % n, (r + 1) % n)
     if work is not None:
         work.wait()
     return (out,)
 
 
-def _gather(x: Tensor, group: ProcessGroup) -> Tensor:
+def gather_unrecorded(x: Tensor, group: ProcessGroup) -> Tensor:
     """(size, *x.shape): rank s's ``x`` at index s (not recorded)."""
     with no_grad():
         out = zeros(group.size, *x.shape, dtype=x.dtype, device=x.device)
@@ -93,7 +94,7 @@ def _gather(x: Tensor, group: ProcessGroup) -> Tensor:
     return out
 
 
-def _reduce_scatter(x: Tensor, group: ProcessGroup) -> Tensor:
+def reduce_scatter_unrecorded(x: Tensor, group: ProcessGroup) -> Tensor:
     """The sum over ranks of ``x`` (size, ...) at index ``rank``: x.shape[1:] (not recorded)."""
     with no_grad():
         out = zeros(1, *x.shape[1:], dtype=x.dtype, device=x.device)
@@ -103,14 +104,14 @@ def _reduce_scatter(x: Tensor, group: ProcessGroup) -> Tensor:
 
 def all_gather(x: Tensor, group: ProcessGroup) -> Tensor:
     """(size, *x.shape): rank s's ``x`` at index s."""
-    out = _gather(x, group)
+    out = gather_unrecorded(x, group)
     record(ALL_GATHER, (x,), out, {"group": group})
     return out
 
 
 @derivative(ALL_GATHER, save=save_nothing)
 def _all_gather_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
-    return (_reduce_scatter(_grad(node, grads), node.attrs["group"]),)
+    return (reduce_scatter_unrecorded(incoming_grad(node, grads), node.attrs["group"]),)
 
 
 def all_to_all(x: Tensor, group: ProcessGroup) -> Tensor:
@@ -125,11 +126,12 @@ def all_to_all(x: Tensor, group: ProcessGroup) -> Tensor:
 
 @derivative(ALL_TO_ALL, save=save_nothing)
 def _all_to_all_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
-    g = _grad(node, grads)
+    g = incoming_grad(node, grads)
     out = zeros_like(g)
     node.attrs["group"].all_to_all(out, g)
     return (out,)
 
 
-__all__ = ["ALL_GATHER", "ALL_TO_ALL", "RING_SHIFT", "RingShift", "all_gather", "all_to_all", "ring_shift",
-           "start_ring_shift"]
+# the transfers without autograd and the backward rules' gradient are shared with attention.py
+__all__ = ["ALL_GATHER", "ALL_TO_ALL", "RING_SHIFT", "RingShift", "all_gather", "all_to_all", "gather_unrecorded",
+           "incoming_grad", "reduce_scatter_unrecorded", "ring_shift", "start_exchange", "start_ring_shift"]

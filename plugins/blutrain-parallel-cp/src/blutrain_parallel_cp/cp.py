@@ -15,9 +15,10 @@ reduction's collectives, whose place in backward may differ between ranks.
 The loss: each rank computes the cross-entropy sum of its positions; the value returned is the
 mean over every position of the sequence (the same on every cp rank). Its backward seeds this
 rank's sum with ``cp / n_targets``, so that the gradients of the cp ranks, averaged as replicas'
-gradients are, are the full sequence's. The averaging is the ``ddp`` mode's: ``CP`` wraps the model
-in :class:`~blutrain_parallel_ddp.DistributedDataParallel` over the cp group, or, on a mesh with a
-"dp" dimension, leaves it to the dp mode, which averages over dp × cp (``DDP(mesh)`` does).
+gradients are, are the full sequence's. The averaging is the one replicas share
+(:class:`blutrain.dist.GradientAverager`, bucketed all-reduces overlapping backward): ``CP`` has the model
+average over the cp group, or, on a mesh with a "dp" dimension, leaves it to the dp mode, which averages over
+dp × cp (``DDP(mesh)`` does).
 
 Compile (``blutrain.compiler``): the cp group and the attention's communicator are declared with
 :func:`blutrain.dist.traceable`, so a compiled training step is cut at each attention collective (ring:
@@ -33,18 +34,28 @@ the current block is given up.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from blutrain.autograd import derivative, no_grad, record
 from blutrain.autograd.rules import save_nothing
-from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, get_process_group, traceable
+from blutrain.dist import (
+    DEFAULT_BUCKET_CAP_MB,
+    DeviceMesh,
+    DistArgumentError,
+    GradientAverager,
+    ProcessGroup,
+    broadcast_from_rank0,
+    get_process_group,
+    traceable,
+)
 from blutrain.models import ModelParallelPlan, module_at, plan_of
 from blutrain.nn import Module
 from blutrain.tensor import Tensor, cross_entropy, float64, full_like, stack
 from blutrain.tensor.errors import ShapeError
 from blutrain_parallel_cp.attention import ATTENTION_KINDS, context_parallel_attention
 from blutrain_parallel_cp.layout import ChunkLayout
-from blutrain_parallel_ddp import DEFAULT_BUCKET_CAP_MB, DistributedDataParallel
 
 SEQUENCE_LOSS = "cp_sequence_loss"
 
@@ -115,9 +126,14 @@ class ContextParallelModel(Module):
     ``forward(idx, targets=None)`` takes the whole batch (B, T), T a multiple of 2·cp, and returns
     ``(logits, loss)``: the logits of this rank's positions (B, T / cp, vocab) in layout order, and
     the mean cross-entropy over all positions (targets of -1 ignored), the same on every cp rank.
+
+    ``average_gradients``: start from rank 0's parameters and buffers and leave every rank the cp group's
+    average gradient after each backward (buckets of ``bucket_cap_mb``; ``no_sync()`` suspends it), for a
+    mesh with no dp mode to average them.
     """
 
-    def __init__(self, model: Any, group: ProcessGroup, attn: str = "ring") -> None:
+    def __init__(self, model: Any, group: ProcessGroup, attn: str = "ring", average_gradients: bool = False,
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
         super().__init__()
         where = "ContextParallelModel"
         self.plan = _plan(where, model)
@@ -136,8 +152,24 @@ class ContextParallelModel(Module):
         for _, planned in self.plan.attentions(model):
             planned.attention_core = ContextParallelAttentionCore(self.attention_group, attn)
         self.module = model
+        self.averager: GradientAverager | None = None
+        if average_gradients and group.size > 1:
+            broadcast_from_rank0(self.group, [*model.parameters(), *model.buffers()])
+            params = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+            self.averager = GradientAverager(params, self.group, bucket_cap_mb, owner=where)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally, without averaging them (when it averages)."""
+        if self.averager is None:
+            yield
+            return
+        with self.averager.no_sync():
+            yield
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        if self.averager is not None:
+            self.averager.check_previous_backward()
         model = self.module
         model.check_ids(idx)
         rank = self.group.rank
@@ -160,9 +192,9 @@ class ContextParallelModel(Module):
 
 class CP:
     """The "cp" parallelism mode: ``CP(mesh, attn="ring"|"allgather"|"ulysses").wrap_model(model)`` over
-    the mesh's "cp" dimension (or a process group itself). Without a "dp" dimension the result is
-    also wrapped in ``DistributedDataParallel`` over the cp group (gradient averaging); with one,
-    the dp mode averages over dp × cp. The optimizer is unchanged."""
+    the mesh's "cp" dimension (or a process group itself). Without a "dp" dimension the model also
+    averages its gradients over the cp group (``average_gradients`` of :class:`ContextParallelModel`); with
+    one, the dp mode averages over dp × cp. The optimizer is unchanged."""
 
     dim = "cp"
     compiles = True  # ContextParallelModel declares its groups with blutrain.dist.traceable (see the module doc)
@@ -181,10 +213,8 @@ class CP:
         self.bucket_cap_mb = bucket_cap_mb
 
     def wrap_model(self, model: Any) -> Module:
-        wrapped = ContextParallelModel(model, self.group, self.attn)
-        if self.average_gradients and self.group.size > 1:
-            return DistributedDataParallel(wrapped, self.group, self.bucket_cap_mb)
-        return wrapped
+        return ContextParallelModel(model, self.group, self.attn, average_gradients=self.average_gradients,
+                                    bucket_cap_mb=self.bucket_cap_mb)
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         return optimizer

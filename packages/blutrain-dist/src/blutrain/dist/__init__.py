@@ -13,6 +13,13 @@ from blutrain.dist.errors import (
     StoreError,
     StoreTimeoutError,
 )
+from blutrain.dist.grad_buckets import (
+    DEFAULT_BUCKET_CAP_MB,
+    GradBucket,
+    GradientAverager,
+    broadcast_from_rank0,
+    bucket_parameters,
+)
 from blutrain.dist.group import (
     destroy_process_group,
     get_process_group,
@@ -30,8 +37,8 @@ from blutrain.dist.sharded import StateShard, merge_shards
 from blutrain.dist.store import Store, StoreServer, TCPStore
 from blutrain.dist.traceable import TraceableGroup, traceable
 
-__all__ = ["REDUCE_OPS", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
-           "DistEnv", "DistEnvironmentError", "DistError", "LaunchError", "ParallelMode", "ParallelModeRegistry",
+__all__ = ["DEFAULT_BUCKET_CAP_MB", "REDUCE_OPS", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
+           "DistEnv", "DistEnvironmentError", "DistError", "GradBucket", "GradientAverager", "LaunchError", "ParallelMode", "ParallelModeRegistry",
            "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "TraceableGroup",
-           "Work", "WorkList", "all_reduce_coalesced", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
+           "Work", "WorkList", "all_reduce_coalesced", "broadcast_from_rank0", "bucket_parameters", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
            "get_world_size", "init_process_group", "is_initialized", "merge_shards", "parallel_modes", "sendrecv", "traceable"]

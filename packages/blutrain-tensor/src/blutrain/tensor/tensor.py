@@ -2,38 +2,46 @@
 
 The backend array held in ``_data`` *is* the view: NumPy and CuPy arrays already carry shape,
 strides and offset over a shared buffer, so a view op is the array module's own view plus a new
-Tensor that shares the :class:`Storage` (and with it the version counter). Arithmetic, reductions
-and the rest live in :mod:`blutrain.tensor.ops`; this file holds metadata, views and conversions.
+Tensor that shares the :class:`Storage` (and with it the version counter). The view methods are
+:class:`~blutrain.tensor.views.ViewMethods` (mixed in; they need ``_view_op`` from this class); arithmetic,
+reductions and the rest live in :mod:`blutrain.tensor.ops`; this file holds construction, metadata,
+conversions and the autograd entry points.
+A method whose op function takes the tensor first with the method's own parameters is that function
+(``mean = _rd.mean``): calling it costs no forwarding frame. The op modules never import this file
+(see :mod:`blutrain.tensor.base`).
 """
 
 from __future__ import annotations
 
 import builtins
-import math
 
 # In Tensor's signatures, ``int``/``float``/``bool`` would name its methods of those names (as in
 # PyTorch's stubs, which use the same aliases).
 from builtins import bool as _bool
 from builtins import float as _float
 from builtins import int as _int
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from blutrain.tensor import dispatch
-from blutrain.tensor.backend import array_module
+from blutrain.tensor.base import Scalar, TensorBase, _normalize_dim, _shape_arg
 from blutrain.tensor.device import Device, device
 from blutrain.tensor.dtype import DTYPE_NAMES, DType, as_dtype, from_numpy_dtype
 from blutrain.tensor.errors import (
     AutogradError,
     ShapeError,
-    TensorIndexError,
     TensorTypeError,
     TensorValueError,
 )
+from blutrain.tensor.ops import elementwise as _ew
+from blutrain.tensor.ops import indexing as _ix
+from blutrain.tensor.ops import linalg as _la
+from blutrain.tensor.ops import reduction as _rd
+from blutrain.tensor.ops import shape as _sh
+from blutrain.tensor.views import ViewMethods
 
-Scalar = bool | int | float
 _new_object = object.__new__
 
 
@@ -52,26 +60,7 @@ class Storage:
         self.version = 0
 
 
-def _normalize_dim(dim: int, ndim: int, argument: str = "dim") -> int:
-    n = builtins.max(ndim, 1)
-    if not -n <= dim < n:
-        raise TensorValueError(f"{argument}: expected a dimension in [{-n}, {n - 1}], got {dim}")
-    return dim % n if ndim else 0
-
-
-def _shape_arg(shape: tuple[Any, ...], argument: str = "size") -> tuple[int, ...]:
-    """Accept ``f(2, 3)`` and ``f((2, 3))`` as PyTorch does."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    out = []
-    for s in shape:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-            raise TensorTypeError(f"{argument}: expected a sequence of ints, got {shape!r}")
-        out.append(int(s))
-    return tuple(out)
-
-
-class Tensor:
+class Tensor(ViewMethods, TensorBase):
     """An n-dimensional array on a device, with reverse-mode autograd state."""
 
     __slots__ = (
@@ -262,188 +251,20 @@ class Tensor:
     def _bump_version(self) -> None:
         self._storage.version += 1
 
-    # -- views ---------------------------------------------------------------------------------
-    def view(self, *shape: Any) -> Tensor:
-        """Same storage, new shape; the strides must allow it (otherwise use reshape)."""
-        if len(shape) == 1 and isinstance(shape[0], DType | str):
-            raise TensorTypeError("view(dtype) is not supported; use to(dtype)")
-        sh = _infer_shape(_shape_arg(shape, "shape"), self.numel(), "view")
-        new = _try_view(self._data, sh)
-        if new is None:
-            raise ShapeError(
-                f"view: shape {list(sh)} is not compatible with the strides {list(self.stride())} of a "  # type: ignore[arg-type]
-                f"tensor of shape {list(self.shape)}; use reshape(), which copies when it must")
-        return self._view_op("view", new, {"shape": self.shape})
-
-    def reshape(self, *shape: Any) -> Tensor:
-        """A view when the strides allow it, otherwise a contiguous copy."""
-        sh = _infer_shape(_shape_arg(shape, "shape"), self.numel(), "reshape")
-        new = _try_view(self._data, sh)
-        if new is None:
-            return self.contiguous().view(sh)
-        return self._view_op("view", new, {"shape": self.shape})
-
-    def flatten(self, start_dim: _int = 0, end_dim: _int = -1) -> Tensor:
-        if self.ndim == 0:
-            return self.reshape(1)
-        s = _normalize_dim(start_dim, self.ndim, "start_dim")
-        e = _normalize_dim(end_dim, self.ndim, "end_dim")
-        if s > e:
-            raise TensorValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
-        sh = (*self.shape[:s], math.prod(self.shape[s:e + 1]), *self.shape[e + 1:])
-        return self.reshape(sh)
-
-    def unflatten(self, dim: _int, sizes: Sequence[_int]) -> Tensor:
-        d = _normalize_dim(dim, self.ndim)
-        return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
-
-    def transpose(self, dim0: _int, dim1: _int) -> Tensor:
-        d0, d1 = _normalize_dim(dim0, self.ndim, "dim0"), _normalize_dim(dim1, self.ndim, "dim1")
-        if d0 == d1:
-            return self._view_op("view", self._data, {"shape": self.shape})
-        perm = list(range(self.ndim))
-        perm[d0], perm[d1] = perm[d1], perm[d0]
-        return self._view_op("permute", self._data.transpose(perm), {"dims": tuple(perm)})
-
-    swapaxes = transpose
-
-    def permute(self, *dims: Any) -> Tensor:
-        ds = _shape_arg(dims, "dims")
-        if len(ds) != self.ndim:
-            raise ShapeError(f"permute: expected {self.ndim} dims for shape {list(self.shape)}, got {list(ds)}")
-        perm = tuple(_normalize_dim(d, self.ndim, "dims") for d in ds)
-        if sorted(perm) != list(range(self.ndim)):
-            raise TensorValueError(f"permute: dims {list(ds)} is not a permutation of 0..{self.ndim - 1}")
-        return self._view_op("permute", self._data.transpose(perm), {"dims": perm})
-
+    # -- views (the others are ViewMethods'; t() returns self itself for fewer than 2 dims) ----------------
     def t(self) -> Tensor:
         if self.ndim > 2:
             raise ShapeError(f"t: expects a tensor with at most 2 dims, got shape {list(self.shape)}")
         return self if self.ndim < 2 else self.transpose(0, 1)
 
-    @property
-    def T(self) -> Tensor:
-        return self.permute(*reversed(range(self.ndim)))
-
-    @property
-    def mT(self) -> Tensor:
-        if self.ndim < 2:
-            raise ShapeError(f"mT: expects at least 2 dims, got shape {list(self.shape)}")
-        return self.transpose(-2, -1)
-
-    def movedim(self, source: _int, destination: _int) -> Tensor:
-        s = _normalize_dim(source, self.ndim, "source")
-        d = _normalize_dim(destination, self.ndim, "destination")
-        perm = [i for i in range(self.ndim) if i != s]
-        perm.insert(d, s)
-        return self.permute(perm)
-
-    def expand(self, *sizes: Any) -> Tensor:
-        """Broadcast to ``sizes`` without copying (-1 keeps a dimension); size-1 dims repeat."""
-        sz = _shape_arg(sizes, "sizes")
-        if len(sz) < self.ndim:
-            raise ShapeError(f"expand: target {list(sz)} has fewer dims than the tensor's shape {list(self.shape)}")
-        lead = len(sz) - self.ndim
-        target = tuple(
-            self.shape[i - lead] if (s == -1 and i >= lead) else s for i, s in enumerate(sz))
-        for i, s in enumerate(self.shape):
-            if s != 1 and s != target[i + lead]:
-                raise ShapeError(f"expand: cannot expand shape {list(self.shape)} to {list(sz)}")
-        if any(s < 0 for s in target):
-            raise ShapeError(f"expand: -1 is not allowed for a new leading dim, got {list(sz)}")
-        xp = array_module(self._data)  # the array's own module: the compiler's tracer registers one
-        return self._view_op("expand", xp.broadcast_to(self._data, target), {"shape": self.shape})
-
-    def expand_as(self, other: Tensor) -> Tensor:
-        return self.expand(other.shape)
-
-    def broadcast_to(self, *shape: Any) -> Tensor:
-        return self.expand(*shape)
-
-    def squeeze(self, dim: _int | Sequence[_int] | None = None) -> Tensor:
-        if dim is None:
-            new_shape = tuple(s for s in self.shape if s != 1)
-        else:
-            dims = (dim,) if isinstance(dim, int) else tuple(dim)
-            nd = {_normalize_dim(d, self.ndim) for d in dims}
-            new_shape = tuple(s for i, s in enumerate(self.shape) if not (i in nd and s == 1))
-        return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
-
-    def unsqueeze(self, dim: _int) -> Tensor:
-        d = _normalize_dim(dim, self.ndim + 1)
-        new_shape = (*self.shape[:d], 1, *self.shape[d:])
-        return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
-
-    def narrow(self, dim: _int, start: _int, length: _int) -> Tensor:
-        d = _normalize_dim(dim, self.ndim)
-        size = self.shape[d]
-        if start < 0:
-            start += size
-        if not (0 <= start <= size and length >= 0 and start + length <= size):
-            raise TensorValueError(
-                f"narrow: start {start} and length {length} are out of range for dim {dim} of size {size}")
-        key = (slice(None),) * d + (slice(start, start + length),)
-        return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
-
-    def select(self, dim: _int, index: _int) -> Tensor:
-        d = _normalize_dim(dim, self.ndim)
-        size = self.shape[d]
-        if not -size <= index < size:
-            raise TensorIndexError(f"select: index {index} is out of range for dim {dim} of size {size}")
-        # the trailing Ellipsis makes NumPy return a 0-d view, not a scalar copy, for 1-d tensors
-        key = (slice(None),) * d + (index % size, Ellipsis)
-        return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
-
-    def split(self, split_size_or_sections: _int | Sequence[_int], dim: _int = 0) -> tuple[Tensor, ...]:
-        d = _normalize_dim(dim, self.ndim)
-        size = self.shape[d]
-        if isinstance(split_size_or_sections, int):
-            step = split_size_or_sections
-            if step <= 0:
-                raise TensorValueError(f"split: split_size must be positive, got {step}")
-            sizes = [builtins.min(step, size - i) for i in range(0, size, step)] or [0]
-        else:
-            sizes = list(split_size_or_sections)
-            if sum(sizes) != size:
-                raise ShapeError(f"split: sections {sizes} do not sum to dim {dim} of size {size}")
-        out, start = [], 0
-        for s in sizes:
-            out.append(self.narrow(d, start, s))
-            start += s
-        return tuple(out)
-
-    def chunk(self, chunks: _int, dim: _int = 0) -> tuple[Tensor, ...]:
-        if chunks <= 0:
-            raise TensorValueError(f"chunk: chunks must be positive, got {chunks}")
-        size = self.shape[_normalize_dim(dim, self.ndim)]
-        return self.split(builtins.max(-(-size // chunks), 1), dim)
-
-    def unbind(self, dim: _int = 0) -> tuple[Tensor, ...]:
-        d = _normalize_dim(dim, self.ndim)
-        return tuple(self.select(d, i) for i in range(self.shape[d]))
-
-    def __iter__(self) -> Iterator[Tensor]:
-        if self.ndim == 0:
-            raise TypeError("iteration over a 0-d tensor")
-        return iter(self.unbind(0))
-
-    def __len__(self) -> _int:
-        if self.ndim == 0:
-            raise TypeError("len() of a 0-d tensor")
-        return self.shape[0]
-
-    def __getitem__(self, key: Any) -> Tensor:
-        return _ops.indexing.getitem(self, key)
-
-    def __setitem__(self, key: Any, value: Tensor | Scalar) -> None:
-        _ops.indexing.setitem(self, key, value)
+    __getitem__ = _ix.getitem
+    __setitem__ = _ix.setitem
 
     # -- copies and conversions ----------------------------------------------------------------
     def contiguous(self) -> Tensor:
-        return self if self._data.flags.c_contiguous else _ops.elementwise.copy(self)
+        return self if self._data.flags.c_contiguous else _ew.copy(self)
 
-    def clone(self) -> Tensor:
-        return _ops.elementwise.copy(self)
+    clone = _ew.copy
 
     def detach(self) -> Tensor:
         """The same data (shared storage and version counter), cut from the graph.
@@ -493,11 +314,11 @@ class Tensor:
         if device is not None:
             dev = globals()["device"](device)
             if dev is not out.device:
-                out = _ops.elementwise.to_device(out, dev)
+                out = _ew.to_device(out, dev)
         if dtype is not None:
             dt = as_dtype(dtype)
             if dt is not out.dtype:
-                out = _ops.elementwise.cast(out, dt)
+                out = _ew.cast(out, dt)
         if copy and out is self:
             out = self.clone()
         return out
@@ -691,10 +512,10 @@ class Tensor:
         return _ew.binary("pow", other, self)
 
     def __matmul__(self, other: Tensor) -> Tensor:
-        return _ops.linalg.matmul(self, other)
+        return _la.matmul(self, other)
 
     def __rmatmul__(self, other: Tensor) -> Tensor:
-        return _ops.linalg.matmul(other, self)
+        return _la.matmul(other, self)
 
     def __neg__(self) -> Tensor:
         return _ew.unary("neg", self)
@@ -789,13 +610,13 @@ class Tensor:
         return _ew.assign(self, src)
 
     def uniform_(self, a: _float = 0.0, b: _float = 1.0) -> Tensor:
-        return _ops.factory.uniform_(self, a, b)
+        return _ew.uniform_(self, a, b)
 
     def normal_(self, mean: _float = 0.0, std: _float = 1.0) -> Tensor:
-        return _ops.factory.normal_(self, mean, std)
+        return _ew.normal_(self, mean, std)
 
     def masked_fill_(self, mask: Tensor, value: Scalar) -> Tensor:
-        return _ew.assign(self, _ops.elementwise.masked_fill(self.detach(), mask, value), "masked_fill_")
+        return _ew.assign(self, _ew.masked_fill(self.detach(), mask, value), "masked_fill_")
 
     # methods mirroring the functional API
     def add(self, other: Tensor | Scalar, alpha: Scalar = 1) -> Tensor:
@@ -876,142 +697,63 @@ class Tensor:
     def reciprocal(self) -> Tensor:
         return _ew.binary("div", 1.0, self)
 
-    def clamp(self, min: Scalar | Tensor | None = None, max: Scalar | Tensor | None = None) -> Tensor:
-        return _ew.clamp(self, min, max)
-
+    clamp = _ew.clamp
     clip = clamp
 
-    def masked_fill(self, mask: Tensor, value: Scalar) -> Tensor:
-        return _ew.masked_fill(self, mask, value)
+    masked_fill = _ew.masked_fill
 
     def sum(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False,
             dtype: DType | str | None = None) -> Tensor:
-        return _ops.reduction.sum(self, dim, keepdim, dtype=dtype)
+        return _rd.sum(self, dim, keepdim, dtype=dtype)
 
-    def mean(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.mean(self, dim, keepdim)
-
-    def max(self, dim: _int | None = None, keepdim: _bool = False) -> Any:
-        return _ops.reduction.max(self, dim, keepdim)
-
-    def min(self, dim: _int | None = None, keepdim: _bool = False) -> Any:
-        return _ops.reduction.min(self, dim, keepdim)
-
-    def amax(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.amax(self, dim, keepdim)
-
-    def amin(self, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.amin(self, dim, keepdim)
-
-    def argmax(self, dim: _int | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.argmax(self, dim, keepdim)
-
-    def argmin(self, dim: _int | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.argmin(self, dim, keepdim)
+    mean = _rd.mean
+    max = _rd.max
+    min = _rd.min
+    amax = _rd.amax
+    amin = _rd.amin
+    argmax = _rd.argmax
+    argmin = _rd.argmin
 
     def var(self, dim: _int | Sequence[_int] | None = None, correction: _int = 1, keepdim: _bool = False,
             unbiased: _bool | None = None) -> Tensor:
-        return _ops.reduction.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+        return _rd.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
 
     def std(self, dim: _int | Sequence[_int] | None = None, correction: _int = 1, keepdim: _bool = False,
             unbiased: _bool | None = None) -> Tensor:
-        return _ops.reduction.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+        return _rd.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
 
-    def norm(self, p: _float = 2.0, dim: _int | Sequence[_int] | None = None, keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.norm(self, p, dim, keepdim)
-
-    def logsumexp(self, dim: _int | Sequence[_int], keepdim: _bool = False) -> Tensor:
-        return _ops.reduction.logsumexp(self, dim, keepdim)
+    norm = _rd.norm
+    logsumexp = _rd.logsumexp
 
     def softmax(self, dim: _int) -> Tensor:
-        return _ops.reduction.softmax(self, dim)
+        return _rd.softmax(self, dim)
 
     def log_softmax(self, dim: _int) -> Tensor:
-        return _ops.reduction.log_softmax(self, dim)
+        return _rd.log_softmax(self, dim)
 
-    def all(self) -> Tensor:
-        return _ops.reduction.all(self)
-
-    def any(self) -> Tensor:
-        return _ops.reduction.any(self)
+    all = _rd.all
+    any = _rd.any
 
     def matmul(self, other: Tensor) -> Tensor:
-        return _ops.linalg.matmul(self, other)
+        return _la.matmul(self, other)
 
     def bmm(self, other: Tensor) -> Tensor:
-        return _ops.linalg.bmm(self, other)
+        return _la.bmm(self, other)
 
-    def index_select(self, dim: _int, index: Tensor) -> Tensor:
-        return _ops.indexing.index_select(self, dim, index)
-
-    def gather(self, dim: _int, index: Tensor) -> Tensor:
-        return _ops.indexing.gather(self, dim, index)
-
-    def scatter_add(self, dim: _int, index: Tensor, src: Tensor) -> Tensor:
-        return _ops.indexing.scatter_add(self, dim, index, src)
+    index_select = _ix.index_select
+    gather = _ix.gather
+    scatter_add = _ix.scatter_add
 
     def index_add(self, dim: _int, index: Tensor, source: Tensor, alpha: Scalar = 1) -> Tensor:
-        return _ops.indexing.index_add(self, dim, index, source, alpha=alpha)
+        return _ix.index_add(self, dim, index, source, alpha=alpha)
 
-    def tril(self, diagonal: _int = 0) -> Tensor:
-        return _ops.indexing.tril(self, diagonal)
-
-    def triu(self, diagonal: _int = 0) -> Tensor:
-        return _ops.indexing.triu(self, diagonal)
+    tril = _ix.tril
+    triu = _ix.triu
 
     def repeat(self, *sizes: Any) -> Tensor:
-        return _ops.shape.repeat(self, _shape_arg(sizes, "sizes"))
+        return _sh.repeat(self, _shape_arg(sizes, "sizes"))
 
 
-
-
-def _infer_shape(shape: tuple[int, ...], numel: int, op: str) -> tuple[int, ...]:
-    if shape.count(-1) > 1:
-        raise ShapeError(f"{op}: only one dimension can be -1, got {list(shape)}")
-    if -1 in shape:
-        known = int(np.prod([s for s in shape if s != -1]))
-        if known == 0 or numel % known:
-            raise ShapeError(f"{op}: shape {list(shape)} is invalid for a tensor of {numel} elements")
-        shape = tuple(numel // known if s == -1 else s for s in shape)
-    if any(s < 0 for s in shape) or int(np.prod(shape)) != numel:
-        raise ShapeError(f"{op}: shape {list(shape)} is invalid for a tensor of {numel} elements")
-    return shape
-
-
-def _try_view(data: Any, shape: tuple[int, ...]) -> Any:
-    """A view of ``data`` with ``shape``, or None when the strides make a copy necessary."""
-    if data.flags.c_contiguous:
-        return data.reshape(shape)
-    strides = _view_strides(data.shape, data.strides, shape)
-    if strides is None:
-        return None
-    return array_module(data).lib.stride_tricks.as_strided(data, shape, strides)
-
-
-def _view_strides(old_shape: tuple[int, ...], old_strides: tuple[int, ...],
-                  shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """Strides (bytes) that give ``shape`` over the same memory, or None if there are none.
-
-    PyTorch's rule (``computeStride``): the old dims split into chunks that are contiguous with each
-    other; a new shape is a view only if it regroups each chunk on its own, never across chunks.
-    """
-    new = [0] * len(shape)
-    view_d = len(shape) - 1
-    chunk_stride = old_strides[-1]
-    tensor_numel = view_numel = 1
-    for d in range(len(old_shape) - 1, -1, -1):
-        tensor_numel *= old_shape[d]
-        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or shape[view_d] == 1):
-                new[view_d] = view_numel * chunk_stride
-                view_numel *= shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk_stride = old_strides[d - 1]
-                tensor_numel = view_numel = 1
-    return tuple(new) if view_d == -1 else None
 
 
 _autograd_module: Any = None
@@ -1084,6 +826,3 @@ def from_dlpack(obj: Any) -> Tensor:
             return Tensor._make(arr, from_numpy_dtype(arr.dtype), dev)
     raise TensorValueError(f"from_dlpack: no installed backend handles DLPack device type {dev_type}")
 
-
-from blutrain.tensor import ops as _ops  # noqa: E402  (ops need the Tensor class defined above)
-from blutrain.tensor.ops import elementwise as _ew  # noqa: E402

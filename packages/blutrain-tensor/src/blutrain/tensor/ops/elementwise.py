@@ -8,12 +8,13 @@ as weakly typed, so ``x * 2.0`` stays in x's dtype.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blutrain.tensor import capture, dispatch
 from blutrain.tensor.backend import is_writeable
+from blutrain.tensor.base import Scalar, TensorBase
 from blutrain.tensor.device import Device
 from blutrain.tensor.dtype import (
     FLOAT_UNARY_OPS,
@@ -33,7 +34,9 @@ from blutrain.tensor.errors import (
     TensorTypeError,
     TensorValueError,
 )
-from blutrain.tensor.tensor import Scalar, Tensor
+
+if TYPE_CHECKING:
+    from blutrain.tensor.tensor import Tensor
 
 _grad_mode = dispatch.grad_mode
 _kernel = dispatch.kernel
@@ -95,7 +98,7 @@ def result_type(*operands: Tensor | Scalar) -> DType:
     (for a float scalar, the default float dtype)."""
     groups: list[DType | None] = [None, None, None]
     for o in operands:
-        if isinstance(o, Tensor):
+        if isinstance(o, TensorBase):
             g, d = (0 if o.ndim else 1), o.dtype
         else:
             g, d = 2, scalar_dtype(o)
@@ -111,8 +114,8 @@ def result_type(*operands: Tensor | Scalar) -> DType:
 
 
 def _binary_dtype(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> tuple[DType, Device]:
-    if isinstance(a, Tensor):
-        if isinstance(b, Tensor):
+    if isinstance(a, TensorBase):
+        if isinstance(b, TensorBase):
             if a.device is not b.device:
                 raise DeviceMismatchError(f"{op}: tensors are on different devices: {a.device} and {b.device}")
             if a.dtype is b.dtype:
@@ -121,13 +124,13 @@ def _binary_dtype(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> tuple[DTyp
                 return PROMOTION_TABLE[(a.dtype, b.dtype)], a.device
             return result_type(a, b), a.device
         return _scalar_result(a.dtype, b, op), a.device
-    if isinstance(b, Tensor):
+    if isinstance(b, TensorBase):
         return _scalar_result(b.dtype, a, op), b.device
     raise TensorTypeError(f"{op}: expected at least one Tensor, got {type(a).__name__} and {type(b).__name__}")
 
 
 def _operand(x: Tensor | Scalar, dt: DType) -> Any:
-    if isinstance(x, Tensor):
+    if isinstance(x, TensorBase):
         return x._data if x.dtype is dt else x._data.astype(dt.np)
     return x
 
@@ -139,7 +142,7 @@ def _special_dtype(op: str, dt: DType, b: Tensor | Scalar) -> DType:
     if op == "pow":
         if not dt.is_floating and _negative(b):
             raise TensorValueError(f"pow: integers to negative integer powers are not allowed (exponent "
-                                   f"{b if not isinstance(b, Tensor) else 'tensor'} for dtype {dt.name}); use a "
+                                   f"{b if not isinstance(b, TensorBase) else 'tensor'} for dtype {dt.name}); use a "
                                    "floating base")
         return dt
     if op in LOGICAL:
@@ -150,7 +153,7 @@ def _special_dtype(op: str, dt: DType, b: Tensor | Scalar) -> DType:
 
 
 def _negative(b: Tensor | Scalar) -> bool:
-    if isinstance(b, Tensor):  # a host-side check only where reading the values is free
+    if isinstance(b, TensorBase):  # a host-side check only where reading the values is free
         return b.device.type == "cpu" and b.numel() > 0 and bool((b._data < 0).any())
     return isinstance(b, int) and b < 0
 
@@ -167,22 +170,25 @@ def binary(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     if op in _SPECIAL:
         dt = _special_dtype(op, dt, b)
     needs_grad = False
-    if isinstance(a, Tensor):
+    # _binary_dtype has checked that a or b is a tensor: `host` (whose _make wraps the result) is set below
+    if isinstance(a, TensorBase):
         xa = a._data if a.dtype is dt else a._data.astype(dt.np)
         needs_grad = a._rg
+        host = a
     else:
         xa = a
-    if isinstance(b, Tensor):
+    if isinstance(b, TensorBase):
         xb = b._data if b.dtype is dt else b._data.astype(dt.np)
         needs_grad = needs_grad or b._rg
-        if isinstance(a, Tensor) and xa.shape != xb.shape:
+        host = b
+        if isinstance(a, TensorBase) and xa.shape != xb.shape:
             broadcast_shapes(xa.shape, xb.shape, op)
     else:
         xb = b
     fn = _table.get((op, dev.type, dt))
     if fn is None:
         fn = _kernel(op, dev.type, dt)
-    res = Tensor._make(fn(xa, xb), bool_ if op in COMPARISONS else dt, dev)
+    res = host._make(fn(xa, xb), bool_ if op in COMPARISONS else dt, dev)
     if needs_grad and _grad_mode.enabled and op not in COMPARISONS:
         rec = dispatch.recorder
         if rec is not None:
@@ -198,7 +204,7 @@ def bitwise(kind: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
 
 def unary(op: str, x: Tensor, *args: Any) -> Tensor:
     """``op(x, *args)`` elementwise; integer inputs of float-only ops become the default float."""
-    if not isinstance(x, Tensor):
+    if not isinstance(x, TensorBase):
         raise TensorTypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
     dt = x.dtype
     data = x._data
@@ -210,7 +216,7 @@ def unary(op: str, x: Tensor, *args: Any) -> Tensor:
     fn = _table.get((op, x.device.type, dt))
     if fn is None:
         fn = _kernel(op, x.device.type, dt)
-    res = Tensor._make(fn(data, *args), dt, x.device)
+    res = x._make(fn(data, *args), dt, x.device)
     if x._rg and _grad_mode.enabled:
         rec = dispatch.recorder
         if rec is not None:
@@ -221,7 +227,7 @@ def unary(op: str, x: Tensor, *args: Any) -> Tensor:
 def _check_inplace(op: str, target: Tensor, *others: Any) -> None:
     """Autograd records no in-place op: one on a tensor in a graph (or fed from one) is refused while
     grad mode is on, with the two ways out. ``op`` is the user-facing name (``add_``, ``setitem``)."""
-    if _grad_mode.enabled and (target._rg or any(isinstance(o, Tensor) and o._rg for o in others)):
+    if _grad_mode.enabled and (target._rg or any(isinstance(o, TensorBase) and o._rg for o in others)):
         if not target._rg:
             kind = "a tensor that does not require grad, from one that does"
         elif target.grad_fn is None:
@@ -261,7 +267,7 @@ def inplace(op: str, target: Tensor, other: Tensor | Scalar) -> Tensor:
     if dt.category > target.dtype.category:
         raise TensorTypeError(f"{op}_: result type {dt.name} cannot be written into a tensor of dtype "
                               f"{target.dtype.name}")
-    if isinstance(other, Tensor):
+    if isinstance(other, TensorBase):
         shape = broadcast_shapes(target.shape, other.shape, op + "_")
         if shape != target.shape:
             raise ShapeError(f"{op}_: the result shape {list(shape)} does not fit the target's shape "
@@ -273,7 +279,7 @@ def inplace(op: str, target: Tensor, other: Tensor | Scalar) -> Tensor:
 
 def assign(target: Tensor, src: Tensor, op: str = "copy_") -> Tensor:
     """``target.copy_(src)``: broadcasting, casting and moving between devices as needed."""
-    if not isinstance(src, Tensor):
+    if not isinstance(src, TensorBase):
         raise TensorTypeError(f"{op}: src must be a Tensor, got {type(src).__name__}")
     _check_inplace(op, target, src)
     if src.device is not target.device:
@@ -287,7 +293,7 @@ def assign(target: Tensor, src: Tensor, op: str = "copy_") -> Tensor:
 
 def fill_(target: Tensor, value: Scalar | Tensor, op: str = "fill_") -> Tensor:
     _check_inplace(op, target, value)
-    if isinstance(value, Tensor):
+    if isinstance(value, TensorBase):
         if value.numel() != 1:
             raise ShapeError(f"{op}: value must have one element, got shape {list(value.shape)}")
         value = value.item()
@@ -301,7 +307,7 @@ def fill_(target: Tensor, value: Scalar | Tensor, op: str = "fill_") -> Tensor:
 
 def copy(x: Tensor) -> Tensor:
     """A contiguous copy that autograd sees as identity."""
-    out = Tensor._make(_kernel("copy", x.device.type, x.dtype)(x._data), x.dtype, x.device)
+    out = x._make(_kernel("copy", x.device.type, x.dtype)(x._data), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("copy", (x,), out, {})
     return out
@@ -309,7 +315,7 @@ def copy(x: Tensor) -> Tensor:
 
 def cast(x: Tensor, dtype: DType | str) -> Tensor:
     dt = as_dtype(dtype)
-    out = Tensor._make(_kernel("cast", x.device.type, x.dtype)(x._data, dt.np), dt, x.device)
+    out = x._make(_kernel("cast", x.device.type, x.dtype)(x._data, dt.np), dt, x.device)
     if x._rg and dt.is_floating and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("cast", (x,), out, {"dtype": x.dtype})
     return out
@@ -319,7 +325,7 @@ def to_device(x: Tensor, dev: Device) -> Tensor:
     src_backend, dst_backend = x.device.backend, dev.backend
     host = src_backend.to_host(x._data)
     data = dst_backend.from_host(host, dev.index) if dev.type != "cpu" else host.copy() if host is x._data else host
-    out = Tensor._make(data, x.dtype, dev)
+    out = x._make(data, x.dtype, dev)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("to_device", (x,), out, {"device": x.device})
     return out
@@ -327,36 +333,36 @@ def to_device(x: Tensor, dev: Device) -> Tensor:
 
 def where(condition: Tensor, input: Tensor | Scalar, other: Tensor | Scalar) -> Tensor:
     """Elements of ``input`` where ``condition`` holds, else of ``other``."""
-    if not isinstance(condition, Tensor) or condition.dtype is not bool_:
-        got = condition.dtype.name if isinstance(condition, Tensor) else type(condition).__name__
+    if not isinstance(condition, TensorBase) or condition.dtype is not bool_:
+        got = condition.dtype.name if isinstance(condition, TensorBase) else type(condition).__name__
         raise TensorTypeError(f"where: condition must be a bool Tensor, got {got}")
-    if isinstance(input, Tensor) or isinstance(other, Tensor):
+    if isinstance(input, TensorBase) or isinstance(other, TensorBase):
         dt, dev = _binary_dtype("where", input, other)
     else:
         dt, dev = result_type(input, other), condition.device
     if condition.device is not dev:
         raise DeviceMismatchError(f"where: condition is on {condition.device}, values on {dev}")
-    shapes = [condition.shape] + [o.shape for o in (input, other) if isinstance(o, Tensor)]
+    shapes = [condition.shape] + [o.shape for o in (input, other) if isinstance(o, TensorBase)]
     shape = shapes[0]
     for s in shapes[1:]:
         shape = broadcast_shapes(shape, s, "where")
     out = _kernel("where", dev.type, dt)(condition._data, _operand(input, dt), _operand(other, dt))
-    res = Tensor._make(out, dt, dev)
+    res = condition._make(out, dt, dev)
     if (_grad_mode.enabled and dispatch.recorder is not None
-            and any(isinstance(o, Tensor) and o._rg for o in (input, other))):
+            and any(isinstance(o, TensorBase) and o._rg for o in (input, other))):
         dispatch.recorder("where", (input, other), res, {"condition": condition})
     return res
 
 
 def masked_fill(x: Tensor, mask: Tensor, value: Scalar | Tensor) -> Tensor:
     """``x`` with ``value`` where ``mask`` is True (mask broadcasts to x); the dtype stays x's."""
-    if not isinstance(x, Tensor):
+    if not isinstance(x, TensorBase):
         raise TensorTypeError(f"masked_fill: input must be a Tensor, got {type(x).__name__}")
-    if not isinstance(mask, Tensor) or mask.dtype is not bool_:
+    if not isinstance(mask, TensorBase) or mask.dtype is not bool_:
         raise TensorTypeError(f"masked_fill: mask must be a bool Tensor, got {getattr(mask, 'dtype', type(mask))}")
     if mask.device is not x.device:
         raise DeviceMismatchError(f"masked_fill: mask is on {mask.device}, input on {x.device}")
-    if isinstance(value, Tensor):
+    if isinstance(value, TensorBase):
         if value.numel() != 1:
             raise ShapeError(f"masked_fill: value must be a scalar or a one-element tensor, got shape "
                              f"{list(value.shape)}")
@@ -366,7 +372,7 @@ def masked_fill(x: Tensor, mask: Tensor, value: Scalar | Tensor) -> Tensor:
     if broadcast_shapes(x.shape, mask.shape, "masked_fill") != x.shape:
         raise ShapeError(f"masked_fill: mask of shape {list(mask.shape)} does not broadcast to {list(x.shape)}")
     fill = x._data.dtype.type(value)  # a value of x's dtype: the result keeps x's dtype
-    out = Tensor._make(_kernel("where", x.device.type, x.dtype)(mask._data, fill, x._data), x.dtype, x.device)
+    out = x._make(_kernel("where", x.device.type, x.dtype)(mask._data, fill, x._data), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("where", (value, x), out, {"condition": mask})
     return out
@@ -375,7 +381,7 @@ def masked_fill(x: Tensor, mask: Tensor, value: Scalar | Tensor) -> Tensor:
 def clamp(x: Tensor, min: Scalar | Tensor | None = None, max: Scalar | Tensor | None = None) -> Tensor:
     if min is None and max is None:
         raise TensorTypeError("clamp: at least one of min and max must be given")
-    if isinstance(min, Tensor) or isinstance(max, Tensor):
+    if isinstance(min, TensorBase) or isinstance(max, TensorBase):
         out = x
         if min is not None:
             out = binary("maximum", out, min)
@@ -387,7 +393,7 @@ def clamp(x: Tensor, min: Scalar | Tensor | None = None, max: Scalar | Tensor | 
         if v is not None:
             dt = _scalar_result(dt, v, "clamp")
     out_data = _kernel("clamp", x.device.type, dt)(_operand(x, dt), min, max)
-    res = Tensor._make(out_data, dt, x.device)
+    res = x._make(out_data, dt, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("clamp", (x,), res, {"min": min, "max": max})
     return res
@@ -527,3 +533,23 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     if approximate not in ("none", "tanh"):
         raise TensorTypeError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return unary("gelu", input, approximate)
+
+
+def uniform_(x: Tensor, a: float, b: float) -> Tensor:
+    """Fill ``x`` in place with samples of U(a, b) from its device's generator."""
+    _check_inplace("uniform_", x)
+    check_writable("uniform_", x)
+    sample = x.device.backend.generator(x.device.index).uniform(x.shape, x.dtype)
+    x._data[...] = sample * (b - a) + a
+    x._storage.version += 1
+    return x
+
+
+def normal_(x: Tensor, mean: float, std: float) -> Tensor:
+    """Fill ``x`` in place with samples of N(mean, std²) from its device's generator."""
+    _check_inplace("normal_", x)
+    check_writable("normal_", x)
+    sample = x.device.backend.generator(x.device.index).normal(x.shape, x.dtype)
+    x._data[...] = sample * std + mean
+    x._storage.version += 1
+    return x

@@ -11,10 +11,11 @@ from typing import Any
 
 from blutrain.tensor import dispatch
 from blutrain.tensor.backend import Generator, backends
+from blutrain.tensor.base import Scalar, _shape_arg
 from blutrain.tensor.device import Device, device
 from blutrain.tensor.dtype import DType, as_dtype, get_default_dtype, int64
 from blutrain.tensor.errors import TensorTypeError, TensorValueError
-from blutrain.tensor.tensor import Scalar, Tensor, _shape_arg, as_tensor_data
+from blutrain.tensor.tensor import Tensor, as_tensor_data
 
 _kernel = dispatch.kernel
 
@@ -172,25 +173,3 @@ def manual_seed(seed: int) -> None:
     for _, backend in backends().items():
         if backend.is_available():
             backend.manual_seed(seed)
-
-
-def uniform_(x: Tensor, a: float, b: float) -> Tensor:
-    from blutrain.tensor.ops.elementwise import _check_inplace, check_writable
-
-    _check_inplace("uniform_", x)
-    check_writable("uniform_", x)
-    sample = x.device.backend.generator(x.device.index).uniform(x.shape, x.dtype)
-    x._data[...] = sample * (b - a) + a
-    x._storage.version += 1
-    return x
-
-
-def normal_(x: Tensor, mean: float, std: float) -> Tensor:
-    from blutrain.tensor.ops.elementwise import _check_inplace, check_writable
-
-    _check_inplace("normal_", x)
-    check_writable("normal_", x)
-    sample = x.device.backend.generator(x.device.index).normal(x.shape, x.dtype)
-    x._data[...] = sample * std + mean
-    x._storage.version += 1
-    return x

@@ -6,11 +6,12 @@ boolean tensors (or lists) gather into a new tensor, as in PyTorch and NumPy.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blutrain.tensor import dispatch
+from blutrain.tensor.base import Scalar, TensorBase, _normalize_dim
 from blutrain.tensor.checks import check_index_range, check_key
 from blutrain.tensor.dtype import bool_, int64
 from blutrain.tensor.errors import (
@@ -20,7 +21,9 @@ from blutrain.tensor.errors import (
     TensorValueError,
 )
 from blutrain.tensor.ops import elementwise as ew
-from blutrain.tensor.tensor import Scalar, Tensor, _normalize_dim
+
+if TYPE_CHECKING:
+    from blutrain.tensor.tensor import Tensor
 
 _grad_mode = dispatch.grad_mode
 _kernel = dispatch.kernel
@@ -32,7 +35,7 @@ def _parse_key(x: Tensor, key: Any) -> tuple[tuple[Any, ...], bool]:
     out: list[Any] = []
     advanced = False
     for item in items:
-        if isinstance(item, Tensor):
+        if isinstance(item, TensorBase):
             if item.device is not x.device:
                 raise DeviceMismatchError(f"index: index tensor is on {item.device}, indexed tensor on {x.device}")
             if item.dtype is not bool_ and item.dtype.is_floating:
@@ -70,7 +73,7 @@ def getitem(x: Tensor, key: Any) -> Tensor:
         if Ellipsis not in items:
             items += (Ellipsis,)  # NumPy returns a scalar copy, not a 0-d view, for a full integer key
         return x._view_op("slice", x._data[items], {"shape": x.shape, "key": items})
-    out = Tensor._make(_kernel("index", x.device.type, x.dtype)(x._data, items), x.dtype, x.device)
+    out = x._make(_kernel("index", x.device.type, x.dtype)(x._data, items), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("index", (x,), out, {"shape": x.shape, "key": items})
     return out
@@ -81,7 +84,7 @@ def setitem(x: Tensor, key: Any, value: Tensor | Scalar) -> None:
     ew._check_inplace("setitem (x[key] = value)", x, value)
     ew.check_writable("setitem (x[key] = value)", x)
     items, _ = _parse_key(x, key)
-    if isinstance(value, Tensor):
+    if isinstance(value, TensorBase):
         if value.device is not x.device:
             raise DeviceMismatchError(f"setitem: value is on {value.device}, target on {x.device}")
         v: Any = value._data if value.dtype is x.dtype else value._data.astype(x.dtype.np)
@@ -101,7 +104,7 @@ def index_put_(x: Tensor, indices: tuple[Tensor, ...], values: Tensor, accumulat
     """``x[indices] = values`` (or ``+=`` with accumulate, summing repeated indices)."""
     ew._check_inplace("index_put_", x, values)
     ew.check_writable("index_put_", x)
-    if not isinstance(values, Tensor):
+    if not isinstance(values, TensorBase):
         raise TensorTypeError(f"index_put_: values must be a Tensor, got {type(values).__name__}")
     if values.device is not x.device:
         raise DeviceMismatchError(f"index_put_: values are on {values.device}, target on {x.device}")
@@ -112,8 +115,8 @@ def index_put_(x: Tensor, indices: tuple[Tensor, ...], values: Tensor, accumulat
 
 
 def _index_tensor(index: Tensor, x: Tensor, op: str, argument: str = "index", indexed: str = "input") -> None:
-    if not isinstance(index, Tensor) or index.dtype.is_floating or index.dtype is bool_:
-        got = index.dtype.name if isinstance(index, Tensor) else type(index).__name__
+    if not isinstance(index, TensorBase) or index.dtype.is_floating or index.dtype is bool_:
+        got = index.dtype.name if isinstance(index, TensorBase) else type(index).__name__
         raise TensorTypeError(f"{op}: {argument} must be an integer Tensor, got {got}")
     if index.device is not x.device:
         raise DeviceMismatchError(f"{op}: {argument} is on {index.device}, {indexed} on {x.device}")
@@ -132,7 +135,7 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
         raise ShapeError(f"index_select: index must be 1-D, got shape {list(index.shape)}")
     d = _normalize_dim(dim, x.ndim)
     _check_bounds("index_select", index, x.shape[d] if x.ndim else 1, d)
-    out = Tensor._make(_kernel("index_select", x.device.type, x.dtype)(x._data, d, index._data), x.dtype, x.device)
+    out = x._make(_kernel("index_select", x.device.type, x.dtype)(x._data, d, index._data), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("index_select", (x,), out, {"dim": d, "index": index, "shape": x.shape})
     return out
@@ -147,7 +150,7 @@ def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
         if i != d and si > sx:
             raise ShapeError(f"gather: index shape {list(index.shape)} exceeds input shape {list(x.shape)} at dim {i}")
     _check_bounds("gather", index, x.shape[d], d)
-    out = Tensor._make(_kernel("gather", x.device.type, x.dtype)(x._data, d, index._data), x.dtype, x.device)
+    out = x._make(_kernel("gather", x.device.type, x.dtype)(x._data, d, index._data), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("gather", (x,), out, {"dim": d, "index": index, "shape": x.shape})
     return out
@@ -162,7 +165,7 @@ def scatter_add(x: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
                          f"shape, with as many dims as input {list(x.shape)}")
     _check_bounds("scatter_add", index, x.shape[d], d)
     dt = x.dtype
-    out = Tensor._make(_kernel("scatter_add", x.device.type, dt)(x._data, d, index._data,
+    out = x._make(_kernel("scatter_add", x.device.type, dt)(x._data, d, index._data,
                                                                  src._data.astype(dt.np)), dt, x.device)
     if _grad_mode.enabled and (x._rg or src._rg) and dispatch.recorder is not None:
         dispatch.recorder("scatter_add", (x, src), out, {"dim": d, "index": index})
@@ -179,7 +182,7 @@ def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: Scal
     _check_bounds("index_add", index, x.shape[d], d)
     if alpha != 1:
         source = source * alpha
-    out = Tensor._make(_kernel("index_add", x.device.type, x.dtype)(x._data, d, index._data,
+    out = x._make(_kernel("index_add", x.device.type, x.dtype)(x._data, d, index._data,
                                                                     source._data.astype(x.dtype.np)),
                        x.dtype, x.device)
     if _grad_mode.enabled and (x._rg or source._rg) and dispatch.recorder is not None:
@@ -190,7 +193,7 @@ def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: Scal
 def _tri(op: str, x: Tensor, diagonal: int) -> Tensor:
     if x.ndim < 2:
         raise ShapeError(f"{op}: expects at least 2 dims, got shape {list(x.shape)}")
-    out = Tensor._make(_kernel(op, x.device.type, x.dtype)(x._data, diagonal), x.dtype, x.device)
+    out = x._make(_kernel(op, x.device.type, x.dtype)(x._data, diagonal), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder(op, (x,), out, {"diagonal": diagonal})
     return out
@@ -209,7 +212,6 @@ def one_hot(index: Tensor, num_classes: int) -> Tensor:
     if index.dtype.is_floating or index.dtype is bool_:
         raise TensorTypeError(f"one_hot: expected an integer tensor, got {index.dtype.name}")
     _check_bounds("one_hot", index, num_classes, None, "num_classes", "input")
-    from blutrain.tensor.ops.factory import arange
-
-    classes = arange(num_classes, device=index.device)
+    classes = index._make(_kernel("arange", index.device.type, int64)(0, num_classes, 1, int64.np), int64,
+                          index.device)
     return ew.binary("eq", index.unsqueeze(-1), classes).to(dtype=int64)

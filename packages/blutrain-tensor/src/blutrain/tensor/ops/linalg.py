@@ -7,12 +7,17 @@ epilogue (cuBLASLt does); ``linear_add`` adds a residual in the same epilogue (a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from blutrain.tensor import dispatch
 from blutrain.tensor.autocast import lower
 from blutrain.tensor.autocast import state as autocast_state
+from blutrain.tensor.base import TensorBase
 from blutrain.tensor.dtype import float32
 from blutrain.tensor.errors import DeviceMismatchError, ShapeError, TensorTypeError
-from blutrain.tensor.tensor import Tensor
+
+if TYPE_CHECKING:
+    from blutrain.tensor.tensor import Tensor
 
 _grad_mode = dispatch.grad_mode
 _autocast = autocast_state
@@ -21,7 +26,7 @@ _kernel = dispatch.kernel
 
 def _check_pair(op: str, a: Tensor, b: Tensor, names: tuple[str, str] = ("input", "other")) -> None:
     na, nb = names
-    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+    if not isinstance(a, TensorBase) or not isinstance(b, TensorBase):
         raise TensorTypeError(f"{op}: expected {na} and {nb} to be Tensors, got {type(a).__name__} and "
                               f"{type(b).__name__}")
     if a.device is not b.device:
@@ -50,7 +55,7 @@ def _linear_operands(op: str, x: Tensor, weight: Tensor, bias: Tensor | None
     """(narrowed, x, weight, bias) of a linear layer's op: under autocast each floating operand of another
     dtype rounded to the region's (``_narrow``), then checked (one device and dtype, fitting shapes)."""
     narrowed = _autocast.dtype is not None and any(
-        isinstance(t, Tensor) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (x, weight, bias))
+        isinstance(t, TensorBase) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (x, weight, bias))
     if narrowed:
         x, weight = _narrow(x), _narrow(weight)
         bias = None if bias is None else _narrow(bias)
@@ -76,7 +81,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         from blutrain.tensor.ops.elementwise import broadcast_shapes
 
         broadcast_shapes(a.shape[:-2], b.shape[:-2], "matmul (batch dims)")
-    out = Tensor._make(_kernel("matmul", a.device.type, a.dtype)(a._data, b._data), a.dtype, a.device)
+    out = a._make(_kernel("matmul", a.device.type, a.dtype)(a._data, b._data), a.dtype, a.device)
     if _grad_mode.enabled and (a._rg or b._rg) and dispatch.recorder is not None:
         dispatch.recorder("matmul", (a, b), out, {})
     return out
@@ -102,7 +107,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     narrowed, x, weight, bias = _linear_operands("linear", x, weight, bias)
     out_data = _kernel("linear", x.device.type, x.dtype)(x._data, weight._data,
                                                           None if bias is None else bias._data)
-    out = Tensor._make(out_data, x.dtype, x.device)
+    out = x._make(out_data, x.dtype, x.device)
     if not _grad_mode.enabled or dispatch.recorder is None:
         return out
     if narrowed:
@@ -133,11 +138,11 @@ def linear_gelu(input: Tensor, weight: Tensor, bias: Tensor | None = None, appro
         raise TensorTypeError(f"linear_gelu: input must be floating, got {input.dtype.name}")
     out_data, pre_data = _kernel("linear_gelu", input.device.type, input.dtype)(
         input._data, weight._data, None if bias is None else bias._data, approximate)
-    out = Tensor._make(out_data, input.dtype, input.device)
+    out = input._make(out_data, input.dtype, input.device)
     if (_grad_mode.enabled and dispatch.recorder is not None
             and any(t is not None and t._rg for t in originals)):
         dispatch.recorder("linear_gelu", originals, out, {
-            "x": input, "weight": weight, "pre": Tensor._make(pre_data, input.dtype, input.device),
+            "x": input, "weight": weight, "pre": input._make(pre_data, input.dtype, input.device),
             "approximate": approximate, "dtypes": tuple(None if t is None else t.dtype for t in originals)})
     return out
 
@@ -152,10 +157,10 @@ def linear_add(residual: Tensor, input: Tensor, weight: Tensor, bias: Tensor | N
     from the GEMM's float32 accumulators, without the rounding to the half dtype that ``linear`` followed
     by ``+`` makes, and the result (and so the residual stream) stays float32.
     """
-    if not isinstance(residual, Tensor):
+    if not isinstance(residual, TensorBase):
         raise TensorTypeError(f"linear_add: residual must be a Tensor, got {type(residual).__name__}")
     narrowed = _autocast.dtype is not None and any(
-        isinstance(t, Tensor) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (input, weight))
+        isinstance(t, TensorBase) and t.dtype.is_floating and t.dtype is not _autocast.dtype for t in (input, weight))
     originals = (residual, input, weight, bias)
     if narrowed:
         input, weight = _narrow(input), _narrow(weight)
@@ -175,7 +180,7 @@ def linear_add(residual: Tensor, input: Tensor, weight: Tensor, bias: Tensor | N
         want = " or ".join(d.name for d in allowed)
         raise TensorTypeError(f"linear_add: residual must have dtype {want}, got {residual.dtype.name}")
     if bias is not None:
-        if not isinstance(bias, Tensor):
+        if not isinstance(bias, TensorBase):
             raise TensorTypeError(f"linear_add: bias must be a Tensor or None, got {type(bias).__name__}")
         if bias.device is not input.device:
             raise DeviceMismatchError(f"linear_add: bias is on {bias.device}, input on {input.device}; "
@@ -186,7 +191,7 @@ def linear_add(residual: Tensor, input: Tensor, weight: Tensor, bias: Tensor | N
         _check_bias("linear_add", weight, bias)
     out_data = _kernel("linear_add", input.device.type, input.dtype)(
         residual._data, input._data, weight._data, None if bias is None else bias._data)
-    out = Tensor._make(out_data, residual.dtype, input.device)
+    out = input._make(out_data, residual.dtype, input.device)
     if (_grad_mode.enabled and dispatch.recorder is not None
             and any(t is not None and t._rg for t in originals)):
         dispatch.recorder("linear_add", originals, out, {
@@ -198,6 +203,6 @@ def _narrow(t: Tensor) -> Tensor:
     """``t`` in the autocast dtype, converted by the cast kernel but not recorded as a cast: the op that
     calls this records itself against ``t`` and keeps the narrow copy for its backward."""
     dt = _autocast.dtype
-    if dt is None or not isinstance(t, Tensor) or not t.dtype.is_floating or t.dtype is dt:
+    if dt is None or not isinstance(t, TensorBase) or not t.dtype.is_floating or t.dtype is dt:
         return t
-    return Tensor._make(_kernel("cast", t.device.type, t.dtype)(t._data, dt.np), dt, t.device)
+    return t._make(_kernel("cast", t.device.type, t.dtype)(t._data, dt.np), dt, t.device)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blutrain.tensor import dispatch
 from blutrain.tensor.autocast import lower, widen
 from blutrain.tensor.autocast import state as autocast_state
 from blutrain.tensor.backend import Generator
+from blutrain.tensor.base import TensorBase
 from blutrain.tensor.checks import check_class_targets
 from blutrain.tensor.dtype import bool_, float32, from_numpy_dtype
 from blutrain.tensor.errors import (
@@ -25,7 +26,9 @@ from blutrain.tensor.errors import (
     TensorValueError,
 )
 from blutrain.tensor.ops.indexing import _check_bounds, _index_tensor
-from blutrain.tensor.tensor import Tensor
+
+if TYPE_CHECKING:
+    from blutrain.tensor.tensor import Tensor
 
 _grad_mode = dispatch.grad_mode
 _autocast = autocast_state
@@ -40,7 +43,7 @@ def _same(op: str, x: Tensor, name: str, other: Tensor | None, shape: tuple[int,
           x_name: str = "input") -> None:
     if other is None:
         return
-    if not isinstance(other, Tensor):
+    if not isinstance(other, TensorBase):
         raise TensorTypeError(f"{op}: {name} must be a Tensor or None, got {type(other).__name__}")
     if other.device is not x.device:
         raise DeviceMismatchError(f"{op}: {name} is on {other.device}, {x_name} on {x.device}")
@@ -53,11 +56,11 @@ def _same(op: str, x: Tensor, name: str, other: Tensor | None, shape: tuple[int,
 def _statistic(data: Any, like: Tensor) -> Tensor:
     """Wrap a per-row statistic a forward kernel returned for backward; its dtype is the kernel's
     choice (float32 for half inputs, as PyTorch keeps them)."""
-    return Tensor._make(data, from_numpy_dtype(data.dtype), like.device)
+    return like._make(data, from_numpy_dtype(data.dtype), like.device)
 
 
 def _floating(op: str, x: Tensor, name: str = "input") -> None:
-    if not isinstance(x, Tensor):
+    if not isinstance(x, TensorBase):
         raise TensorTypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
     if not x.dtype.is_floating:
         raise TensorTypeError(f"{op}: {name} must be floating, got dtype {x.dtype.name}")
@@ -78,7 +81,7 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor 
     _same("layer_norm", x, "bias", bias, ns)
     out, mean, rstd = _kernel("layer_norm", x.device.type, x.dtype)(
         x._data, None if weight is None else weight._data, None if bias is None else bias._data, eps, k)
-    res = Tensor._make(out, x.dtype, x.device)
+    res = x._make(out, x.dtype, x.device)
     if _needs_grad(x, weight, bias):
         m, r = _statistic(mean, x), _statistic(rstd, x)
         dispatch.recorder("layer_norm", (x, weight, bias), res, {"mean": m, "rstd": r, "k": k})  # type: ignore[misc]
@@ -103,7 +106,7 @@ def rms_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | 
         eps = float(np.finfo(x.dtype.np).eps) if x.dtype.name != "bfloat16" else 0.0078125
     out, rstd = _kernel("rms_norm", x.device.type, x.dtype)(
         x._data, None if weight is None else weight._data, eps, k)
-    res = Tensor._make(out, x.dtype, x.device)
+    res = x._make(out, x.dtype, x.device)
     if _needs_grad(x, weight):
         r = _statistic(rstd, x)
         dispatch.recorder("rms_norm", (x, weight), res, {"rstd": r, "k": k})  # type: ignore[misc]
@@ -123,11 +126,11 @@ def bias_gelu(input: Tensor, bias: Tensor, approximate: str = "tanh") -> Tensor:
         raise TensorValueError(f"bias_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     if input.ndim == 0:
         raise ShapeError("bias_gelu: input must have at least 1 dim (the bias runs over the last), got a 0-d tensor")
-    if not isinstance(bias, Tensor):
+    if not isinstance(bias, TensorBase):
         raise TensorTypeError(f"bias_gelu: bias must be a Tensor, got {type(bias).__name__}")
     _same("bias_gelu", input, "bias", bias, (input.shape[-1],))
     out = _kernel("bias_gelu", input.device.type, input.dtype)(input._data, bias._data, approximate)
-    res = Tensor._make(out, input.dtype, input.device)
+    res = input._make(out, input.dtype, input.device)
     if _needs_grad(input, bias):
         dispatch.recorder("bias_gelu", (input, bias), res, {"approximate": approximate})  # type: ignore[misc]
     return res
@@ -147,14 +150,14 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor
     _same("rope", q, "k", k, None, "q")
     angles = (q.shape[1], q.shape[3] // 2)
     for name, t in (("cos", cos), ("sin", sin)):
-        if not isinstance(t, Tensor) or t.device is not q.device or t.shape != angles:
-            got = f"{list(t.shape)} on {t.device}" if isinstance(t, Tensor) else type(t).__name__
+        if not isinstance(t, TensorBase) or t.device is not q.device or t.shape != angles:
+            got = f"{list(t.shape)} on {t.device}" if isinstance(t, TensorBase) else type(t).__name__
             raise ShapeError(f"rope: {name} must be a (T, D/2) = {list(angles)} tensor on {q.device}, got {got}")
         if t.dtype is not q.dtype and not (t.dtype is float32 and q.dtype.itemsize == 2):
             raise TensorTypeError(f"rope: {name} must have q's dtype {q.dtype.name} (or float32 for half q), got "
                                   f"{t.dtype.name}")
     qd, kd = _kernel("rope", q.device.type, q.dtype)(q._data, k._data, cos._data, sin._data)
-    out = (Tensor._make(qd, q.dtype, q.device), Tensor._make(kd, k.dtype, k.device))
+    out = (q._make(qd, q.dtype, q.device), k._make(kd, k.dtype, k.device))
     if _needs_grad(q, k):
         dispatch.recorder("rope", (q, k), out, {"cos": cos.detach(), "sin": sin.detach()})  # type: ignore[misc]
     return out
@@ -168,7 +171,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         gate, up = lower(gate), lower(up)
     _floating("swiglu", gate, "gate")
     _same("swiglu", gate, "up", up, tuple(gate.shape), "gate")
-    out = Tensor._make(_kernel("swiglu", gate.device.type, gate.dtype)(gate._data, up._data), gate.dtype, gate.device)
+    out = gate._make(_kernel("swiglu", gate.device.type, gate.dtype)(gate._data, up._data), gate.dtype, gate.device)
     if _needs_grad(gate, up):
         dispatch.recorder("swiglu", (gate, up), out, {})  # type: ignore[misc]
     return out
@@ -183,9 +186,9 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, generator: Generat
         return x
     gen = generator if generator is not None else x.device.backend.generator(x.device.index)
     out, mask = _kernel("dropout", x.device.type, x.dtype)(x._data, float(p), gen)
-    res = Tensor._make(out, x.dtype, x.device)
+    res = x._make(out, x.dtype, x.device)
     if _needs_grad(x):
-        dispatch.recorder("dropout", (x,), res, {"mask": Tensor._make(mask, bool_, x.device), "p": p})  # type: ignore[misc]
+        dispatch.recorder("dropout", (x,), res, {"mask": x._make(mask, bool_, x.device), "p": p})  # type: ignore[misc]
     return res
 
 
@@ -195,7 +198,7 @@ def embedding(input: Tensor, weight: Tensor) -> Tensor:
     if weight.ndim != 2:
         raise ShapeError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {list(weight.shape)}")
     _check_bounds("embedding", input, weight.shape[0], 0, "weight", "input")
-    out = Tensor._make(_kernel("embedding", weight.device.type, weight.dtype)(weight._data, input._data),
+    out = weight._make(_kernel("embedding", weight.device.type, weight.dtype)(weight._data, input._data),
                        weight.dtype, weight.device)
     if _needs_grad(weight):
         dispatch.recorder("embedding", (weight,), out, {"index": input, "num_embeddings": weight.shape[0]})  # type: ignore[misc]
@@ -206,8 +209,8 @@ def _check_class_target(op: str, input: Tensor, target: Tensor, label_smoothing:
     """The checks every softmax cross-entropy makes of its targets and smoothing."""
     if not 0.0 <= label_smoothing <= 1.0:
         raise TensorValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if not isinstance(target, Tensor) or target.dtype.is_floating or target.dtype is bool_:
-        got = target.dtype.name if isinstance(target, Tensor) else type(target).__name__
+    if not isinstance(target, TensorBase) or target.dtype.is_floating or target.dtype is bool_:
+        got = target.dtype.name if isinstance(target, TensorBase) else type(target).__name__
         raise TensorTypeError(f"{op}: target must be an integer Tensor of class indices, got {got}")
     if target.device is not input.device:
         raise DeviceMismatchError(f"{op}: target is on {target.device}, input on {input.device}")
@@ -241,7 +244,7 @@ def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, re
         check_class_targets("cross_entropy", tgt._data, num_classes, ignore_index)
     loss, lse = _kernel("cross_entropy", input.device.type, input.dtype)(
         logits._data, tgt._data, ignore_index, float(label_smoothing), reduction)
-    res = Tensor._make(loss, input.dtype, input.device)
+    res = input._make(loss, input.dtype, input.device)
     if _needs_grad(logits):
         dispatch.recorder("cross_entropy", (logits,), res, {  # type: ignore[misc]
             "target": tgt, "lse": _statistic(lse, input), "ignore_index": ignore_index,
@@ -327,12 +330,12 @@ def linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor, *, ignor
     loss, scale, dx, dw = _kernel("linear_cross_entropy", input.device.type, input.dtype)(
         rows, weight._data, tgt, ignore_index, float(label_smoothing), reduction == "mean",
         compute.name, loss_dtype.name, need_x, need_w, min(chunk_size, max(1, n_rows)))
-    res = Tensor._make(loss, loss_dtype, input.device)
+    res = input._make(loss, loss_dtype, input.device)
     if need_x or need_w:
         dispatch.recorder("linear_cross_entropy", (input, weight), res, {  # type: ignore[misc]
             "scale": _statistic(scale, input),
-            "dx": None if dx is None else Tensor._make(dx.reshape(input.shape), input.dtype, input.device),
-            "dw": None if dw is None else Tensor._make(dw, weight.dtype, weight.device)})
+            "dx": None if dx is None else input._make(dx.reshape(input.shape), input.dtype, input.device),
+            "dw": None if dw is None else weight._make(dw, weight.dtype, weight.device)})
     return res
 
 
@@ -363,7 +366,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         raise TensorValueError("scaled_dot_product_attention: give either attn_mask or is_causal, not both")
     mask_data: Any = None
     if attn_mask is not None:
-        if not isinstance(attn_mask, Tensor) or attn_mask.device is not query.device:
+        if not isinstance(attn_mask, TensorBase) or attn_mask.device is not query.device:
             raise TensorTypeError("scaled_dot_product_attention: attn_mask must be a Tensor on the query's device")
         from blutrain.tensor.ops.elementwise import broadcast_shapes
 
@@ -375,7 +378,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     sc = float(scale) if scale is not None else query.shape[-1] ** -0.5
     out, lse = _kernel("sdpa", query.device.type, query.dtype)(query._data, key._data, value._data, mask_data,
                                                                 bool(is_causal), sc)
-    res = Tensor._make(out, query.dtype, query.device)
+    res = query._make(out, query.dtype, query.device)
     if _needs_grad(query, key, value):
         dispatch.recorder("sdpa", (query, key, value), res, {  # type: ignore[misc]
             "lse": _statistic(lse, query), "mask": mask_data, "causal": bool(is_causal),
@@ -401,7 +404,7 @@ def self_attention(qkv: Tensor, n_head: int, is_causal: bool = False, scale: flo
                          f"got {list(qkv.shape)}")
     sc = float(scale) if scale is not None else (qkv.shape[2] // (3 * n_head)) ** -0.5
     out, lse = _kernel("sdpa_packed", qkv.device.type, qkv.dtype)(qkv._data, n_head, bool(is_causal), sc)
-    res = Tensor._make(out, qkv.dtype, qkv.device)
+    res = qkv._make(out, qkv.dtype, qkv.device)
     if _needs_grad(qkv):
         dispatch.recorder("sdpa_packed", (qkv,), res, {  # type: ignore[misc]
             "lse": _statistic(lse, qkv), "n_head": n_head, "causal": bool(is_causal), "scale": sc})

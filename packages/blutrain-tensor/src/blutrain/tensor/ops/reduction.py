@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from blutrain.tensor import dispatch
 from blutrain.tensor.autocast import state as autocast_state
 from blutrain.tensor.autocast import widen
+from blutrain.tensor.base import TensorBase
 from blutrain.tensor.dtype import DType, as_dtype, bool_, int64
 from blutrain.tensor.errors import TensorTypeError, TensorValueError
-from blutrain.tensor.tensor import Tensor
+
+if TYPE_CHECKING:
+    from blutrain.tensor.tensor import Tensor
 
 _grad_mode = dispatch.grad_mode
 _kernel = dispatch.kernel
@@ -60,14 +63,14 @@ def sum(x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False
     dims = normalize_dims(dim, x.ndim, "sum")
     dt = as_dtype(dtype) if dtype is not None else (x.dtype if x.dtype.is_floating else int64)
     data = x._data if dt is x.dtype else x._data.astype(dt.np)
-    out = Tensor._make(_kernel("sum", x.device.type, dt)(data, dims, keepdim), dt, x.device)
+    out = x._make(_kernel("sum", x.device.type, dt)(data, dims, keepdim), dt, x.device)
     return _record("sum", x, out, {"dims": dims, "keepdim": keepdim, "shape": x.shape})
 
 
 def mean(x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     _float_input(x, "mean")
     dims = normalize_dims(dim, x.ndim, "mean")
-    out = Tensor._make(_kernel("mean", x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
+    out = x._make(_kernel("mean", x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
     return _record("mean", x, out, {"dims": dims, "keepdim": keepdim, "shape": x.shape})
 
 
@@ -75,7 +78,7 @@ def _extreme(op: str, x: Tensor, dim: int | Sequence[int] | None, keepdim: bool)
     dims = normalize_dims(dim, x.ndim, op)
     if x.numel() == 0 and (dims is None or builtins.any(x.shape[d] == 0 for d in dims)):
         raise TensorValueError(f"{op}: cannot reduce an empty dimension of a tensor of shape {list(x.shape)}")
-    out = Tensor._make(_kernel(op, x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
+    out = x._make(_kernel(op, x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
     return _record(op, x, out, {"dims": dims, "keepdim": keepdim})
 
 
@@ -95,8 +98,8 @@ def _extreme_dim(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor |
     if x.ndim and x.shape[axis] == 0:
         raise TensorValueError(f"{op[:3]}: cannot reduce the empty dim {dim} of shape {list(x.shape)}")
     values, indices = _kernel(op, x.device.type, x.dtype)(x._data, axis if x.ndim else None, keepdim)
-    v = Tensor._make(values, x.dtype, x.device)
-    i = Tensor._make(indices, int64, x.device)
+    v = x._make(values, x.dtype, x.device)
+    i = x._make(indices, int64, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder(op, (x,), (v, i), {"dim": axis, "keepdim": keepdim, "shape": x.shape})
     return ValuesIndices(v, i)
@@ -104,7 +107,7 @@ def _extreme_dim(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor |
 
 def max(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """``max(x)`` → the largest element; ``max(x, dim)`` → (values, indices)."""
-    if isinstance(dim, Tensor):
+    if isinstance(dim, TensorBase):
         from blutrain.tensor.ops.elementwise import binary
 
         return binary("maximum", x, dim)
@@ -112,7 +115,7 @@ def max(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
 
 
 def min(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
-    if isinstance(dim, Tensor):
+    if isinstance(dim, TensorBase):
         from blutrain.tensor.ops.elementwise import binary
 
         return binary("minimum", x, dim)
@@ -127,7 +130,7 @@ def _arg(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
     if (x.numel() == 0 and axis is None) or (axis is not None and x.shape[axis] == 0):
         raise TensorValueError(f"{op}: cannot reduce an empty {'tensor' if axis is None else f'dim {dim}'} of "
                                f"shape {list(x.shape)}")
-    return Tensor._make(_kernel(op, x.device.type, x.dtype)(x._data, axis, keepdim), int64, x.device)
+    return x._make(_kernel(op, x.device.type, x.dtype)(x._data, axis, keepdim), int64, x.device)
 
 
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
@@ -149,7 +152,7 @@ def var(x: Tensor, dim: int | Sequence[int] | None = None, *, correction: int = 
     _float_input(x, "var")
     dims = normalize_dims(dim, x.ndim, "var")
     c = _correction(correction, unbiased)
-    out = Tensor._make(_kernel("var", x.device.type, x.dtype)(x._data, dims, c, keepdim), x.dtype, x.device)
+    out = x._make(_kernel("var", x.device.type, x.dtype)(x._data, dims, c, keepdim), x.dtype, x.device)
     return _record("var", x, out, {"dims": dims, "correction": c, "keepdim": keepdim})
 
 
@@ -166,14 +169,14 @@ def norm(x: Tensor, p: float = 2.0, dim: int | Sequence[int] | None = None, keep
     if not isinstance(p, (int, float)) or p <= 0:
         raise TensorValueError(f"norm: p must be a positive number or inf, got {p!r}")
     dims = normalize_dims(dim, x.ndim, "norm")
-    out = Tensor._make(_kernel("norm", x.device.type, x.dtype)(x._data, float(p), dims, keepdim), x.dtype, x.device)
+    out = x._make(_kernel("norm", x.device.type, x.dtype)(x._data, float(p), dims, keepdim), x.dtype, x.device)
     return _record("norm", x, out, {"p": float(p), "dims": dims, "keepdim": keepdim})
 
 
 def logsumexp(x: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
     _float_input(x, "logsumexp")
     dims = normalize_dims(dim, x.ndim, "logsumexp")
-    out = Tensor._make(_kernel("logsumexp", x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
+    out = x._make(_kernel("logsumexp", x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
     return _record("logsumexp", x, out, {"dims": dims, "keepdim": keepdim})
 
 
@@ -185,7 +188,7 @@ def _softmax_like(op: str, x: Tensor, dim: int, dtype: DType | str | None) -> Te
     _float_input(x, op)
     dims = normalize_dims(dim, x.ndim, op)
     axis = dims[0] if dims else -1
-    out = Tensor._make(_kernel(op, x.device.type, x.dtype)(x._data, axis), x.dtype, x.device)
+    out = x._make(_kernel(op, x.device.type, x.dtype)(x._data, axis), x.dtype, x.device)
     return _record(op, x, out, {"dim": axis})
 
 
@@ -198,8 +201,8 @@ def log_softmax(x: Tensor, dim: int, dtype: DType | str | None = None) -> Tensor
 
 
 def all(x: Tensor) -> Tensor:
-    return Tensor._make(_kernel("all", x.device.type, bool_)(x._data.astype(bool)), bool_, x.device)
+    return x._make(_kernel("all", x.device.type, bool_)(x._data.astype(bool)), bool_, x.device)
 
 
 def any(x: Tensor) -> Tensor:
-    return Tensor._make(_kernel("any", x.device.type, bool_)(x._data.astype(bool)), bool_, x.device)
+    return x._make(_kernel("any", x.device.type, bool_)(x._data.astype(bool)), bool_, x.device)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from blutrain.tensor import dispatch
+from blutrain.tensor.base import TensorBase, _normalize_dim
 from blutrain.tensor.errors import DeviceMismatchError, ShapeError, TensorTypeError
 from blutrain.tensor.ops.elementwise import result_type
-from blutrain.tensor.tensor import Tensor, _normalize_dim
+
+if TYPE_CHECKING:
+    from blutrain.tensor.tensor import Tensor
 
 _grad_mode = dispatch.grad_mode
 _kernel = dispatch.kernel
@@ -17,7 +21,7 @@ def _check_many(op: str, tensors: Sequence[Tensor]) -> None:
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise TensorTypeError(f"{op}: expected a non-empty list or tuple of Tensors, got {tensors!r}")
     for i, t in enumerate(tensors):
-        if not isinstance(t, Tensor):
+        if not isinstance(t, TensorBase):
             raise TensorTypeError(f"{op}: element {i} is a {type(t).__name__}, not a Tensor")
         if t.device is not tensors[0].device:
             raise DeviceMismatchError(f"{op}: element {i} is on {t.device}, element 0 on {tensors[0].device}")
@@ -36,7 +40,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
                              f"{list(ref.shape)} outside dim {d}")
     dt = result_type(*parts)
     arrays = [t._data if t.dtype is dt else t._data.astype(dt.np) for t in parts]
-    out = Tensor._make(_kernel("cat", ref.device.type, dt)(arrays, d), dt, ref.device)
+    out = ref._make(_kernel("cat", ref.device.type, dt)(arrays, d), dt, ref.device)
     if _grad_mode.enabled and any(t._rg for t in parts) and dispatch.recorder is not None:
         dispatch.recorder("cat", tuple(parts), out, {"dim": d, "sizes": [t.shape[d] for t in parts]})
     return out

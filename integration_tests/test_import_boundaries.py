@@ -1,0 +1,221 @@
+"""Packages and plugins meet only through public API: the import rules of ARCHITECTURE.md §2, checked on the source.
+
+Every ``.py`` file under packages/ and plugins/ (sources and tests) is parsed with ``ast``; no module is imported.
+The rules:
+
+- a plugin's code (its src/) never imports another plugin (its tests may use one as their environment, as the
+  multi-rank tests use the MPI comm plugin);
+- no file imports a private name (``_x``), or from a private module, of another distribution;
+- ``cupy`` (and ``cupyx``) is imported only by the CUDA backend plugin, the NCCL plugin, the kernel library's CUDA
+  kernels and blutrain-alloc.
+
+Files that still break a rule while their fix is under way are listed in ``ALLOWED``; a listed file that no longer
+breaks its rule fails the test, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ROOT / "packages"
+PLUGINS = ROOT / "plugins"
+
+# where `import cupy` belongs: the device backend, CuPy's NCCL binding, the CuPy kernels, the allocator
+CUPY_HOMES = (
+    "plugins/blutrain-backend-cupy/",
+    "plugins/blutrain-comm-nccl/",
+    "packages/blutrain-kernels/src/blutrain/kernels/cuda/",
+    "packages/blutrain-kernels/tests/",  # the tests of those kernels
+    "packages/blutrain-alloc/",
+)
+DEVICE_LIBRARIES = ("cupy", "cupyx", "cupy_backends")
+
+# (rule, file relative to the repository root) pairs that still break the rule, each with the reason; each entry
+# must still break it (test_allow_list_is_not_stale).
+ALLOWED: dict[tuple[str, str], str] = {
+    # the compiler's CUDA executor and code generation move into the CuPy backend plugin (issue 24 point 5), and
+    # its CUDA tests with them
+    ("cupy", "packages/blutrain-compiler/src/blutrain/compiler/executor.py"): "moves to the CuPy backend plugin",
+    ("cupy", "packages/blutrain-compiler/src/blutrain/compiler/codegen_cuda.py"): "moves to the CuPy backend plugin",
+    ("cupy", "packages/blutrain-compiler/tests/test_cuda.py"): "moves with the executor",
+    ("cupy", "packages/blutrain-compiler/tests/test_fusion_cuda.py"): "moves with the executor",
+    # the generic erf kernel reaches cupyx.scipy.special for CuPy arrays: the CUDA backend should register its own
+    # erf (and the generic gelu take it from there)
+    ("cupy", "packages/blutrain-tensor/src/blutrain/tensor/cpu/elementwise.py"): "erf on CuPy arrays",
+    # the example kernel plugin compiles a CuPy ElementwiseKernel: a kernel plugin for device "cuda" needs a way
+    # to build device code that the Backend protocol does not declare yet
+    ("cupy", "plugins/blutrain-kernels-example/src/blutrain_kernels_example/gelu.py"): "CuPy ElementwiseKernel",
+}
+
+
+@dataclass(frozen=True)
+class Distribution:
+    name: str  # the directory name, e.g. "blutrain-tensor"
+    root: Path
+    is_plugin: bool
+    modules: tuple[str, ...]  # the top-level import names it owns, e.g. ("blutrain.tensor",)
+
+
+def _distributions() -> list[Distribution]:
+    found = []
+    for parent, is_plugin in ((PACKAGES, False), (PLUGINS, True)):
+        for root in sorted(p for p in parent.iterdir() if (p / "pyproject.toml").is_file()):
+            src = root / "src"
+            modules = []
+            for top in sorted(p for p in src.iterdir() if p.is_dir() and not p.name.endswith(".egg-info")):
+                if top.name == "blutrain":  # the PEP 420 namespace: each sub-package is owned by one distribution
+                    modules += [f"blutrain.{sub.name}" for sub in sorted(top.iterdir()) if sub.is_dir()
+                                and not sub.name.startswith("__")]
+                elif (top / "__init__.py").is_file():
+                    modules.append(top.name)
+            found.append(Distribution(root.name, root, is_plugin, tuple(modules)))
+    return found
+
+
+DISTRIBUTIONS = _distributions()
+
+
+def _owner(module: str) -> Distribution | None:
+    for dist in DISTRIBUTIONS:
+        if any(module == m or module.startswith(m + ".") for m in dist.modules):
+            return dist
+    return None
+
+
+def _dist_of(path: Path) -> Distribution:
+    return next(d for d in DISTRIBUTIONS if path.is_relative_to(d.root))
+
+
+def _sources() -> Iterator[Path]:
+    for parent in (PACKAGES, PLUGINS):
+        for path in sorted(parent.rglob("*.py")):
+            if not {".venv", "build", "node_modules"} & set(path.relative_to(parent).parts):
+                yield path
+
+
+@dataclass(frozen=True)
+class Import:
+    line: int
+    module: str  # the absolute module imported from (or imported)
+    names: tuple[str, ...]  # the names imported from it; empty for `import module`
+
+
+def _module_name(path: Path) -> str | None:
+    """The dotted name of a file under some src/ directory; None for tests and tools."""
+    parts = path.parts
+    if "src" not in parts:
+        return None
+    rel = parts[len(parts) - parts[::-1].index("src"):]
+    names = [*rel[:-1], rel[-1].removesuffix(".py")]
+    return ".".join(names[:-1] if names[-1] == "__init__" else names)
+
+
+def _imports(path: Path, source: str) -> Iterator[Import]:
+    tree = ast.parse(source, filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(node.lineno, alias.name, ())
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                own = _module_name(path)
+                if own is None:
+                    continue  # a test's relative import stays inside its own test folder
+                package = own.split(".") if path.name == "__init__.py" else own.split(".")[:-1]
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join([*base, module] if module else base)
+            yield Import(node.lineno, module, tuple(alias.name for alias in node.names))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _violations(path: Path, source: str | None = None) -> Iterator[tuple[str, str]]:
+    """(rule, "line: what") for each import of the file (or of `source`, read as if it were the file) that breaks a
+    rule."""
+    dist = _dist_of(path)
+    rel = path.relative_to(ROOT).as_posix()
+    for imp in _imports(path, path.read_text(encoding="utf-8") if source is None else source):
+        top = imp.module.split(".")[0]
+        if top in DEVICE_LIBRARIES and not rel.startswith(CUPY_HOMES):
+            yield "cupy", f"{imp.line}: imports {imp.module}"
+        owner = _owner(imp.module)
+        if owner is None or owner is dist:
+            continue
+        if dist.is_plugin and owner.is_plugin and "src" in path.relative_to(dist.root).parts[:1]:
+            yield "plugin", f"{imp.line}: plugin {dist.name} imports plugin {owner.name} ({imp.module})"
+        private = [p for p in imp.module.split(".") if _private(p)] + [n for n in imp.names if _private(n)]
+        if private:
+            yield "private", f"{imp.line}: imports {', '.join(private)} from {imp.module} ({owner.name})"
+
+
+def _all_violations() -> dict[tuple[str, str], list[str]]:
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in _sources():
+        for rule, what in _violations(path):
+            found.setdefault((rule, path.relative_to(ROOT).as_posix()), []).append(what)
+    return found
+
+
+VIOLATIONS = _all_violations()
+
+
+def test_the_scan_sees_every_distribution_and_its_sources() -> None:
+    names = {d.name for d in DISTRIBUTIONS}
+    assert {"blutrain-tensor", "blutrain", "blutrain-backend-cupy", "blutrain-parallel-cp"} <= names
+    assert _owner("blutrain.tensor.dispatch") is _owner("blutrain.tensor")
+    assert _owner("blutrain.nn") is _owner("blutrain.train")  # the facade owns several sub-packages
+    assert _owner("numpy") is None
+    assert sum(1 for _ in _sources()) > 200
+
+
+@pytest.mark.parametrize("rule", ["plugin", "private", "cupy"])
+def test_no_file_breaks_an_import_rule_outside_the_allow_list(rule: str) -> None:
+    broken = {f"{file}:{what}" for (r, file), whats in VIOLATIONS.items() if r == rule and (r, file) not in ALLOWED
+              for what in whats}
+    assert not broken, "\n".join(sorted(broken))
+
+
+def test_allow_list_is_not_stale() -> None:
+    stale = [f"{rule} {file}" for (rule, file) in ALLOWED if (rule, file) not in VIOLATIONS]
+    assert not stale, "these files keep the rule now; remove them from ALLOWED: " + ", ".join(stale)
+
+
+# files that need not exist: the checker reads them as sources of the distribution their path lies in
+CP = PLUGINS / "blutrain-parallel-cp" / "src" / "blutrain_parallel_cp" / "probe.py"
+COMPILER = PACKAGES / "blutrain-compiler" / "src" / "blutrain" / "compiler" / "probe.py"
+NCCL = PLUGINS / "blutrain-comm-nccl" / "src" / "blutrain_comm_nccl" / "probe.py"
+
+
+def _rules(path: Path, source: str) -> list[str]:
+    return [rule for rule, _ in _violations(path, source)]
+
+
+def test_checker_catches_a_plugin_importing_another_plugin() -> None:
+    assert _rules(CP, "from blutrain_parallel_ddp import DistributedDataParallel\n") == ["plugin"]
+    assert _rules(CP, "import blutrain_backend_cupy.backend\n") == ["plugin"]
+    assert _rules(CP, "def f():\n    from blutrain_parallel_ddp.ddp import _bucket\n") == ["plugin", "private"]
+
+
+def test_checker_catches_a_private_name_of_another_distribution() -> None:
+    assert _rules(CP, "from blutrain.tensor.cpu import _kernels\n") == ["private"]
+    assert _rules(CP, "from blutrain.tensor._x import y\n") == ["private"]
+    assert _rules(COMPILER, "from .trace import _helper\n") == []  # its own private names are its own
+
+
+def test_checker_catches_cupy_outside_its_homes() -> None:
+    assert _rules(COMPILER, "import cupy\n") == ["cupy"]
+    assert _rules(COMPILER, "def f():\n    from cupyx import jit\n") == ["cupy"]
+    assert _rules(NCCL, "import cupy\nfrom cupy.cuda import nccl\n") == []
+
+
+def test_checker_accepts_public_api() -> None:
+    assert _rules(CP, "from blutrain.dist import all_reduce\nimport numpy\nfrom . import layout\n") == []
