@@ -13,8 +13,8 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain.tensor import plugins
-from blutrain.tensor.cpu.backend import NumpyBackend
 from blutrain.tensor.cpu import TABLE, kernel_for
+from blutrain.tensor.cpu.backend import NumpyBackend
 from blutrain.tensor.device import Device
 
 
