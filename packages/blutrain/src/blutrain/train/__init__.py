@@ -16,11 +16,11 @@ from blutrain.train.checkpoint import (
     write_checkpoint,
 )
 from blutrain.train.config import ConfigError, ParallelPlan, TrainConfig
-from blutrain.train.errors import NonFiniteError, TrainError, TrainOutOfMemoryError
+from blutrain.train.errors import NonFiniteError, TrainError, TrainInterruptedError, TrainOutOfMemoryError
 
 __all__ = ["CheckpointError", "CheckpointWriter", "ConfigError", "NonFiniteError", "ParallelPlan", "TrainConfig",
-           "TrainError", "TrainOutOfMemoryError", "Trainer", "load_checkpoint", "rotate_checkpoints", "save_checkpoint",
-           "stage_checkpoint", "write_checkpoint"]
+           "TrainError", "TrainInterruptedError", "TrainOutOfMemoryError", "Trainer", "load_checkpoint",
+           "rotate_checkpoints", "save_checkpoint", "stage_checkpoint", "write_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:

@@ -36,4 +36,17 @@ class TrainOutOfMemoryError(TrainError, MemoryError):
         self.micro_batch = micro_batch
 
 
-__all__ = ["NonFiniteError", "TrainError", "TrainOutOfMemoryError"]
+class TrainInterruptedError(TrainError):
+    """SIGINT or SIGTERM stopped the run at a step boundary, after a checkpoint of that step was written.
+
+    ``signal_number`` is the signal, ``step`` the last completed step, ``checkpoint`` the checkpoint that
+    resumes it; the ``blutrain`` command exits with 128 + ``signal_number`` (130, 143)."""
+
+    def __init__(self, message: str, *, signal_number: int, step: int, checkpoint: Path) -> None:
+        super().__init__(message)
+        self.signal_number = signal_number
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+__all__ = ["NonFiniteError", "TrainError", "TrainInterruptedError", "TrainOutOfMemoryError"]

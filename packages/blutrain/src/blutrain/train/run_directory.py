@@ -1,0 +1,133 @@
+"""A run's output directory (``--out``): where a run goes by default, and that one run never overwrites another.
+
+With no ``--out``, each run gets a fresh ``runs/<YYYYmmdd-HHMMSS>`` directory and ``runs/latest`` (a
+symbolic link) points at the newest, so ``blutrain train`` twice keeps both runs and
+``runs/latest/final.safetensors`` is always the last one. A resumed run without ``--out`` continues in its
+checkpoint's directory. An ``--out`` that already holds a run is refused unless the run resumes (it continues
+there) or ``--overwrite`` is given, which first deletes the old run's files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from blutrain.train.config import ConfigError
+
+RUNS_ROOT = Path("runs")
+LATEST = "latest"
+RUN_ID_ENV = "BLUTRAIN_RUN_ID"  # set by `blutrain run`: the same default directory on every rank
+
+# what a run writes into its directory: the files a new run would replace or mix with
+_RUN_FILES = re.compile(r"(metrics\.jsonl|metrics\.csv|config\.toml|loss\.png|final(\.rank\d+-of-\d+)?\.safetensors"
+                        r"|step_\d+(\.rank\d+-of-\d+)?\.safetensors|\..*\.safetensors\..*\.tmp)")
+_RUN_DIRS = ("tensorboard",)
+
+
+def run_files(directory: Path) -> list[Path]:
+    """The files and folders of a run in ``directory`` (empty when it holds none or does not exist)."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir()
+                  if (p.is_file() and _RUN_FILES.fullmatch(p.name)) or (p.is_dir() and p.name in _RUN_DIRS))
+
+
+def default_run_directory(world_size: int = 1, root: Path = RUNS_ROOT) -> Path:
+    """A directory for a new run: ``root/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when that is taken). The
+    ranks of a ``blutrain run`` job share the launcher's ``BLUTRAIN_RUN_ID``; other launchers must name ``--out``."""
+    run_id = os.environ.get(RUN_ID_ENV)
+    if run_id:
+        return root / run_id
+    if world_size > 1:
+        raise ConfigError(f"out: this process is one of {world_size} ranks started without `blutrain run`, so the "
+                          "ranks cannot agree on a default run directory; give --out DIR")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, n = root / stamp, 1
+    while path.exists():
+        n += 1
+        path = root / f"{stamp}-{n}"
+    return path
+
+
+def prepare_run_directory(out: Path, *, resuming: bool, overwrite: bool, delete: bool = True) -> list[Path]:
+    """Make ``out`` ready for a run; returns the old run's paths that ``overwrite`` deleted (only where
+    ``delete``: one rank of a job deletes, every rank checks).
+
+    Refused (:class:`ConfigError`, nothing touched): ``out`` is a file; it holds a run and the run neither
+    resumes nor overwrites; it cannot be created or written."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out: {out} is a file, expected a directory for the run's files; give another --out")
+    old = run_files(out)
+    if old and not resuming and not overwrite:
+        names = ", ".join(p.name for p in old[:4]) + (", ..." if len(old) > 4 else "")
+        raise ConfigError(f"out: {out} already holds a run ({names}); continue it with --resume "
+                          f"{out / 'final.safetensors'} (or a step checkpoint), replace it with --overwrite, or "
+                          "give another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"out: cannot write the run directory {out}: {exc.strerror or exc}; give a writable "
+                          "--out") from None
+    removed = old if overwrite and not resuming and delete else []
+    for p in removed:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+    return removed
+
+
+def drop_metrics_after(path: Path, step: int) -> int:
+    """Keep the rows of the metrics file ``path`` (JSON lines) up to ``step``, the step a run resumes from;
+    the rows of steps after it, written before the run was stopped, would be written again. Returns the
+    number of rows dropped. The file is replaced atomically."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row_step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            row_step = None  # a line cut short by a kill: not a row
+        if isinstance(row_step, int) and row_step <= step:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped
+
+
+def point_latest(out: Path, root: Path = RUNS_ROOT) -> Path | None:
+    """Make ``root/latest`` a symbolic link to ``out`` (relative, replaced atomically); returns the link, or
+    None where ``latest`` is something else than a link (left alone) or links are not supported."""
+    link = root / LATEST
+    if link.exists() and not link.is_symlink():
+        return None
+    tmp = root / f".{LATEST}.{os.getpid()}.tmp"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        tmp.symlink_to(os.path.relpath(out.resolve(), root.resolve()), target_is_directory=True)
+        os.replace(tmp, link)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return None
+    return link
+
+
+__all__ = ["RUNS_ROOT", "RUN_ID_ENV", "default_run_directory", "drop_metrics_after", "point_latest",
+           "prepare_run_directory", "run_files"]

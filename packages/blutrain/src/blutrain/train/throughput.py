@@ -1,0 +1,77 @@
+"""Model FLOPs utilisation (MFU) and device memory for the progress line and metrics.jsonl.
+
+MFU is the share of the devices' peak arithmetic rate that the model's own FLOPs use: FLOPs per token of
+one training step (forward + backward) × tokens per second, over the peak of every device of the run. As in
+the PaLM paper and nanoGPT, only the model's matrix multiplications count (recomputation, the optimizer,
+norms and element-wise work do not), so MFU does not reward doing extra work. The peak is the vendor's dense
+datasheet figure for the run's dtype; a device whose peak is not known here (the CPU, other GPUs) gets no
+MFU rather than a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from blutrain.models.gpt2 import GPT2Config
+from blutrain.tensor.backend import DeviceProperties
+
+# Dense (no sparsity) peak FLOP/s by --dtype, per device; the first name that the device's name contains
+# wins, so the more specific names come first. H100 SXM and H200 share the Hopper SXM figures.
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H100 PCIe", {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12}),
+    ("H100 NVL", {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835e12}),
+    ("H200", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12}),
+    ("H100", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12}),
+)
+
+
+def flops_per_token(config: GPT2Config, seq_len: int) -> int:
+    """FLOPs of one training step per token: 3 × the forward's (backward costs twice the forward).
+
+    Forward per token: each layer's four weight GEMMs, 2 × (3C² + C² + 4C² + 4C²) = 24C², and attention's
+    two T-long products (q·kᵀ and the weighted sum of v), 2 × 2 × T × C, counted whole as PaLM does; then
+    the LM head, 2 × C × V. Biases, norms, softmax and the embedding lookup are left out."""
+    c, n_layer, t, v = config.n_embd, config.n_layer, seq_len, config.vocab_size
+    forward = n_layer * (24 * c * c + 4 * t * c) + 2 * c * v
+    return 3 * forward
+
+
+def peak_flops(device_name: str, dtype: str) -> float | None:
+    """The device's dense peak FLOP/s for ``dtype`` (fp32, tf32, bf16), or None where it is not known."""
+    for key, peaks in PEAK_FLOPS:
+        if key in device_name:
+            return peaks.get(dtype)
+    return None
+
+
+@dataclass
+class Throughput:
+    """What the trainer adds to each step's metrics: ``mfu`` where the peak is known, ``mem_peak_bytes``
+    (the device's peak allocated memory so far) where the backend reports it."""
+
+    flops_per_token: int
+    peak_per_device: float | None
+    devices: int
+    backend: Any
+    index: int
+
+    @classmethod
+    def for_run(cls, config: GPT2Config, seq_len: int, backend: Any, index: int, dtype: str,
+                devices: int) -> Throughput:
+        name = backend.device_name(index) if isinstance(backend, DeviceProperties) else ""
+        return cls(flops_per_token(config, seq_len), peak_flops(name, dtype) if name else None, devices, backend,
+                   index)
+
+    def metrics(self, tokens_per_s: float) -> dict[str, float | int]:
+        out: dict[str, float | int] = {}
+        if self.peak_per_device:
+            out["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_per_device * self.devices)
+        if isinstance(self.backend, DeviceProperties):
+            peak = self.backend.max_memory_allocated(self.index)
+            if peak is not None:
+                out["mem_peak_bytes"] = int(peak)
+        return out
+
+
+__all__ = ["PEAK_FLOPS", "Throughput", "flops_per_token", "peak_flops"]
