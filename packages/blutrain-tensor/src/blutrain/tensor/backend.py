@@ -97,7 +97,7 @@ class BackendRegistry(Registry[Backend]):
     """Device type → Backend, filled by ``blutrain_register_backends``."""
 
     def __init__(self) -> None:
-        super().__init__("device backend")
+        super().__init__("device backend", {"cuda": "'blutrain-backend-cupy[cuda12]' (or [cuda13])"})
 
     def register(self, name: str | Backend, obj: Backend | None = None) -> None:
         """``register(backend)`` (its ``name`` is the device type) or ``register(name, backend)``."""

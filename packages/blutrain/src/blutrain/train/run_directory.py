@@ -17,11 +17,11 @@ import shutil
 import time
 from pathlib import Path
 
+from blutrain.dist import RUN_ID_ENV
 from blutrain.train.config import ConfigError
 
 RUNS_ROOT = Path("runs")
 LATEST = "latest"
-RUN_ID_ENV = "BLUTRAIN_RUN_ID"  # set by `blutrain run`: the same default directory on every rank
 
 # what a run writes into its directory: the files a new run would replace or mix with
 _RUN_FILES = re.compile(r"(metrics\.jsonl|metrics\.csv|config\.toml|loss\.png|final(\.rank\d+-of-\d+)?\.safetensors"
@@ -129,5 +129,5 @@ def point_latest(out: Path, root: Path = RUNS_ROOT) -> Path | None:
     return link
 
 
-__all__ = ["RUNS_ROOT", "RUN_ID_ENV", "default_run_directory", "drop_metrics_after", "point_latest",
+__all__ = ["RUNS_ROOT", "default_run_directory", "drop_metrics_after", "point_latest",
            "prepare_run_directory", "run_files"]
