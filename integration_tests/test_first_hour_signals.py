@@ -1,0 +1,96 @@
+"""Ctrl-C (SIGINT) and Slurm's preemption (SIGTERM) during ``blutrain train`` lose no work (issue 27).
+
+A real training process gets the signal mid-run; it must finish the step it is in, write a checkpoint of
+that step and the loss plot, say in one line how to resume, and exit with 128 + the signal. Resuming then
+continues the run, and metrics.jsonl ends with every step exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+from cli_runs import QUICK, blutrain, blutrain_command, one_line_error
+
+from blutrain.data import get_tokenizer, prepare
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("signals")
+    (root / "quick.toml").write_text(QUICK)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    prepare([stdlib / "textwrap.py", stdlib / "shlex.py"], root / "data", get_tokenizer("byte"), val_fraction=0.1)
+    return root
+
+
+def _steps(out: Path) -> list[int]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _interrupt(workdir: Path, out: Path, sig: signal.Signals, after_steps: int, *extra: str) -> tuple[
+        subprocess.CompletedProcess[str], int]:
+    """Start a long run into ``out``, send ``sig`` once ``after_steps`` steps are in metrics.jsonl, and wait
+    for it to exit; returns the finished process and the number of steps it had logged when signalled."""
+    cmd = blutrain_command("train", "--config", "quick.toml", "--data", "data", "--max-steps", "100000",
+                           "--out", out, *extra)
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(_steps(out)) < after_steps:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run did not reach its first steps"
+            time.sleep(0.05)
+        seen = len(_steps(out))
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), seen
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_checkpoints_the_interrupted_step_and_resumes(workdir: Path, tmp_path: Path, sig: signal.Signals,
+                                                             status: int) -> None:
+    out = tmp_path / "run"
+    stopped, seen = _interrupt(workdir, out, sig, 3)
+    assert stopped.returncode == status, stopped.stderr
+    line = one_line_error(stopped)
+    assert f"{sig.name} received" in line and "resume with: blutrain train" in line
+    steps = _steps(out)
+    last = steps[-1]
+    assert steps == list(range(1, last + 1)) and last >= seen  # the step in flight was finished, not lost
+    checkpoint = out / f"step_{last:06d}.safetensors"
+    assert checkpoint.is_file() and str(checkpoint) in line
+    assert (out / "loss.png").is_file()
+
+    # the command the message gives, with a short horizon so that the test ends
+    resume = line.split("resume with: ", 1)[1].split()
+    assert resume[:2] == ["blutrain", "train"]
+    resumed = blutrain(*resume[1:], "--max-steps", str(last + 2), cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {checkpoint} at step {last}" in resumed.stdout
+    assert _steps(out) == list(range(1, last + 3))
+    assert (out / "final.safetensors").is_file()
+
+
+def test_resuming_an_earlier_checkpoint_leaves_no_duplicate_rows(workdir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    stopped, _ = _interrupt(workdir, out, signal.SIGTERM, 5, "--checkpoint-every", "2", "--keep", "0")
+    assert stopped.returncode == 143, stopped.stderr
+    last = _steps(out)[-1]
+    resumed = blutrain("train", "--config", "quick.toml", "--data", "data", "--max-steps", str(last + 1),
+                       "--resume", out / "step_000002.safetensors", cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"dropped {last - 2} row(s) after step 2" in resumed.stdout
+    assert _steps(out) == list(range(1, last + 2))  # steps 3..last trained again and written once
