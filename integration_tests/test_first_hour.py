@@ -6,7 +6,9 @@ reported in one line with no traceback, and that nothing already on disk was cha
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
 import sysconfig
 from pathlib import Path
@@ -229,3 +231,23 @@ def test_run_leaves_the_users_thread_settings_alone(workdir: Path) -> None:
     env |= {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "5"}
     for rank in _rank_threads(workdir, env):
         assert rank == {**dict.fromkeys(launcher.THREAD_ENVS, "3"), "MKL_NUM_THREADS": "5"}
+
+
+# -- loggers: --log csv,tensorboard ----------------------------------------------------------------------
+def test_log_csv_and_tensorboard_write_what_metrics_jsonl_holds(workdir: Path, tmp_path: Path) -> None:
+    tensorboard = pytest.importorskip("blutrain_logger_tensorboard")
+    out = tmp_path / "run"
+    proc = blutrain("train", "--config", "quick.toml", "--data", "data", "--max-steps", "4", "--eval-every", "2",
+                    "--log", "csv,tensorboard", "--out", out, cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(out)
+    with open(out / "metrics.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in table] == [m["step"] for m in rows]
+    for r, m in zip(table, rows, strict=True):
+        assert {k: float(v) for k, v in r.items() if v} == {k: float(v) for k, v in m.items()}  # type: ignore[arg-type]
+    scalars = tensorboard.read_scalars(out / "tensorboard")
+    assert [s for s, _ in scalars["train/loss"]] == [1, 2, 3, 4]
+    assert [s for s, _ in scalars["val/loss"]] == [2, 4]
+    for (_, value), m in zip(scalars["train/loss"], rows, strict=True):
+        assert math.isclose(value, m["loss"], rel_tol=1e-6)  # type: ignore[arg-type]
