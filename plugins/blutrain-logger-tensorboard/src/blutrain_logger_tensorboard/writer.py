@@ -40,18 +40,24 @@ class EventLog:
 
 
 _active: EventLog | None = None
+_pending: tuple[Path, int | None] | None = None  # the run's logdir and resumed step, until its first step ends
 
 
 @hookimpl
 def blutrain_on_train_event(event: str, state: dict[str, Any]) -> None:
-    global _active
+    global _active, _pending
     if event == "train_start":
         if _active is not None:
             _active.close()
-            _active = None
+        _active = _pending = None
         if logger_selected(NAME, state):
             config = state["config"]
-            _active = EventLog(Path(config["out"]) / "tensorboard", state["step"] if config.get("resume") else None)
+            _pending = (Path(config["out"]) / "tensorboard", state["step"] if config.get("resume") else None)
+    elif event == "step_end" and _pending is not None:
+        # opened at the first step, as metrics.jsonl is written: a resume that fails earlier purges nothing
+        _active = EventLog(*_pending)
+        _pending = None
+        _active.write(state)
     elif _active is None:
         return
     elif event == "step_end":

@@ -23,23 +23,34 @@ class CsvLog:
     """``metrics.csv`` of one run; floats are written as Python's repr, so they read back exactly."""
 
     def __init__(self, path: Path, resumed_step: int | None) -> None:
-        kept = _rows_up_to(path, resumed_step) if resumed_step is not None else []
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self.path = path
+        self.resumed_step = resumed_step
+        self.file: IO[str] | None = None
+
+    def _open(self) -> Any:
+        """At the first row (as metrics.jsonl: a resume that fails earlier changes nothing): the header and
+        the kept rows of a resumed run, written anew, then the file open for appending."""
+        kept = _rows_up_to(self.path, self.resumed_step) if self.resumed_step is not None else []
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with open(tmp, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(COLUMNS)
             writer.writerows(kept)
-        os.replace(tmp, path)
-        self.file: IO[str] = open(path, "a", newline="")  # noqa: SIM115 (closed at train_end)
-        self.writer = csv.writer(self.file)
+        os.replace(tmp, self.path)
+        self.file = open(self.path, "a", newline="")  # noqa: SIM115 (closed at train_end)
+        return csv.writer(self.file)
 
     def write(self, state: dict[str, Any]) -> None:
+        if self.file is None:
+            self.writer = self._open()
+        assert self.file is not None
         self.writer.writerow(["" if state.get(c) is None else int(state[c]) if isinstance(state[c], bool)
                               else state[c] for c in COLUMNS])
         self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
 
 def _rows_up_to(path: Path, step: int) -> list[list[str]]:

@@ -16,6 +16,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any, TextIO
 
 from blutrain.dist import RUN_ID_ENV
 from blutrain.train.config import ConfigError
@@ -110,6 +111,39 @@ def drop_metrics_after(path: Path, step: int) -> int:
     return dropped
 
 
+class MetricsLog:
+    """A run's ``metrics.jsonl``, one JSON row per step, flushed as written. A resumed run appends after the
+    step it resumes from; the rows after that step (written before it was stopped) are dropped just before
+    its first row is written, so a resume that fails before finishing a step leaves the file as it was."""
+
+    def __init__(self, path: Path, resumed_step: int | None) -> None:
+        self.path = path
+        self.resumed_step = resumed_step
+        self.file: TextIO | None = None
+
+    def write(self, row: dict[str, Any]) -> int:
+        """Append ``row``; returns how many old rows the first write of a resumed run dropped (else 0)."""
+        dropped = 0
+        if self.file is None:
+            if self.resumed_step is not None:
+                dropped = drop_metrics_after(self.path, self.resumed_step)
+            self.file = open(self.path, "a" if self.resumed_step is not None else "w")  # noqa: SIM115
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        return dropped
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def point_latest(out: Path, root: Path = RUNS_ROOT) -> Path | None:
     """Make ``root/latest`` a symbolic link to ``out`` (relative, replaced atomically); returns the link, or
     None where ``latest`` is something else than a link (left alone) or links are not supported."""
@@ -129,5 +163,5 @@ def point_latest(out: Path, root: Path = RUNS_ROOT) -> Path | None:
     return link
 
 
-__all__ = ["RUNS_ROOT", "default_run_directory", "drop_metrics_after", "point_latest",
+__all__ = ["RUNS_ROOT", "MetricsLog", "default_run_directory", "drop_metrics_after", "point_latest",
            "prepare_run_directory", "run_files"]

@@ -11,7 +11,6 @@ step) is in the checkpoint, so a resumed CPU run reproduces an uninterrupted one
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import signal
@@ -44,8 +43,8 @@ from blutrain.train.errors import NonFiniteError, TrainInterruptedError, TrainOu
 from blutrain.train.interrupt import StopSignals, signal_name
 from blutrain.train.loggers import check_loggers
 from blutrain.train.run_directory import (
+    MetricsLog,
     default_run_directory,
-    drop_metrics_after,
     point_latest,
     prepare_run_directory,
 )
@@ -716,19 +715,14 @@ class Trainer:
         if stale:
             self._print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint saves in {self.out}")
         metrics_path = self.out / "metrics.jsonl" if self.rank == 0 else Path(os.devnull)
-        if cfg.resume and self.rank == 0:
-            dropped = drop_metrics_after(metrics_path, self.step)
-            if dropped:
-                self._print(f"dropped {dropped} row(s) after step {self.step} from {metrics_path}: those steps "
-                            "are trained again")
+        resumed_step = self.step if cfg.resume else None
         self._emit("train_start", {"step": self.step, "config": cfg.to_dict()})
-        mode = "a" if cfg.resume else "w"
         start = time.perf_counter()
         first_step = self.step
         final_val: float | None = None
         evaluated = False
         try:
-            with StopSignals() as self._signals, open(metrics_path, mode) as metrics:
+            with StopSignals() as self._signals, MetricsLog(metrics_path, resumed_step) as metrics:
                 while self.step < cfg.max_steps:
                     m = self.train_step()
                     last = self.step == cfg.max_steps
@@ -740,8 +734,10 @@ class Trainer:
                             m["val_loss"] = final_val = val
                             self.val_history.append((self.step, val))
                             self._emit("eval_end", {"step": self.step, "val_loss": val})
-                    metrics.write(json.dumps(m) + "\n")
-                    metrics.flush()
+                    dropped = metrics.write(m)
+                    if dropped:
+                        self._print(f"dropped {dropped} row(s) after step {resumed_step} from {metrics_path}: those "
+                                    "steps were trained again")
                     self.history.append(m)
                     self._emit("step_end", dict(m))
                     self._progress(m, start, first_step)
