@@ -39,7 +39,7 @@ from blutrain.train.checkpoint import (
     write_checkpoint,
 )
 from blutrain.train.config import ConfigError, TrainConfig
-from blutrain.train.errors import NonFiniteError, TrainInterruptedError, TrainOutOfMemoryError
+from blutrain.train.errors import NonFiniteError, TrainInterruptedError, TrainOutOfMemoryError, step_out_of_memory
 from blutrain.train.interrupt import StopSignals, signal_name
 from blutrain.train.loggers import check_loggers
 from blutrain.train.run_directory import (
@@ -627,10 +627,8 @@ class Trainer:
                 if finite:
                     self.optimizer.step()
         except MemoryError as exc:
-            raise TrainOutOfMemoryError(
-                f"step {self.step + 1}: out of memory with a micro-batch of {cfg.batch_size} × {cfg.seq_len} tokens "
-                f"on {self.device}: {exc}\nHint: --auto-batch finds the largest micro-batch that fits and keeps "
-                "the global batch by gradient accumulation.", step=self.step + 1, micro_batch=cfg.batch_size) from exc
+            raise step_out_of_memory(exc, step=self.step + 1, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                                     device=self.device) from exc
         m: dict[str, Any] = {"step": self.step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
         if not finite:
             self._nonfinite(m, before)
