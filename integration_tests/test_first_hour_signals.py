@@ -94,3 +94,36 @@ def test_resuming_an_earlier_checkpoint_leaves_no_duplicate_rows(workdir: Path, 
     assert resumed.returncode == 0, resumed.stderr
     assert f"dropped {last - 2} row(s) after step 2" in resumed.stdout
     assert _steps(out) == list(range(1, last + 2))  # steps 3..last trained again and written once
+
+
+def test_sigint_to_blutrain_run_stops_every_rank_after_the_same_step(workdir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("blutrain_comm_mpi")
+    pytest.importorskip("blutrain_parallel_ddp")
+    out = tmp_path / "ddp"
+    train = ["--", "blutrain", "train", "--config", "quick.toml", "--data", "data", "--parallel", "ddp",
+             "--dist-backend", "mpi", "--max-steps", "100000", "--out", str(out)]
+    cmd = blutrain_command("run", "-n", "2", "--grace", "20", *train)
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(_steps(out)) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C in the terminal of `blutrain run`
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    last = _steps(out)[-1]
+    assert _steps(out) == list(range(1, last + 1))
+    assert (out / f"step_{last:06d}.safetensors").is_file()
+    for rank in (0, 1):  # each rank stopped after the same step and said how to resume
+        assert f"[rank{rank}]: blutrain train: SIGINT received: stopped after step {last} of 100000" in stderr, stderr
+    resumed = blutrain("run", "-n", "2", *train[:-4], "--max-steps", str(last + 1), "--out", str(out), "--resume",
+                       out / f"step_{last:06d}.safetensors", cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _steps(out) == list(range(1, last + 2))
