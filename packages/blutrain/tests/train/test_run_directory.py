@@ -27,7 +27,8 @@ def _steps(path: Path) -> list[int]:
 
 
 def test_default_directories_are_new_each_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(RUN_ID_ENV, raising=False)
+    for name in (RUN_ID_ENV, "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
     first = default_run_directory(root=tmp_path)
     first.mkdir()
     second = default_run_directory(root=tmp_path)
@@ -39,8 +40,16 @@ def test_the_ranks_of_a_job_share_the_launchers_run_id(tmp_path: Path, monkeypat
     assert default_run_directory(world_size=4, root=tmp_path) == tmp_path / "20260101-120000"
 
 
-def test_ranks_without_a_run_id_must_name_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_tasks_of_a_slurm_job_share_its_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(RUN_ID_ENV, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert default_run_directory(world_size=8, root=tmp_path) == tmp_path / "slurm-4242.0"
+
+
+def test_ranks_without_a_run_id_must_name_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (RUN_ID_ENV, "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match="give --out DIR"):
         default_run_directory(world_size=2, root=tmp_path)
 

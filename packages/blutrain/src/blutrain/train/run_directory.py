@@ -38,15 +38,34 @@ def run_files(directory: Path) -> list[Path]:
                   if (p.is_file() and _RUN_FILES.fullmatch(p.name)) or (p.is_dir() and p.name in _RUN_DIRS))
 
 
-def default_run_directory(world_size: int = 1, root: Path = RUNS_ROOT) -> Path:
-    """A directory for a new run: ``root/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when that is taken). The
-    ranks of a ``blutrain run`` job share the launcher's ``BLUTRAIN_RUN_ID``; other launchers must name ``--out``."""
+def job_id() -> str | None:
+    """The id every rank of a job shares: ``blutrain run``'s ``BLUTRAIN_RUN_ID``, Slurm's job id (and step),
+    or a torchrun rendezvous id given with ``--rdzv-id``; None where there is none."""
     run_id = os.environ.get(RUN_ID_ENV)
+    if run_id:
+        return run_id
+    slurm = os.environ.get("SLURM_JOB_ID")
+    if slurm:
+        step = os.environ.get("SLURM_STEP_ID")
+        return f"slurm-{slurm}" + (f".{step}" if step else "")
+    torchrun = os.environ.get("TORCHELASTIC_RUN_ID")
+    if torchrun and torchrun != "none":
+        return f"torchrun-{torchrun}"
+    return None
+
+
+def default_run_directory(world_size: int = 1, root: Path = RUNS_ROOT) -> Path:
+    """A directory for a new run: ``root/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when that is taken), or
+    ``root/<job id>`` where the process belongs to a job (:func:`job_id`), so that every rank picks the same.
+    Ranks of a job without an id (mpirun, torchrun without ``--rdzv-id``) must be given ``--out``. A single
+    process takes a time stamp even inside a Slurm allocation, where several runs share the job id."""
+    run_id = job_id() if world_size > 1 else os.environ.get(RUN_ID_ENV)
     if run_id:
         return root / run_id
     if world_size > 1:
-        raise ConfigError(f"out: this process is one of {world_size} ranks started without `blutrain run`, so the "
-                          "ranks cannot agree on a default run directory; give --out DIR")
+        raise ConfigError(f"out: this process is one of {world_size} ranks of a job without an id (started by "
+                          "mpirun, or torchrun without --rdzv-id), so the ranks cannot agree on a default run "
+                          "directory; give --out DIR")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path, n = root / stamp, 1
     while path.exists():
@@ -163,5 +182,5 @@ def point_latest(out: Path, root: Path = RUNS_ROOT) -> Path | None:
     return link
 
 
-__all__ = ["RUNS_ROOT", "MetricsLog", "default_run_directory", "drop_metrics_after", "point_latest",
+__all__ = ["RUNS_ROOT", "MetricsLog", "default_run_directory", "drop_metrics_after", "job_id", "point_latest",
            "prepare_run_directory", "run_files"]
