@@ -16,13 +16,14 @@ from typing import Any
 from blutrain.models.gpt2 import GPT2Config
 from blutrain.tensor.backend import DeviceProperties
 
-# Dense (no sparsity) peak FLOP/s by --dtype, per device; the first name that the device's name contains
-# wins, so the more specific names come first. H100 SXM and H200 share the Hopper SXM figures.
+# Dense (no sparsity) peak FLOP/s by --dtype, per device, from NVIDIA's datasheets (the same figures as
+# tools/bench/gpt2.py); the first name that the device's name contains (case-blind) wins, so the more
+# specific names come first. H100 SXM and H200 share the Hopper SXM figures.
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H100 PCIe", {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12}),
-    ("H100 NVL", {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835e12}),
-    ("H200", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12}),
-    ("H100", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12}),
+    ("H100 PCIE", {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12}),
+    ("H100 NVL", {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12}),
+    ("H200", {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12}),
+    ("H100", {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12}),
 )
 
 
@@ -39,8 +40,9 @@ def flops_per_token(config: GPT2Config, seq_len: int) -> int:
 
 def peak_flops(device_name: str, dtype: str) -> float | None:
     """The device's dense peak FLOP/s for ``dtype`` (fp32, tf32, bf16), or None where it is not known."""
+    name = device_name.upper()
     for key, peaks in PEAK_FLOPS:
-        if key in device_name:
+        if key in name:
             return peaks.get(dtype)
     return None
 
