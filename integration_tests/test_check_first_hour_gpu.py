@@ -46,6 +46,14 @@ def test_the_dead_rank_check_passes_on_the_cpu(tmp_path: Path) -> None:
     assert "rank 1" in result.check
 
 
+def test_metrics_need_an_mfu_and_a_peak_on_every_step() -> None:
+    good = [{"step": 1, "mfu": 0.31, "mem_peak_bytes": 7 << 30}, {"step": 2, "mfu": 0.42, "mem_peak_bytes": 7 << 30}]
+    assert check.metrics_problems(good) == []
+    assert len(check.metrics_problems([{"step": 1, "loss": 5.0}])) == 2  # a CPU row has neither
+    assert len(check.metrics_problems([{"step": 1, "mfu": 1.7, "mem_peak_bytes": 1}])) == 1
+    assert len(check.metrics_problems([])) == 2
+
+
 def test_the_table_has_one_row_per_check() -> None:
     text = check.table([check.Result("a", "PASS", "fine"), check.Result("b check", "SKIP", "no GPU")])
     assert text.splitlines()[2:] == ["a        PASS    fine", "b check  SKIP    no GPU"]

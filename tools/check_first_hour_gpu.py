@@ -5,6 +5,7 @@
     memory but half of that peak, so the resumed step runs out. It must exit non-zero with the allocator's
     message in one line (what was asked, what is held, what to try) and no traceback, and leave the run's
     checkpoints, metrics and plot byte for byte as they were, the checkpoint loadable.
+    The first run's metrics.jsonl must also give an MFU in (0, 1) and the peak allocated memory on every step.
 (b) A dead rank. ``blutrain run -n 2 --timeout T -- blutrain train --parallel ddp`` trains (nccl on two GPUs);
     once both ranks have finished steps, one rank gets SIGKILL. Every rank must be gone within T + the grace
     period + a margin, ``blutrain run`` must exit non-zero naming the dead rank, and no process of the job may
@@ -128,20 +129,40 @@ sys.stdin.read()
 """
 
 
-def check_out_of_memory(work: Path, preset: str, batch_size: int, seq_len: int, dtype: str) -> Result:
+def metrics_problems(rows: Sequence[dict[str, object]]) -> list[str]:
+    """What a GPU run's metrics.jsonl lacks: an MFU in (0, 1) and a positive peak of allocated memory on every
+    step (the progress line prints the same numbers)."""
+    problems = []
+    mfu = [m.get("mfu") for m in rows]
+    if not rows or not all(isinstance(v, float) and 0 < v < 1 for v in mfu):
+        problems.append(f"mfu not in (0, 1) on every step: {mfu}")
+    mem = [m.get("mem_peak_bytes") for m in rows]
+    if not rows or not all(isinstance(v, int) and v > 0 for v in mem):
+        problems.append(f"mem_peak_bytes not positive on every step: {mem}")
+    return problems
+
+
+def check_out_of_memory(work: Path, preset: str, batch_size: int, seq_len: int, dtype: str) -> list[Result]:
+    """Two rows: MFU and memory in the first run's metrics, then the out-of-memory check itself."""
     name = "out of memory: one line, non-zero exit, checkpoints intact"
+    metrics_name = "MFU and peak memory in metrics.jsonl on the GPU"
     if gpu_count() < 1:
-        return Result(name, "SKIP", "needs a GPU and CuPy")
+        return [Result(metrics_name, "SKIP", "needs a GPU and CuPy"), Result(name, "SKIP", "needs a GPU and CuPy")]
     out = work / "oom"
     flags: list[str | Path] = ["--config", work / "quick.toml", "--preset", preset, "--device", "cuda", "--dtype",
                                dtype, "--batch-size", str(batch_size), "--seq-len", str(seq_len)]
     first = subprocess.run(blutrain("train", *flags, "--max-steps", "3", "--checkpoint-every", "1", "--out", out),
                            capture_output=True, text=True, timeout=600)
     if first.returncode != 0:
-        return Result(name, "FAIL", f"the first run failed ({first.returncode}): {first.stderr.strip()[-300:]}")
-    peaks = [int(str(m["mem_peak_bytes"])) for m in metric_rows(out) if "mem_peak_bytes" in m]
+        failed = f"the first run failed ({first.returncode}): {first.stderr.strip()[-300:]}"
+        return [Result(metrics_name, "FAIL", failed), Result(name, "FAIL", failed)]
+    rows = metric_rows(out)
+    problems = metrics_problems(rows)
+    shown = ", ".join(f"step {m['step']}: MFU {m.get('mfu')}, {m.get('mem_peak_bytes')} B" for m in rows)
+    metrics = Result(metrics_name, "FAIL" if problems else "PASS", "; ".join(problems) or shown)
+    peaks = [int(str(m["mem_peak_bytes"])) for m in rows if "mem_peak_bytes" in m]
     if not peaks:
-        return Result(name, "FAIL", "metrics.jsonl has no mem_peak_bytes on the GPU")
+        return [metrics, Result(name, "FAIL", "metrics.jsonl has no mem_peak_bytes on the GPU")]
     before = snapshot(out)
     hog = subprocess.Popen([sys.executable, "-c", HOG, str(max(peaks) // 2)], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True)
@@ -168,7 +189,8 @@ def check_out_of_memory(work: Path, preset: str, batch_size: int, seq_len: int, 
         problems.append(f"the checkpoint does not load: {exc}")
     detail = (f"peak {max(peaks) / 2**30:.1f} GiB, {held / 2**30:.1f} GiB held by another process; exit "
               f"{resumed.returncode}: {(line or resumed.stderr.strip()[-200:])[:160]}")
-    return Result(name, "FAIL" if problems else "PASS", "; ".join(problems) + (" | " if problems else "") + detail)
+    return [metrics, Result(name, "FAIL" if problems else "PASS",
+                            "; ".join(problems) + (" | " if problems else "") + detail)]
 
 
 # -- (b) a rank killed mid-step -------------------------------------------------------------------------------
@@ -248,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (work / "quick.toml").write_text(QUICK)
         results = []
         if args.only in (None, "oom"):
-            results.append(check_out_of_memory(work, args.preset, args.batch_size, args.seq_len, args.dtype))
+            results += check_out_of_memory(work, args.preset, args.batch_size, args.seq_len, args.dtype)
         if args.only in (None, "dead-rank"):
             results.append(check_dead_rank(work, args.device, args.dist_backend, args.timeout, args.grace))
     print(table(results), flush=True)
