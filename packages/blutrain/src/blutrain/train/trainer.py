@@ -719,52 +719,62 @@ class Trainer:
         first_step = self.step
         final_val: float | None = None
         evaluated = False
-        try:
-            with StopSignals() as self._signals, MetricsLog(metrics_path, resumed_step) as metrics:
-                while self.step < cfg.max_steps:
-                    m = self.train_step()
-                    last = self.step == cfg.max_steps
-                    stop = None if last else self._stop_requested()
-                    if (last or (cfg.eval_every and self.step % cfg.eval_every == 0)) and stop is None:
-                        val = self.evaluate()
-                        evaluated = last
-                        if val is not None:
-                            m["val_loss"] = final_val = val
-                            self.val_history.append((self.step, val))
-                            self._emit("eval_end", {"step": self.step, "val_loss": val})
-                    dropped = metrics.write(m)
-                    if dropped:
-                        self._print(f"dropped {dropped} row(s) after step {resumed_step} from {metrics_path}: those "
-                                    "steps were trained again")
-                    self.history.append(m)
-                    self._emit("step_end", dict(m))
-                    self._progress(m, start, first_step)
-                    saved = None
-                    if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
-                        saved = self._save_step_checkpoint()
-                        self._emit("checkpoint_saved", {"step": self.step, "path": str(saved)})
-                    if stop is not None:
-                        self._stop(stop, saved)
-            if self.writer is not None:
-                self.writer.wait()
-        except BaseException:
-            if self.writer is not None:  # let a save in flight finish: it holds good state
-                with contextlib.suppress(CheckpointError):
+        # SIGINT/SIGTERM are held from the first step until the final checkpoint is written: before the last
+        # step they stop the run at the next step boundary, after it the run finishes writing first
+        with StopSignals() as signals:
+            self._signals = signals
+            try:
+                with MetricsLog(metrics_path, resumed_step) as metrics:
+                    while self.step < cfg.max_steps:
+                        m = self.train_step()
+                        last = self.step == cfg.max_steps
+                        stop = None if last else self._stop_requested()
+                        if (last or (cfg.eval_every and self.step % cfg.eval_every == 0)) and stop is None:
+                            val = self.evaluate()
+                            evaluated = last
+                            if val is not None:
+                                m["val_loss"] = final_val = val
+                                self.val_history.append((self.step, val))
+                                self._emit("eval_end", {"step": self.step, "val_loss": val})
+                        dropped = metrics.write(m)
+                        if dropped:
+                            self._print(f"dropped {dropped} row(s) after step {resumed_step} from {metrics_path}: "
+                                        "those steps were trained again")
+                        self.history.append(m)
+                        self._emit("step_end", dict(m))
+                        self._progress(m, start, first_step)
+                        saved = None
+                        if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
+                            saved = self._save_step_checkpoint()
+                            self._emit("checkpoint_saved", {"step": self.step, "path": str(saved)})
+                        if stop is not None:
+                            self._stop(stop, saved)
+                if self.writer is not None:
                     self.writer.wait()
-            raise
-        finally:
-            self._signals = None
-        if self.stream.isatty():
-            self.stream.write("\n")
-        if not evaluated:  # the loop did not reach the last step here (a run resumed at its end)
-            final_val = self.evaluate()
-            if final_val is not None:
-                self.val_history.append((self.step, final_val))
-                self._print(f"validation loss at step {self.step}: {final_val:.4f}")
-        ckpt = self.save(self.out / "final.safetensors")
-        plot = self._plot() if self.rank == 0 else None
+            except BaseException:
+                if self.writer is not None:  # let a save in flight finish: it holds good state
+                    with contextlib.suppress(CheckpointError):
+                        self.writer.wait()
+                raise
+            finally:
+                self._signals = None
+            if self.stream.isatty():
+                self.stream.write("\n")
+            if not evaluated:  # the loop did not reach the last step here (a run resumed at its end)
+                final_val = self.evaluate()
+                if final_val is not None:
+                    self.val_history.append((self.step, final_val))
+                    self._print(f"validation loss at step {self.step}: {final_val:.4f}")
+            ckpt = self.save(self.out / "final.safetensors")
+            plot = self._plot() if self.rank == 0 else None
+        received = signals.received
         result = {"step": self.step, "val_loss": final_val, "checkpoint": str(ckpt),
                   "train_loss": self.history[-1]["loss"] if self.history else None}
+        if received is not None and self.world == 1:  # came after the last step: the run is whole, then stop
+            name = signal_name(received)
+            self._emit("train_end", result | {"interrupted": name})
+            raise TrainInterruptedError(f"{name} received: the run had finished its {self.step} steps; wrote {ckpt}",
+                                        signal_number=received, step=self.step, checkpoint=ckpt)
         self._emit("train_end", result)
         return result | {"plot": str(plot) if plot else None}
 
