@@ -1,38 +1,267 @@
-"""tools/bench/dist.py, the multi-GPU benchmark: its arithmetic and reporting on given rank results, and its CPU
-mode end to end (MPI ranks through `blutrain run`, every stage's plumbing). No test here asserts a time."""
+"""tools/bench/dist.py, the multi-GPU benchmark: its arithmetic (efficiency against the same framework and
+implementation, loss differences, exposed communication from a kernel timeline and from an nsys SQLite
+export), its plan and commands, how a launch's rank reports become rows, the table; and its CPU mode end to
+end (MPI ranks through `blutrain run`, eager and compiled, the same-loss stage, a failing configuration).
+No test here needs a GPU or PyTorch, and none asserts a time."""
 
 from __future__ import annotations
 
 import json
-import math
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-
-from blutrain.models import GPT2, GPT2Config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # tools/ is on sys.path through the workspace's pytest config, and not there when the package is installed alone
 bench = pytest.importorskip("bench.dist", reason="tools/ is not part of this checkout")
+report = pytest.importorskip("bench.dist_report")
+profile = pytest.importorskip("bench.dist_profile")
 
 
-def job(stage: str = "scaling", mode: str = "ddp", gpus: int = 2, **kw: Any) -> Any:
-    fields: dict[str, Any] = {"framework": "blutrain", "device": "cuda", "preset": "gpt2-124m", "batch_size": 16,
-                              "seq_len": 1024, "precision": "bf16", "steps": 3, "warmup": 1, "data": "random"}
+def config(framework: str = "blutrain", impl: str = "compiled", mode: str = "ddp", gpus: int = 2, **kw: Any) -> Any:
+    fields: dict[str, Any] = {"stage": "scaling", "precision": "bf16", "batch_size": 16, "seq_len": 1024, "steps": 3,
+                              "warmup": 1}
     fields.update(kw)
-    return bench.Job(stage, f"{stage}-{mode}-{gpus}", mode=mode, gpus=gpus, **fields)
+    return report.Config(name=f"{fields['stage']}-{framework}-{impl}-{mode}-{gpus}", framework=framework, impl=impl,
+                         mode=mode, gpus=gpus, **fields)
 
 
-def rank(r: int, **kw: Any) -> dict[str, Any]:
-    return {"rank": r, "ok": True, "phase": "timed", "losses": [], "step_ms": [], "host_ms": [], **kw}
+def row(tokens_per_s: float | None = None, status: str = "ok", **kw: Any) -> Any:
+    return report.Row(config(**kw), status=status, tokens_per_s=tokens_per_s)
 
 
+def entry(rank: int, **kw: Any) -> dict[str, Any]:
+    return {"rank": rank, "status": "ok", "phase": "timed", "losses": [], "step_ms": [], **kw}
+
+
+def args(*argv: str, found: int = 4) -> Any:
+    return bench.parse_args([*argv, "--out", "/nonexistent/unused"], gpus_found=lambda: found)
+
+
+# -- efficiency and losses ---------------------------------------------------------------------------------
 def test_scaling_efficiency_is_tokens_per_second_on_n_over_n_times_one() -> None:
-    assert bench.scaling_efficiency(196_000.0, 100_000.0, 2) == pytest.approx(0.98)
-    assert bench.scaling_efficiency(None, 100_000.0, 2) is None
-    assert bench.scaling_efficiency(196_000.0, None, 2) is None
+    assert report.scaling_efficiency(196_000.0, 100_000.0, 2) == pytest.approx(0.98)
+    assert report.scaling_efficiency(None, 100_000.0, 2) is None
+    assert report.scaling_efficiency(196_000.0, None, 2) is None
+
+
+def test_efficiency_compares_compiled_with_compiled_and_eager_with_eager() -> None:
+    rows = [row(400_000.0, impl="compiled", mode="single", gpus=1), row(200_000.0, impl="eager", mode="single", gpus=1),
+            row(784_000.0, impl="compiled", mode="ddp", gpus=2), row(400_000.0, impl="eager", mode="ddp", gpus=2),
+            row(1_568_000.0, impl="compiled", mode="zero2", gpus=4)]
+    report.fill_efficiencies(rows)
+    assert [r.efficiency for r in rows[2:]] == [pytest.approx(0.98), pytest.approx(1.0), pytest.approx(0.98)]
+    assert rows[0].efficiency is None and rows[1].efficiency is None  # the baselines themselves
+
+
+def test_a_row_without_its_own_one_gpu_baseline_has_no_efficiency() -> None:
+    rows = [row(400_000.0, framework="blutrain", impl="compiled", mode="single", gpus=1),
+            row(700_000.0, framework="torch", impl="compiled", mode="ddp", gpus=2),
+            row(700_000.0, impl="eager", mode="ddp", gpus=2),
+            row(None, status="error", impl="eager", mode="single", gpus=1)]
+    report.fill_efficiencies(rows)
+    assert rows[1].efficiency is None  # torch's one-GPU row is missing
+    assert rows[2].efficiency is None  # eager's one-GPU row failed
+
+
+def test_loss_differences_are_the_largest_absolute_and_relative_gaps_over_common_steps() -> None:
+    dmax, rel = report.loss_differences([10.0, 9.0, 8.5, 7.0], [10.0, 9.5, 8.0])
+    assert dmax == pytest.approx(0.5)
+    assert rel == pytest.approx(0.5 / 8.0)
+    assert report.loss_differences([], [1.0]) == (None, None)
+
+
+def test_each_equivalence_row_is_compared_with_the_one_gpu_run_of_its_framework_and_precision() -> None:
+    def equiv(fw: str, prec: str, gpus: int, losses: list[float]) -> Any:
+        r = report.Row(config(fw, mode="ddp" if gpus > 1 else "single", gpus=gpus, stage="equivalence",
+                              precision=prec, accum=4 // gpus))
+        r.status, r.losses = "ok", losses
+        return r
+
+    rows = [equiv("blutrain", "bf16", 1, [11.0, 10.0]), equiv("blutrain", "fp32", 1, [11.0, 10.0]),
+            equiv("torch", "bf16", 1, [11.0, 10.5]), equiv("blutrain", "bf16", 4, [11.0, 10.25]),
+            equiv("blutrain", "fp32", 4, [11.0, 10.00001]), equiv("torch", "bf16", 4, [11.0, 10.0])]
+    report.fill_loss_differences(rows)
+    assert rows[3].reference == rows[0].config.name and rows[3].max_dloss == pytest.approx(0.25)
+    assert rows[4].max_rel_dloss == pytest.approx(1e-6, rel=1e-3)
+    assert rows[5].reference == rows[2].config.name and rows[5].max_dloss == pytest.approx(0.5)
+    text = "\n".join(report.goals(rows))
+    assert "bf16 blutrain compiled ddp on 4 GPUs against 1 GPU × 4 micro-batches: max |Δloss| 0.2500 over 2 steps, " \
+           "PyTorch DDP's own 1-vs-4: 0.5000" in text
+    assert "goal fp32 blutrain compiled ddp on 4 GPUs" in text and "— met" in text
+
+
+# -- exposed communication ---------------------------------------------------------------------------------
+def k(name: str, start: float, end: float, device: int = 0) -> Any:
+    return profile.Kernel(name, start, end, device)
+
+
+def test_exposed_communication_is_nccl_time_with_no_other_kernel_running() -> None:
+    ms = 1e6  # ns
+    kernels = [k("ampere_bf16_gemm", 0, 10 * ms), k("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8 * ms, 14 * ms),
+               k("layernorm_bwd", 12 * ms, 13 * ms), k("ncclKernel_ReduceScatter", 13.5 * ms, 15 * ms),
+               k("adamw_multi_tensor", 16 * ms, 17 * ms)]
+    cost = profile.comm_cost(kernels, steps=2)
+    # NCCL busy 8-15 (7 ms); covered by compute 8-10 and 12-13 (3 ms); exposed 4 ms; per step: half
+    assert cost.comm_ms == pytest.approx(3.5)
+    assert cost.exposed_ms == pytest.approx(2.0)
+    assert cost.compute_ms == pytest.approx((10 + 1 + 1) / 2)
+
+
+def test_union_merges_touching_and_nested_intervals() -> None:
+    assert profile.union([(5, 7), (0, 2), (1, 3), (3, 4), (6, 6.5), (9, 9)]) == [(0, 4), (5, 7)]
+    assert profile.intersect([(0, 4), (5, 7)], [(3, 6)]) == [(3, 4), (5, 6)]
+
+
+intervals = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 12)).map(lambda t: (t[0], t[0] + t[1])),
+                     max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(comm=intervals, compute=intervals, steps=st.integers(1, 4))
+def test_exposed_communication_matches_a_unit_grid_count(comm: list[tuple[int, int]],
+                                                         compute: list[tuple[int, int]], steps: int) -> None:
+    kernels = [k("nccl", a * 1e6, b * 1e6) for a, b in comm] + [k("gemm", a * 1e6, b * 1e6) for a, b in compute]
+    cost = profile.comm_cost(kernels, steps)
+    busy = np.zeros((2, 80), dtype=bool)  # integer endpoints: a unit cell is wholly inside or outside
+    for row_index, ivs in enumerate((comm, compute)):
+        for a, b in ivs:
+            busy[row_index, a:b] = True
+    assert cost.comm_ms * steps == pytest.approx(float(busy[0].sum()), abs=1e-9)
+    assert cost.exposed_ms * steps == pytest.approx(float((busy[0] & ~busy[1]).sum()), abs=1e-9)
+
+
+def test_the_kernels_of_the_busiest_device_are_kept() -> None:
+    kernels = [k("a", 0, 1, 0), k("b", 1, 2, 1), k("c", 2, 3, 1)]
+    assert [x.name for x in profile.main_device(kernels)] == ["b", "c"]
+
+
+def nsys_export(path: Path, text_in_string_ids: bool) -> None:
+    """A SQLite file laid out as nsys exports one (the tables and columns read here)."""
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, streamId INTEGER,
+                                                 shortName INTEGER, demangledName INTEGER);
+    """)
+    db.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "gemm_kernel"), (2, "ncclDevKernel_AllReduce"),
+                                                           (3, "bench-dist:blutrain-compiled-ddp-2gpu"),
+                                                           (4, "some other range")])
+    ms = 1_000_000
+    db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, ?, ?)", [
+        (0, 5 * ms, 0, 7, 1, 1),  # before the range: left out
+        (10 * ms, 20 * ms, 0, 7, 1, 1), (18 * ms, 24 * ms, 0, 9, 2, 2), (30 * ms, 31 * ms, 0, 9, 2, 2),
+        (40 * ms, 41 * ms, 0, 9, 2, 2)])  # after the range: left out
+    if text_in_string_ids:
+        db.execute("CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, eventType INTEGER, text TEXT, "
+                   "textId INTEGER)")
+        db.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?, ?)",
+                       [(9 * ms, 35 * ms, 59, None, 3), (0, 50 * ms, 59, None, 4)])
+    else:
+        db.execute("CREATE TABLE NVTX_EVENTS (start INTEGER, end INTEGER, eventType INTEGER, text TEXT)")
+        db.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?)",
+                       [(9 * ms, 35 * ms, 59, "bench-dist:blutrain-compiled-ddp-2gpu"), (0, 50 * ms, 59, "other")])
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize("text_in_string_ids", [False, True])
+def test_an_nsys_export_gives_each_profiled_range_its_cost(tmp_path: Path, text_in_string_ids: bool) -> None:
+    path = tmp_path / "report.sqlite"
+    nsys_export(path, text_in_string_ids)
+    costs, problems = profile.costs_from_exports([path], {"blutrain-compiled-ddp-2gpu": 2, "never-profiled": 3})
+    assert problems == []
+    cost = costs["blutrain-compiled-ddp-2gpu"]
+    # NCCL 18-24 and 30-31 (7 ms), compute 10-20 covers 18-20: exposed 5 ms; two steps
+    assert (cost.comm_ms, cost.exposed_ms, cost.kernels) == (pytest.approx(3.5), pytest.approx(2.5), 3)
+    assert "never-profiled" not in costs
+
+
+def test_a_file_that_is_not_an_export_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"not a database at all" * 10)
+    costs, problems = profile.costs_from_exports([bad], {"x": 1})
+    assert costs == {} and len(problems) == 1 and problems[0].startswith("bad.sqlite: ")
+
+
+def test_the_nsys_command_captures_cuda_profiler_ranges_into_sqlite() -> None:
+    cmd = profile.nsys_command("/usr/bin/nsys", Path("/out/r"), graph_nodes=True)
+    assert cmd[:2] == ["/usr/bin/nsys", "profile"] and cmd[-2:] == ["-o", "/out/r"]
+    for option in ("--trace=cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=repeat",
+                   "--export=sqlite", "--cuda-graph-trace=node"):
+        assert option in cmd
+    assert "--cuda-graph-trace=node" not in profile.nsys_command("nsys", Path("r"), graph_nodes=False)
+
+
+# -- plan, commands, options -------------------------------------------------------------------------------
+def test_sizes_are_the_powers_of_two_up_to_the_gpus_and_the_gpus() -> None:
+    assert bench.gpu_sizes(1) == [1]
+    assert bench.gpu_sizes(4) == [1, 2, 4]
+    assert bench.gpu_sizes(6) == [1, 2, 4, 6]
+
+
+def test_one_gpu_runs_first_then_the_largest_size() -> None:
+    assert bench.run_order([1, 2, 4, 8]) == [1, 8, 4, 2]
+    assert bench.run_order([2, 4]) == [4, 2]
+
+
+def test_the_plan_runs_every_mode_on_each_size_and_the_same_global_batch_for_the_losses() -> None:
+    launches = bench.plan(args("--gpus", "4"))
+    assert [lc.name for lc in launches] == [
+        "torch-1gpu", "blutrain-1gpu", "torch-4gpu", "blutrain-4gpu", "torch-2gpu", "blutrain-2gpu",
+        "equiv-torch-1gpu", "equiv-blutrain-1gpu", "equiv-torch-4gpu", "equiv-blutrain-4gpu", "equiv-torch-2gpu",
+        "equiv-blutrain-2gpu"]
+    by = {lc.name: lc.configs for lc in launches}
+    assert [c.name for c in by["blutrain-2gpu"]] == [
+        f"blutrain-{impl}-{mode}-2gpu" for impl in ("compiled", "eager") for mode in ("ddp", "zero1", "zero2", "zero3")]
+    assert [c.name for c in by["torch-4gpu"]] == ["torch-compiled-ddp-4gpu", "torch-eager-ddp-4gpu"]
+    equiv = [c for lc in launches for c in lc.configs if c.stage == "equivalence"]
+    assert {(c.framework, c.precision, c.gpus, c.accum) for c in equiv} == {
+        ("blutrain", "bf16", 1, 4), ("blutrain", "fp32", 1, 4), ("blutrain", "bf16", 2, 2), ("blutrain", "bf16", 4, 1),
+        ("blutrain", "fp32", 4, 1), ("torch", "bf16", 1, 4), ("torch", "bf16", 2, 2), ("torch", "bf16", 4, 1)}
+    assert all(c.tokens_per_step == 4 * 16 * 1024 and c.steps == 50 for c in equiv)
+    assert all(c.impl == ("compiled" if c.framework == "blutrain" else "eager") for c in equiv)
+
+
+def test_the_same_losses_are_checked_on_2_and_g_gpus_whichever_sizes_scale() -> None:
+    equiv = [lc for lc in bench.plan(args("--gpus", "4", "--sizes", "1,4")) if lc.stage == "equivalence"]
+    assert [lc.name for lc in equiv] == ["equiv-torch-1gpu", "equiv-blutrain-1gpu", "equiv-torch-4gpu",
+                                         "equiv-blutrain-4gpu", "equiv-torch-2gpu", "equiv-blutrain-2gpu"]
+    assert bench.plan(args("--gpus", "1", "--stages", "equivalence")) == []  # nothing to compare on one GPU
+
+
+def test_the_profile_covers_the_multi_gpu_scaling_rows_only() -> None:
+    launches = bench.plan(args("--gpus", "2", "--profile", "--profile-steps", "4"))
+    steps = {c.name: c.profile_steps for lc in launches for c in lc.configs}
+    assert steps["blutrain-compiled-zero3-2gpu"] == 4 and steps["blutrain-compiled-single-1gpu"] == 0
+    assert steps["equiv-blutrain-bf16-2gpu"] == 0
+
+
+def test_blutrain_launches_through_blutrain_run_and_pytorch_through_torchrun() -> None:
+    ours = bench.launch_command(bench.Launch("scaling", "blutrain", 4), Path("/j/job.json"), 60.0)
+    assert ours[1:6] == ["-m", "blutrain.cli", "run", "-n", "4"]
+    assert ours[ours.index("--timeout") + 1] == "60" and ours[-3:] == [str(bench.SCRIPT), "--worker", "/j/job.json"]
+    theirs = bench.launch_command(bench.Launch("scaling", "torch", 2), Path("/j/job.json"), 60.0)
+    assert theirs[1:3] == ["-m", "torch.distributed.run"] and theirs[theirs.index("--nproc-per-node") + 1] == "2"
+
+
+def test_more_gpus_than_visible_is_refused_with_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        args("--gpus", "4", found=2)
+    assert "--gpus/--sizes ask for 4 GPUs but 2 are visible; give --gpus 2 or less" in capsys.readouterr().err
+    assert args(found=2).sizes == [1, 2]  # default: every visible GPU
+
+
+def test_a_misspelt_mode_is_refused_naming_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        args("--modes", "ddp,zero4")
+    assert "expected a comma-separated list of ddp, zero1, zero2, zero3, got 'ddp,zero4'" in capsys.readouterr().err
 
 
 def test_the_nccl_summary_names_the_version_and_counts_each_transport() -> None:
@@ -47,82 +276,140 @@ def test_the_nccl_summary_names_the_version_and_counts_each_transport() -> None:
     assert bench.nccl_summary("no nccl here\n") is None
 
 
+# -- rank reports to rows ----------------------------------------------------------------------------------
 def test_a_step_takes_as_long_as_its_slowest_rank() -> None:
-    assert bench.slowest_rank_steps([[1.0, 5.0, 3.0], [2.0, 4.0, 3.0, 9.0]]) == [2.0, 5.0, 3.0]
-    assert bench.slowest_rank_steps([]) == []
+    assert report.slowest_rank_steps([[1.0, 5.0, 3.0], [2.0, 4.0, 3.0, 9.0]]) == [2.0, 5.0, 3.0]
+    assert report.slowest_rank_steps([]) == []
 
 
-def test_the_parameter_count_is_the_models() -> None:
-    cfg = GPT2Config.preset("tiny", n_layer=2, block_size=64)
-    assert bench.param_count(cfg) == GPT2(cfg).num_parameters()
+def test_a_row_is_timed_from_every_ranks_steps() -> None:
+    r = report.Row(config())
+    report.collect(r, [entry(0, step_ms=[100.0, 110.0, 90.0], losses=[5.0, 4.0], peak_allocated=7),
+                       entry(1, step_ms=[105.0, 100.0, 95.0], losses=[5.0, 4.0], peak_allocated=9)])
+    assert r.status == "ok"
+    assert r.step_ms == 105.0  # the median of 105, 110, 95
+    assert r.tokens_per_s == pytest.approx(2 * 16 * 1024 / 0.105)
+    assert (r.losses, r.peak_allocated) == ([5.0, 4.0], 9)
 
 
-def test_the_default_cap_fits_zero3_shards_on_two_gpus_but_not_replicated_adamw_state() -> None:
-    params = bench.param_count(GPT2Config.preset("gpt2-774m"))
-    cap = bench.default_cap_bytes(params)
-    assert 16 * params / 2 < cap < 16 * params  # fp32 weights, gradients, m and v: sharded over 2, or whole
+def launch_rows(*names: str) -> list[Any]:
+    return [report.Row(config(mode=n)) for n in names]
 
 
-def test_a_loss_falls_when_finite_and_the_last_is_below_the_first() -> None:
-    assert bench.loss_falls([10.9, 9.0, 7.5])
-    assert not bench.loss_falls([10.9, 11.0])
-    assert not bench.loss_falls([10.9, math.nan, 7.5])
-    assert not bench.loss_falls([10.9])
+def test_a_failed_configuration_is_its_row_and_the_ones_after_it_are_launched_again(tmp_path: Path) -> None:
+    rows = launch_rows("ddp", "zero1", "zero2")
+    ranks = [{"rank": 0, "configs": {rows[0].config.name: entry(0, step_ms=[10.0]),
+                                     rows[1].config.name: entry(0, status="running", phase="warm-up")}},
+             {"rank": 1, "configs": {rows[0].config.name: entry(1, step_ms=[11.0]),
+                                     rows[1].config.name: entry(1, status="error", phase="warm-up", oom=True,
+                                                                error="OutOfMemoryError: out of memory")}}]
+    left = bench.settle(rows, ranks, None, tmp_path / "log")
+    assert rows[0].status == "ok" and rows[0].step_ms == 11.0
+    assert rows[1].status == "oom" and rows[1].error == "rank 1 in warm-up: OutOfMemoryError: out of memory"
+    assert left == [rows[2]] and rows[2].status == "not run"
 
 
-def test_a_row_is_timed_from_every_ranks_steps(tmp_path: Path) -> None:
-    row = bench.Row(job())
-    bench.collect(row, [rank(0, step_ms=[100.0, 110.0, 90.0], host_ms=[1.0] * 3, losses=[5.0, 4.0]),
-                        rank(1, step_ms=[105.0, 100.0, 95.0], host_ms=[2.0] * 3, losses=[7.0, 6.0])],
-                  0, tmp_path / "log")
-    assert row.status == "ok" and row.as_expected
-    assert row.step_ms == 105.0  # the median of 105, 110, 95
-    assert row.tokens_per_s == pytest.approx(2 * 16 * 1024 / 0.105)
-    assert row.losses == [6.0, 5.0]
+def test_a_configuration_stopped_at_its_limit_says_where_each_rank_was(tmp_path: Path) -> None:
+    rows = launch_rows("ddp", "zero1")
+    ranks = [{"rank": r, "configs": {rows[0].config.name: entry(r, status="running", phase="timed")}} for r in (0, 1)]
+    left = bench.settle(rows, ranks, f"killed after 180 s in {rows[0].config.name}", tmp_path / "log")
+    assert rows[0].status == "timeout"
+    assert rows[0].error == f"killed after 180 s in {rows[0].config.name}; rank 0 in timed; rank 1 in timed"
+    assert left == [rows[1]]
 
 
-def test_an_out_of_memory_rank_is_reported_before_a_peer_that_failed_after_it(tmp_path: Path) -> None:
-    row = bench.Row(job("zero", cap_bytes=10 * 2**30, expect="oom"))
-    bench.collect(row, [rank(0, ok=False, error="CollectiveTimeoutError: all_reduce timed out", phase="warm-up"),
-                        rank(1, ok=False, error="OutOfMemoryError: out of memory", oom=True, phase="warm-up",
-                             peak_allocated=9 * 2**30, cap_applied=True)],
-                  3, tmp_path / "log")
-    assert row.status == "oom" and row.as_expected
-    assert row.error is not None and row.error.startswith("rank 1 in warm-up: OutOfMemoryError")
-    assert row.peak_allocated == 9 * 2**30
+def test_a_launch_that_died_before_a_configuration_gives_the_logs_error(tmp_path: Path) -> None:
+    log = tmp_path / "launch.log"
+    log.write_text("starting\nblutrain run: rank 1 exited with code 1: ImportError: no module named cupy\n")
+    rows = launch_rows("ddp")
+    assert bench.settle(rows, [], None, log) == []
+    assert rows[0].status == "error" and "ImportError: no module named cupy" in (rows[0].error or "")
 
 
-def test_a_launch_stopped_at_its_limit_says_where_each_rank_was(tmp_path: Path) -> None:
-    row = bench.Row(job("cp", "cp", attn="ring", timeout=150.0))
-    bench.collect(row, [rank(0, ok=False, losses=[5.0, 4.9]), rank(1, ok=False, losses=[5.0, 4.9])], None,
-                  tmp_path / "log")
-    assert row.status == "timeout" and not row.as_expected
-    assert row.error == "killed after 150 s; rank 0 in timed after 2 step(s); rank 1 in timed after 2 step(s)"
+def test_a_set_up_that_failed_before_any_configuration_is_every_rows_error(tmp_path: Path) -> None:
+    rows = launch_rows("ddp", "zero1")
+    ranks = [{"rank": 0, "configs": {}, "error": "NcclError: unhandled system error"}, {"rank": 1, "configs": {}}]
+    assert bench.settle(rows, ranks, None, tmp_path / "log") == []
+    assert [(r.status, r.error) for r in rows] == [("error", "set-up: NcclError: unhandled system error")] * 2
 
 
-def test_the_table_names_each_failure_and_reports_the_goals() -> None:
-    one, two = bench.Row(job(mode="single", gpus=1)), bench.Row(job())
-    one.status, one.tokens_per_s = "ok", 100_000.0
-    two.status, two.tokens_per_s, two.efficiency = "ok", 197_000.0, 0.985
-    skipped = bench.Row(job(framework="torch", mode="single", gpus=1))
-    skipped.status, skipped.error = "skipped", "PyTorch is not installed"
-    text = bench.format_table([one, two, skipped], {"device": "cuda", "gpu": "H200", "gpus_found": 2})
+def test_the_table_says_what_efficiency_compares_and_names_each_failure() -> None:
+    rows = [row(400_000.0, mode="single", gpus=1), row(784_000.0), row(None, status="skipped", framework="torch")]
+    rows[2].error = "PyTorch is not installed"
+    rows[1].comm_ms, rows[1].exposed_ms, rows[1].step_ms = 2.0, 0.5, 41.8
+    report.fill_efficiencies(rows)
+    text = report.format_table(rows, {"device": "cuda", "gpu": "H100", "gpus_found": 2, "preset": "gpt2-124m"})
+    assert "compiled against compiled 1 GPU, eager against eager 1 GPU" in text
     assert "skipped: PyTorch is not installed" in text
-    assert "goal blutrain DDP scaling efficiency at 2 GPUs ≥ 98%: 98.5% — met" in text
+    assert "goal blutrain compiled ddp on 2 GPUs scales ≥ 97% of compiled 1 GPU: 98.0% — met" in text
+    assert "exposed communication ≤ 3% of the step: 1.2% (0.50 of 41.80 ms) — met" in text
 
 
-def test_the_cpu_mode_runs_every_stage_through_blutrain_run(tmp_path: Path) -> None:
-    script = Path(bench.__file__)
-    proc = subprocess.run([sys.executable, str(script), "--device", "cpu", "--frameworks", "blutrain", "--steps", "2",
-                           "--warmup", "1", "--batch-size", "2", "--seq-len", "32", "--zero-seq-len", "32",
-                           "--zero-steps", "2", "--cp-seq-len", "64", "--cp-steps", "2", "--out", str(tmp_path)],
+def test_a_long_error_is_cut_in_its_row_and_printed_whole_below_the_table() -> None:
+    failed = row(None, status="error", mode="zero3")
+    failed.error = "rank 0 in build: ConfigError: " + "the mode has not declared how it composes with compile " * 3
+    text = report.format_table([failed], {"device": "cuda", "gpu": "H100", "gpus_found": 2})
+    assert f"   {failed.config.name}: error: {failed.error}" in text.splitlines()
+    assert any(line.endswith("…") and "error: rank 0 in build" in line for line in text.splitlines())
+
+
+# -- the CPU mode end to end -------------------------------------------------------------------------------
+def run_bench(out: Path, *argv: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    proc = subprocess.run([sys.executable, str(Path(bench.__file__)), "--device", "cpu", "--out", str(out), *argv],
                           capture_output=True, text=True, timeout=600)
+    return proc, json.loads((out / "bench_dist.json").read_text())
+
+
+def test_the_cpu_mode_runs_both_stages_through_blutrain_run(tmp_path: Path) -> None:
+    proc, result = run_bench(tmp_path, "--frameworks", "blutrain", "--modes", "ddp", "--steps", "2",
+                             "--equiv-steps", "3")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    rows = json.loads((tmp_path / "bench_dist.json").read_text())["rows"]
-    assert [r["job"]["name"] for r in rows] == ["scaling-blutrain-1gpu", "scaling-blutrain-2gpu", "zero-ddp",
-                                                "zero-zero3", "cp-ring", "cp-allgather", "cp-ulysses"]
-    assert all(r["status"] == "ok" and r["steps"] == 2 for r in rows)
-    zero = [r["losses"] for r in rows if r["job"]["stage"] == "zero"]
-    assert zero[0] == pytest.approx(zero[1], rel=1e-5)  # ZeRO-3 trains what DDP trains
-    assert all(bench.loss_falls(r["losses"]) for r in rows if r["job"]["stage"] == "cp")
-    assert (tmp_path / "bench_dist.txt").read_text().startswith("BluTrain distributed benchmark")
+    rows = {r["config"]["name"]: r for r in result["rows"]}
+    assert list(rows) == ["blutrain-compiled-single-1gpu", "blutrain-eager-single-1gpu", "blutrain-compiled-ddp-2gpu",
+                          "blutrain-eager-ddp-2gpu", "equiv-blutrain-fp32-1gpu", "equiv-blutrain-fp32-2gpu"]
+    assert all(r["status"] == "ok" for r in rows.values())
+    assert all(r["steps"] == 2 and r["efficiency"] is not None for n, r in rows.items() if n.endswith("ddp-2gpu"))
+    equiv = rows["equiv-blutrain-fp32-2gpu"]
+    assert len(equiv["losses"]) == 3 and equiv["max_rel_dloss"] < 1e-4  # 2 ranks = 1 rank accumulating 2
+    text = (tmp_path / "bench_dist.txt").read_text()
+    assert text.startswith("BluTrain distributed benchmark") and "2. Same losses" in text
+    assert (tmp_path / "bench_dist.png").stat().st_size > 0
+
+
+def test_a_configuration_that_fails_is_a_row_and_the_bench_goes_on(tmp_path: Path) -> None:
+    from blutrain.data.shard import write_shard
+
+    write_shard(tmp_path / "small_000000.bin", np.arange(200, dtype=np.uint16) % 256)  # too few tokens for a step
+    proc, result = run_bench(tmp_path / "out", "--frameworks", "blutrain", "--stages", "scaling", "--impls", "eager",
+                             "--sizes", "2", "--modes", "ddp,zero1", "--data", str(tmp_path / "small_*.bin"))
+    assert proc.returncode == 1  # a row failed
+    rows = result["rows"]
+    assert [r["config"]["name"] for r in rows] == ["blutrain-eager-ddp-2gpu", "blutrain-eager-zero1-2gpu"]
+    for r in rows:  # each failed on its own, in its own launch
+        assert r["status"] == "error" and "in build" in r["error"] and "small_000000.bin" in r["error"], r["error"]
+    assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == ["blutrain-2gpu-1", "blutrain-2gpu-2"]
+
+
+def test_a_spent_budget_skips_every_configuration_without_launching(tmp_path: Path) -> None:
+    proc, result = run_bench(tmp_path, "--frameworks", "blutrain", "--budget", "0.001")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert result["rows"] and all(r["status"] == "skipped" and "--budget" in r["error"] for r in result["rows"])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ranks_skip_together_the_configurations_that_would_start_past_the_deadline(tmp_path: Path) -> None:
+    configs = [config(impl="eager", mode=m, gpus=2, precision="fp32", batch_size=2, seq_len=32)
+               for m in ("ddp", "zero1")]
+    job = {"framework": "blutrain", "gpus": 2, "device": "cpu", "preset": "tiny", "data": None,
+           "train_pattern": "unused", "vocab_size": 256, "seed": 0, "configs": [vars(c) for c in configs],
+           "overrides": {}, "deadline": 1.0, "nsys_prefix": None}  # 1970: long past
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    proc = subprocess.run([sys.executable, "-m", "blutrain.cli", "run", "-n", "2", "--timeout", "60", "--",
+                           str(Path(bench.__file__)), "--worker", str(tmp_path / "job.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for r in (0, 1):
+        entries = json.loads((tmp_path / f"rank{r}.json").read_text())["configs"]
+        assert [(e["status"], e["why"]) for e in entries.values()] == [
+            ("skipped", "the --budget was spent before it started")] * 2
+

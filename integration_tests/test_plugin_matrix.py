@@ -18,7 +18,7 @@ reference itself must change the parameters with the optimizer named. (4 steps: 
 runs eagerly, step 2 is traced and steps 3 and 4 replay the compiled graph; step 4's loss is the first that
 depends on an update the replay made, so a replay that left out a collective or an update shows there.)
 A parallel mode composes with compile when it declares so (``compiles = True``: ddp, zero, tp and cp,
-whose collectives cut the compiled step, see ``blutrain.dist.traceable``).
+whose collectives become ops of the compiled step, see ``blutrain.dist.traceable``).
 A combination the trainer's configuration refuses (``TrainConfig.validate``: compile with a mode that has
 not declared it) is skipped with its message; a device that is installed but not available here (cuda without a GPU) is
 skipped, as is a parallel combination on a device with fewer than 2 units.
@@ -187,7 +187,7 @@ def test_the_matrix_holds_every_registered_plugin_of_each_axis() -> None:
 
 
 def test_every_built_in_parallel_mode_runs_compiled() -> None:
-    """ddp, zero, tp and cp declare how they compose with compile (their collectives cut the compiled step),
-    so none of their compiled cells is refused by the trainer."""
+    """ddp, zero, tp and cp declare how they compose with compile (their collectives are recorded into the
+    compiled step), so none of their compiled cells is refused by the trainer."""
     for mode in ("ddp", "zero", "tp", "cp"):
         assert BY_ID[f"cpu-adamw-{mode}{RANKS}-compiled"].skip == ""

@@ -21,10 +21,14 @@
 # BENCH_GPT2=1 (or --gpt2-bench) adds tools/bench/gpt2.py, GPT-2 training beside PyTorch (docs/benchmarks.md),
 # last; BENCH_GPT2=only (or --gpt2-bench-only) runs it alone after the workspace setup, within the call's
 # 600 s (BENCH_GPT2_BUDGET); BENCH_GPT2_ARGS="--parity 200 --profile" is passed on. It writes $OUT/bench_gpt2/.
-# BENCH_DIST=1 adds tools/bench/dist.py, the multi-GPU benchmark (DDP scaling beside PyTorch DDP, ZeRO-3 capacity,
-# context parallelism at T=32768; 2 GPUs, --gpus N), last; BENCH_DIST=only runs it alone after the workspace setup
-# (BENCH_DIST_BUDGET, default 590 s of the call); BENCH_DIST_ARGS="--quick" is passed on. It writes $OUT/bench_dist/.
+# BENCH_DIST=1 adds tools/bench/dist.py, the multi-GPU benchmark (BluTrain eager and compiled, DDP and ZeRO-1/2/3,
+# beside PyTorch DDP and DDP + torch.compile on 1, 2, 4, ... GPUs up to every visible one; same losses on 1 and N
+# GPUs), last; BENCH_DIST=only runs it alone after the workspace setup (BENCH_DIST_BUDGET, default 590 s of the
+# call; its --budget is what is left of that, less 110 s); BENCH_DIST_ARGS="--gpus 4 --profile" is passed on.
+# It writes $OUT/bench_dist/.
 # On a multi-GPU machine TESTS="plugins/blutrain-comm-nccl" runs the NCCL plugin's cuda tests on 1 and 2 ranks.
+# THEN="command" runs a command of your own last, in the same workspace, within THEN_BUDGET (default 590 s of the
+# call): e.g. THEN="python3 tools/bench/dist_cli.py --gpus 4 --out \$OUT/dist_cli".
 # Prints a short summary last. Logs and results go to $OUT (the device tool's output folder) or
 # tools/results/: gpu_check.log, alloc_tests.xml, cuda_tests.xml, conformance.xml, bench_kernels.json,
 # bench_summary.txt, alloc_build.log. Every stage has its own time limit (120 + 180 + 120 + 180 s at
@@ -154,8 +158,9 @@ if [[ $BENCH_GPT2 == only ]]; then
     exit
 fi
 
-# The multi-GPU benchmark (tools/bench/dist.py): every configuration is a launch of its own with a time limit,
-# and its --time-limit, from what is left of the call, keeps the whole run inside it (JSON rewritten as it goes).
+# The multi-GPU benchmark (tools/bench/dist.py): a failing or hanging configuration is a row, and its --budget,
+# from what is left of the call, keeps the whole run inside it: configurations that would start later are
+# skipped, one running is stopped 90 s past the budget, and 20 s remain for the table (JSON rewritten as it goes).
 RC_DIST_BENCH=skipped
 dist_bench() {
     local left=$(( ${BENCH_DIST_BUDGET:-590} - (SECONDS - T0) ))
@@ -164,7 +169,7 @@ dist_bench() {
         return
     fi
     stamp "distributed benchmark (tools/bench/dist.py; ${left} s left)"
-    timeout -k 10 "$left" "$PY" tools/bench/dist.py --out "$OUT/bench_dist" --time-limit $((left - 20)) \
+    timeout -k 10 "$left" "$PY" tools/bench/dist.py --out "$OUT/bench_dist" --budget $((left - 110)) \
         ${BENCH_DIST_ARGS:-}
     RC_DIST_BENCH=$?
 }
@@ -254,6 +259,14 @@ fi
 [[ $BENCH_GPT2 == 1 ]] && gpt2_bench
 [[ $BENCH_DIST == 1 ]] && dist_bench
 
+RC_THEN=skipped
+if [[ -n ${THEN:-} ]]; then
+    left=$(( ${THEN_BUDGET:-590} - (SECONDS - T0) ))
+    stamp "THEN: $THEN (${left} s left)"
+    timeout -k 10 "$left" bash -c "$THEN"
+    RC_THEN=$?
+fi
+
 stamp "summary"
 "$PY" - "$OUT" <<'PYEOF'
 import sys
@@ -276,7 +289,7 @@ for name in ("alloc_tests", "cuda_tests", "conformance"):
     if len(failed) > 40:
         print(f"   ... and {len(failed) - 40} more (see the log)")
 PYEOF
-echo "exit codes: alloc tests $RC_ALLOC_TESTS, cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC, gpt2 bench $RC_GPT2_BENCH, dist bench $RC_DIST_BENCH; $((SECONDS - T0)) s"
+echo "exit codes: alloc tests $RC_ALLOC_TESTS, cuda tests $RC_TESTS, conformance $RC_CONF, sanitizer $RC_SAN, gpt2 check $RC_GPT2, benchmark $RC_BENCH, alloc $RC_ALLOC, gpt2 bench $RC_GPT2_BENCH, dist bench $RC_DIST_BENCH, then $RC_THEN; $((SECONDS - T0)) s"
 if [[ -f "$OUT/bench_summary.txt" ]]; then
     echo
     cat "$OUT/bench_summary.txt"

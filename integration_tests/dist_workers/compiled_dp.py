@@ -3,16 +3,21 @@ whatever world this process is in (``blutrain run -n N``).
 
 Each configuration — ddp with several buckets, ddp with two micro-batches (the first under ``no_sync()``),
 ZeRO stages 1, 2 and 3 — trains a tiny GPT-2 for ``STEPS`` AdamW steps twice from the same weights: eagerly,
-and through ``compile(step)`` (step 1 eager, step 2 traced, later steps replayed: the step is cut at its
-collectives, which run between the compiled parts). The learning rate changes every step and the gradients
+and through ``compile(step)`` (step 1 eager, step 2 traced, later steps replayed: the step's collectives are
+ops of its one compiled program). The learning rate changes every step and the gradients
 are clipped, so the replays pick up new scalars and the clip's norm goes through the collectives too.
 
 Then the guard: a compiled function that calls a collective of a plain (undeclared) group must raise a
 TracingError naming its line, for a traced value and for a tensor that lives outside the function.
 
-Usage: ``compiled_dp.py OUT.json``. Rank 0 writes, per configuration, both runs' losses and gradient norms per
-step (averaged over ranks), the largest parameter difference after the last step, and the compiled graph's
-numbers of traces, parts and collectives; and the guard's two messages with the lines they must name.
+On ``--device cuda`` (nccl, one GPU per rank) the same runs check the compiled step as a CUDA graph: its
+collectives captured into the step's one graph on a communication stream, each joined by the first op that
+touches its buffers.
+
+Usage: ``compiled_dp.py OUT.json [--device cuda] [RUN ...]``. Rank 0 writes, per configuration, both runs'
+losses and gradient norms per step (averaged over ranks), the largest parameter difference after the last step,
+and the compiled graph's numbers of traces and collectives; and (on the CPU) the guard's two messages with the
+lines they must name.
 """
 
 from __future__ import annotations
@@ -37,18 +42,23 @@ from blutrain_parallel_zero import ZeRO
 STEPS = 5
 BATCH = 8  # global rows per step
 CONFIG = GPT2Config.preset("tiny", vocab_size=64, n_layer=2, n_head=2, n_embd=32, block_size=16)
+# on cuda, head size 64: the fused attention kernels, which stream capture takes (CuPy's batched matmul, which a
+# generic attention would use, refuses it)
+CUDA_CONFIG = GPT2Config.preset("tiny", vocab_size=64, n_layer=2, n_head=2, n_embd=128, block_size=64)
 RUNS: dict[str, tuple[str, int, int]] = {  # name → (mode, zero stage, micro-batches)
     "ddp": ("ddp", 0, 1), "ddp-accum2": ("ddp", 0, 2), "zero1": ("zero", 1, 1), "zero2": ("zero", 2, 1),
     "zero3": ("zero", 3, 1)}
 
 
-def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled: bool) -> dict[str, Any]:
+def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled: bool,
+          device: str = "cpu") -> dict[str, Any]:
     bt.manual_seed(1234)
-    net = GPT2(CONFIG)
+    config = CONFIG if device == "cpu" else CUDA_CONFIG
+    net = GPT2(config).to(device=device)
     model: Any
     zero_mode = None
     if mode == "ddp":
-        model = DistributedDataParallel(net, group, bucket_cap_mb=0.02)  # several buckets: several cuts
+        model = DistributedDataParallel(net, group, bucket_cap_mb=0.02)  # several buckets: several all-reduces
     else:
         zero_mode = ZeRO(group, stage=stage)
         model = zero_mode.wrap_model(net)
@@ -59,7 +69,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
     def step(batches: list[tuple[bt.Tensor, bt.Tensor]], lr: float) -> tuple[bt.Tensor, bt.Tensor]:
         for g in optimizer.param_groups:
             g["lr"] = lr
-        total = bt.zeros(())
+        total = bt.zeros((), device=device)
         for i, (x, y) in enumerate(batches):
             local = model.no_sync() if mode == "ddp" and i < len(batches) - 1 else contextlib.nullcontext()
             with local:
@@ -75,10 +85,10 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
     losses, norms = [], []
     per_rank = BATCH // group.size
     for s in range(STEPS):
-        tokens = np.random.default_rng(s).integers(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size + 1))
+        tokens = np.random.default_rng(s).integers(0, config.vocab_size, (BATCH, config.block_size + 1))
         mine = tokens[group.rank * per_rank:(group.rank + 1) * per_rank]
-        batches = [(bt.tensor(p[:, :-1].astype(np.int64)), bt.tensor(p[:, 1:].astype(np.int64)))
-                   for p in np.array_split(mine, accum)]
+        batches = [(bt.tensor(p[:, :-1].astype(np.int64), device=device),
+                    bt.tensor(p[:, 1:].astype(np.int64), device=device)) for p in np.array_split(mine, accum)]
         loss, norm = fn(batches, 3e-3 * (s + 1) / STEPS)
         both = bt.stack([loss, norm.to(dtype="float32")])
         group.all_reduce(both, op="avg")
@@ -86,7 +96,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
         norms.append(float(both[1].item()))
     state = model.state_dict()  # zero=3 gathers its shards (a collective): every rank calls it
     out: dict[str, Any] = {"losses": losses, "norms": norms,
-                           "params": {k: v.detach().numpy().copy() for k, v in state.items()}}
+                           "params": {k: v.detach().cpu().numpy().copy() for k, v in state.items()}}
     if compiled:
         out |= compiled_stats(fn)
     return out
@@ -119,14 +129,22 @@ def guard(group: dist.ProcessGroup) -> dict[str, Any]:
 
 
 def main() -> int:
-    group = dist.init_process_group("mpi")
+    args = sys.argv[2:]
+    device = "cpu"
+    if args[:1] == ["--device"]:
+        device, args = args[1], args[2:]
+    group = dist.init_process_group("nccl" if device == "cuda" else "mpi")
+    if device == "cuda":  # the nccl group uses this rank's GPU
+        device = f"cuda:{dist.detect().local_rank}"
     results: dict[str, Any] = {"world": group.size}
-    for name, (mode, stage, accum) in RUNS.items():
-        eager = train(group, mode, stage, accum, compiled=False)
-        compiled = train(group, mode, stage, accum, compiled=True)
+    for name in args or list(RUNS):
+        mode, stage, accum = RUNS[name]
+        eager = train(group, mode, stage, accum, compiled=False, device=device)
+        compiled = train(group, mode, stage, accum, compiled=True, device=device)
         results[name] = versus(group, eager, compiled,
-                               ((eager["params"][k], compiled["params"][k]) for k in eager["params"]))
-    results["guard"] = guard(group)
+                               ((eager["params"][k], compiled["params"][k]) for k in eager["params"]), device)
+    if device == "cpu":
+        results["guard"] = guard(group)
     return finish(group, results, sys.argv[1])
 
 

@@ -15,18 +15,20 @@ import blutrain.tensor as bt
 
 
 def compiled_stats(fn: Any) -> dict[str, Any]:
-    """Traces, parts (a step cut at its collectives) and collectives of a compiled function's last graph."""
-    graph = fn.last
-    return {"traces": fn.traces, "parts": len(getattr(graph, "parts", [graph])),
-            "collectives": getattr(graph, "collectives", 0)}
+    """Traces, the collectives the compiled function's last graph issues (all inside its one program), and on
+    CUDA whether the step ran as one captured graph (no fallback to launching its list one by one)."""
+    executor = fn.last.executor
+    captured = bool(getattr(executor, "captures", 0)) and not getattr(executor, "eager", True)
+    return {"traces": fn.traces, "collectives": fn.stats.collectives, "captured": captured,
+            "capture_error": getattr(executor, "capture_error", None)}
 
 
 def versus(group: dist.ProcessGroup, eager: dict[str, Any], compiled: dict[str, Any],
-           pairs: Iterable[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]) -> dict[str, Any]:
+           pairs: Iterable[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]], device: str = "cpu") -> dict[str, Any]:
     """The compiled run beside the eager one: their losses and norms, the compiled run's stats, and the
     largest parameter difference over ``pairs`` (eager, compiled) of every rank (the group's max)."""
     mine = max((float(np.abs(a - b).max()) for a, b in pairs), default=0.0)
-    diff = bt.tensor([mine])
+    diff = bt.tensor([mine], device=device)
     group.all_reduce(diff, op="max")
     return {"eager": {k: eager[k] for k in ("losses", "norms")},
             "compiled": {k: v for k, v in compiled.items() if k != "params"}, "param_diff": float(diff.item())}

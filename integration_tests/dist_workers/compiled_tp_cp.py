@@ -2,9 +2,9 @@
 eagerly, on 4 ranks (``blutrain run -n 4``) laid out as a 2 × 2 mesh.
 
 Each configuration trains a tiny GPT-2 for ``STEPS`` AdamW steps twice from the same weights: eagerly, and
-through ``compile(step)`` (step 1 eager, step 2 traced, later steps replayed: the step is cut at the mode's
-collectives, which run between the compiled parts). The learning rate changes every step and the gradients are
-clipped with the mode's global norm, so replays pick up new scalars and the norm's all-reduce is a cut too.
+through ``compile(step)`` (step 1 eager, step 2 traced, later steps replayed: the mode's collectives are ops of
+the step's one compiled program). The learning rate changes every step and the gradients are clipped with the
+mode's global norm, so replays pick up new scalars and the norm's all-reduce is one of the collectives too.
 
 - ``tp``, ``tp-async``: tp = 2 over the mesh's "tp" groups (each pair of ranks is one tensor-parallel job;
   ``-async``: async TP in ``ASYNC_CHUNKS`` row blocks); ``dp-tp``: ddp over "dp" around it.
@@ -13,7 +13,7 @@ clipped with the mode's global norm, so replays pick up new scalars and the norm
 
 Usage: ``compiled_tp_cp.py OUT.json [CONFIG ...]``. Rank 0 writes, per configuration, both runs' losses and
 norms per step, the largest difference of any parameter over the ranks' (own shards of the) parameters, and
-the compiled graph's numbers of traces, parts and collectives.
+the compiled graph's numbers of traces and collectives.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ Run alone it is the single-process reference; under ``blutrain run -n N`` each r
 slice of the same global batch. Rank 0 writes the per-step global losses and the final parameters.
 Ranks other than 0 start from different random weights, so matching results also prove the initial
 broadcast. ``--accum 2`` splits each rank's slice in two micro-batches, the first under ``no_sync()``.
+``--grad-dtype bf16`` averages the gradients in bfloat16 (the float32 gradients are kept).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--accum", type=int, default=1)
 parser.add_argument("--batch", type=int, default=8)
+parser.add_argument("--grad-dtype", default=None)
 args = parser.parse_args()
 
 group = dist.init_process_group("mpi")
@@ -33,7 +35,7 @@ bt.manual_seed(1234 + rank)
 config = GPT2Config.preset("tiny", n_layer=2, n_head=2, n_embd=32, block_size=16)
 model = GPT2(config)
 # a small bucket cap gives several buckets, so launch order and overlap are exercised
-ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.02)
+ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.02, grad_dtype=args.grad_dtype)
 optimizer = create("adamw", list(ddp.parameters()), lr=3e-3, weight_decay=0.1)
 
 per_rank = args.batch // world
@@ -60,5 +62,7 @@ for step in range(args.steps):
 if rank == 0:
     np.savez(args.out + ".npz", **{n: p.detach().numpy() for n, p in model.named_parameters()})
     with open(args.out + ".json", "w") as f:
-        json.dump({"losses": losses, "world": world, "buckets": len(ddp.buckets)}, f)
+        json.dump({"losses": losses, "world": world, "buckets": len(ddp.buckets),
+                   "grad_dtypes": sorted({p.grad.dtype.name for p in model.parameters() if p.grad is not None}
+                                         | {p.dtype.name for p in model.parameters()})}, f)
 dist.destroy_process_group()

@@ -130,8 +130,10 @@ def test_mean_over_no_target_is_nan_as_cross_entropy() -> None:
 
 def test_under_autocast_loss_is_float32_and_gradients_skip_the_bf16_rounding() -> None:
     """The logits are bf16 GEMM results as with linear + cross_entropy under autocast, so the losses
-    agree to float32; the gradients accumulate in float32 where the separate ops round them to bf16,
-    so they are closer to the float64 gradients of the same bf16-rounded operands."""
+    agree to float32; the gradients accumulate in float32 where the separate ops may round them to bf16,
+    so they are no further from the float64 gradients of the same bf16-rounded operands. (Whether the
+    separate ops' rounding shows depends on the CPU's bf16 GEMM: on some hosts both errors are the same
+    float, so the guarantee is "not worse", with a float32-sized slack, not "strictly better".)"""
     x, w, target = _case(5, (64,), 32, 300, ignored=0.0)
     xt, wt = bt.tensor(x, dtype="float32", requires_grad=True), bt.tensor(w, dtype="float32", requires_grad=True)
     with bt.autocast():
@@ -154,7 +156,8 @@ def test_under_autocast_loss_is_float32_and_gradients_skip_the_bf16_rounding() -
     for got, eager, ref in zip(fused_grads, (xt.grad.numpy(), wt.grad.numpy()), (gx, gw), strict=True):
         err_fused = np.linalg.norm(got - ref) / np.linalg.norm(ref)
         err_eager = np.linalg.norm(eager - ref) / np.linalg.norm(ref)
-        assert err_fused < 1e-2 and err_fused < err_eager
+        assert err_fused < 1e-2
+        assert err_fused <= err_eager * (1 + 2.0**-20), (err_fused, err_eager)
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [

@@ -67,3 +67,26 @@ def test_a_parameter_without_gradient_is_named_at_the_next_forward(group) -> Non
 def test_bucket_cap_must_be_positive(group) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(DistError, match="bucket_cap_mb must be a number > 0, got 0"):
         DistributedDataParallel(mlp(), group, bucket_cap_mb=0)
+
+
+def test_bf16_gradient_averages_widen_back_into_float32_gradients(group) -> None:  # type: ignore[no-untyped-def]
+    """In a group of one the average is the gradient itself: what comes back is its bf16 rounding, in float32."""
+    x = bt.tensor(np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32))
+    ref = mlp()
+    ref(x).sum().backward()
+    model = mlp()
+    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.001, grad_dtype="bf16")
+    ddp(x).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None and p.grad.dtype is bt.float32
+        want = q.grad.numpy().astype(bt.bfloat16.np).astype(np.float32)
+        np.testing.assert_array_equal(p.grad.numpy(), want, err_msg=name)
+    assert "grad_dtype=bfloat16" in repr(ddp)
+
+
+def test_an_unknown_gradient_dtype_is_refused_naming_the_choices(group) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DistError, match="grad_dtype must be one of bf16, bfloat16, fp16, float16, fp32, float32, "
+                                        "got 'int8'"):
+        DistributedDataParallel(mlp(), group, grad_dtype="int8")
+    with pytest.raises(DistError, match="ddp: grad_dtype must be one of"):
+        DDP(group, grad_dtype="half")

@@ -177,3 +177,40 @@ def test_prepare_command_prints_a_data_error_and_returns_one(
     ]
     assert _run_cli(argv) == 1
     assert "--tokenizer-file" in capsys.readouterr().err
+
+
+def test_val_fraction_zero_writes_no_validation_split(texts: list[Path], tmp_path: Path) -> None:
+    report = prepare(texts, tmp_path / "out", ByteTokenizer(), val_fraction=0.0)
+    assert report.val_shards == () and report.val_tokens == 0 and report.val_entropy_nats is None
+    assert PrepareReport.read(tmp_path / "out").val_shards == ()
+    assert "no validation split" in report.summary()
+
+
+def test_the_ranks_file_is_recorded_absolute_and_read_back(texts: list[Path], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    ranks = tmp_path / "ranks.tiktoken"
+    ranks.write_bytes(b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256)))
+    monkeypatch.chdir(tmp_path)
+    report = prepare(texts, Path("out"), GPT2Tokenizer("ranks.tiktoken"), val_fraction=0.1,
+                     tokenizer_file="ranks.tiktoken")
+    assert report.tokenizer_file == str(ranks.resolve())
+    assert PrepareReport.read(tmp_path / "out").tokenizer_file == str(ranks.resolve())
+    assert prepare(texts, tmp_path / "byte", ByteTokenizer(), val_fraction=0.1).tokenizer_file is None
+
+
+def test_a_bad_input_creates_no_output_directory_and_keeps_existing_shards(texts: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(PrepareError, match="does not exist"):
+        prepare([texts[0], tmp_path / "gone.txt"], tmp_path / "new" / "out", ByteTokenizer(), val_fraction=0.1)
+    assert not (tmp_path / "new").exists()
+    kept = prepare(texts, tmp_path / "kept", ByteTokenizer(), val_fraction=0.1)
+    before = {p.name: p.read_bytes() for p in kept.out_dir.iterdir()}
+    with pytest.raises(PrepareError, match="does not exist"):
+        prepare([tmp_path / "gone.txt"], tmp_path / "kept", ByteTokenizer(), val_fraction=0.1, overwrite=True)
+    assert {p.name: p.read_bytes() for p in kept.out_dir.iterdir()} == before
+
+
+def test_an_output_path_that_is_a_file_is_refused(texts: list[Path], tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PrepareError, match="is a file; expected a directory"):
+        prepare(texts, tmp_path / "file", ByteTokenizer(), val_fraction=0.1)
+    assert (tmp_path / "file").read_text() == "x"

@@ -101,6 +101,12 @@ def test_gpt2_tokenizer_eot_is_50256_of_a_50257_vocabulary(gpt2: GPT2Tokenizer) 
     assert gpt2.decode([50256]) == "<|endoftext|>"
 
 
+def test_gpt2_tokenizer_decodes_ids_its_ranks_file_lacks_to_the_replacement_character(gpt2: GPT2Tokenizer) -> None:
+    hello = gpt2.encode("hello")
+    assert gpt2.decode([*hello, 40000, *hello, 50256]) == "hello\ufffdhello<|endoftext|>"
+    assert gpt2.decode([40000, 40001]) == "\ufffd\ufffd"
+
+
 def test_gpt2_tokenizer_without_file_or_cache_explains_how_to_provide_one(empty_tiktoken_cache: Path) -> None:
     with pytest.raises(TokenizerUnavailableError) as info:
         GPT2Tokenizer()

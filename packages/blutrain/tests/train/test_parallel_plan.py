@@ -62,14 +62,26 @@ def test_one_mesh_dimension_is_its_mode_over_every_rank(text: str, mesh: dict[st
     ("dp=2,tp", "tp must be a number of ranks >= 1 (e.g. tp=2), got no size"),
     ("dp=2,tp=two", "tp must be a number of ranks >= 1 (e.g. tp=2), got 'two'"),
     ("dp=2,dp=4", "dp is given twice"),
-    ("dp=2,zero=2", "unknown part 'zero=2'"),
+    ("dp=2,zero=2", "zero does not compose with a mesh yet (zero × tp, zero × cp)"),
+    ("tp=2,zero=1", "give zero=1 alone, or dp=N with tp=M or cp=M (ddp over dp)"),
+    ("dp=2,tp=2,ranks=4", "unknown part 'ranks=4'"),
     ("tp=2,cp=2", "tp and cp do not compose yet"),
     ("dp=2,tp=2,attn=ring", "attn=ring chooses context parallelism's attention and needs cp=N"),
     ("dp=2,,tp=2", "parallel must be MODE[=VALUE]"),
-    ("ddp,zero=2", "parallel must be MODE[=VALUE]"),
+    ("ddp,bf16", "'bf16' after the mode must be key=value (e.g. 'ddp,grad_dtype=bf16')"),
+    ("tp=2,grad_dtype=bf16", "grad_dtype=bf16 is the dtype data parallelism averages gradients in and needs dp=N"),
 ])
 def test_a_malformed_spec_is_refused_naming_the_part(text: str, message: str) -> None:
     assert message in refusal(text)
+
+
+@pytest.mark.parametrize(("text", "modes"), [
+    ("ddp,grad_dtype=bf16", (("ddp", (), {"grad_dtype": "bf16"}),)),
+    ("ddp=25,grad_dtype=fp16", (("ddp", (25,), {"grad_dtype": "fp16"}),)),
+    ("dp=2,tp=2,grad_dtype=bf16", (("tp", (), {}), ("ddp", (), {"grad_dtype": "bf16"}))),
+])
+def test_keyword_options_after_the_mode_or_dp_go_to_the_mode(text: str, modes: object) -> None:
+    assert plan(text).modes == modes
 
 
 def test_cp_needs_two_chunks_of_every_sequence_per_rank() -> None:

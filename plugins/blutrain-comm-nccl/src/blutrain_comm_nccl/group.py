@@ -10,6 +10,13 @@ the call is ordered after the collective without blocking the host. ``async_op=T
 whose ``wait()`` does that later, so communication overlaps compute in between. Tensors stay
 referenced until their collective has finished, so the allocator cannot hand their memory out early.
 
+CUDA graphs: a collective issued while the current stream is being captured (a compiled step) becomes nodes of
+the graph: the same events order it, and each replay of the graph runs it. Such a collective is not given to the
+watchdog (an event recorded into a capture cannot be queried); a hang inside a replayed graph shows at the next
+collective issued outside it, which waits behind the graph. NCCL counts the graphs that hold a communicator's
+collectives and ``ncclCommDestroy`` waits until every one of them is destroyed: release compiled functions that
+captured the group's collectives (``CompiledFunction.reset()``, or drop them) before :meth:`destroy`.
+
 Timeout: a watchdog thread checks the ``done`` events of collectives in flight; one that is not
 done within the group's timeout aborts the communicator (NCCL kernels return), prints a
 CollectiveTimeoutError naming the operation and rank, and ends the process with exit code 1 (as
@@ -20,6 +27,7 @@ that cannot raise. ``blutrain run`` then stops the other ranks and reports it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -117,6 +125,7 @@ class NCCLProcessGroup:
         self.comm: Any = communicator(nccl, size, raw, rank)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._broken: str | None = None
+        self._captured = False  # a collective of this group was captured into a CUDA graph
         self._splits = 0
         self._inflight: list[NCCLWork] = []
         self._lock = threading.Lock()
@@ -182,8 +191,11 @@ class NCCLProcessGroup:
         done = cp.cuda.Event(disable_timing=True)
         done.record(self.stream)
         work = NCCLWork(self, what, done, keep, finish, current.ptr)
-        with self._lock:
-            self._inflight.append(work)
+        if current.is_capturing():
+            self._captured = True
+        else:
+            with self._lock:
+                self._inflight.append(work)
         if async_op:
             return work
         work.wait()
@@ -364,10 +376,14 @@ class NCCLProcessGroup:
                                 f"{self.name}.{self._splits}.{int(color)}", self.abort_on_timeout)
 
     def destroy(self) -> None:
+        """Free the communicator (waiting for its work). A CUDA graph that captured its collectives must be
+        destroyed first (see the module doc): unreferenced ones are collected here before NCCL waits for them."""
         self._closed = True
         comm, self.comm = self.comm, None
         if comm is not None and self._broken is None:
             self.stream.synchronize()
+            if self._captured:
+                gc.collect()  # a compiled step dropped in a reference cycle still holds its graph until collected
             comm.destroy()
 
 

@@ -9,14 +9,21 @@ issues the same collectives in the same order. No gradient is copied into a flat
 hook of the last gradient orders the stream after every bucket: when ``backward()`` returns the
 gradients are synchronized.
 
+``grad_dtype`` (``"bf16"``/``"fp16"``, default: the gradients' own dtype) sends a bucket in that dtype: its
+gradients are cast into one flat buffer of that dtype (a kernel's result, so a compiled step can hold it), the
+average is taken there, and once backward is done each float32 gradient is overwritten with the reduced values
+widened again. The gradients the optimizer reads stay float32; half the bytes go over the wire, at the price of
+one bf16 rounding of each rank's gradient and of the sum.
+
 ``no_sync()`` skips all of this (gradient accumulation: the sum stays local until the first
 backward outside it). At construction, rank 0's parameters and buffers are broadcast to all ranks.
 
-Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist.traceable`, so a
-compiled training step is cut at each bucket's all-reduce and issues it between its compiled parts.
-The hooks hold no value-dependent choices, and the gradients they reduce are made by the step's
-kernels, so every call issues the same all-reduces on the same buffers; in a compiled step each
-completes where it is issued (the overlap with the rest of backward is given up for the graph).
+Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist.traceable`, so each bucket's
+all-reduce is recorded into a compiled training step where the hook issued it. The hooks hold no
+value-dependent choices, and the gradients they reduce are made by the step's kernels, so every call issues the
+same all-reduces on the same buffers. Nothing reads a bucket's gradients between its all-reduce and the end of
+backward (the low-precision copy-back waits for ``_finish``), so on CUDA the compiled step runs each reduction
+on the communication stream under the rest of backward, inside its one graph.
 """
 
 from __future__ import annotations
@@ -37,9 +44,12 @@ from blutrain.dist import (
     traceable,
 )
 from blutrain.nn import Module
-from blutrain.tensor import Tensor
+from blutrain.tensor import DType, Tensor, as_dtype, cat
 
 DEFAULT_BUCKET_CAP_MB = 25.0
+# --parallel ddp,grad_dtype=NAME: the names a user may give, and the dtype each means
+GRAD_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+               "fp32": "float32", "float32": "float32"}
 
 
 class GradBucket:
@@ -53,11 +63,38 @@ class GradBucket:
         self.ready = [False] * len(self.params)
         self.pending = len(self.params)
         self.work: Work | None = None
+        self.sent: Tensor | None = None  # the flat low-precision copy in flight (grad_dtype), else None
 
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
         self.pending = len(self.params)
         self.work = None
+        self.sent = None
+
+    def launch(self, group: ProcessGroup, comm_dtype: DType | None) -> None:
+        """Start the average of this bucket's gradients: in place, or through a flat ``comm_dtype`` copy."""
+        grads: list[Tensor] = [p.grad for p in self.params]  # type: ignore[misc]
+        if comm_dtype is None or comm_dtype is grads[0].dtype:
+            self.work = all_reduce_coalesced(group, grads, op="avg", async_op=True)
+            return
+        with no_grad():
+            self.sent = cat([g.reshape(-1).to(dtype=comm_dtype) for g in grads])
+        self.work = group.all_reduce(self.sent, op="avg", async_op=True)
+
+    def finish(self) -> None:
+        """Order the current stream after the bucket's average and, for a flat copy, widen it back into the
+        gradients."""
+        assert self.work is not None
+        self.work.wait()
+        if self.sent is not None:
+            with no_grad():
+                offset = 0
+                for p in self.params:
+                    grad: Tensor = p.grad  # type: ignore[assignment]
+                    n = grad.numel()
+                    grad.copy_(self.sent[offset:offset + n].reshape(*grad.shape))
+                    offset += n
+        self.reset()
 
 
 def _buckets(params: list[tuple[str, Tensor]], cap_bytes: int) -> list[GradBucket]:
@@ -82,12 +119,14 @@ class DistributedDataParallel(Module):
 
     ``group``: the data-parallel process group (default: the default group). ``bucket_cap_mb``:
     the size at which a bucket is closed and reduced. ``broadcast_parameters``: start from rank 0's
-    parameters and buffers. Every parameter that requires grad must get a gradient in each synchronized
-    backward (an unused one is reported at the next forward).
+    parameters and buffers. ``grad_dtype``: the dtype gradients travel in (see the module doc; a key of
+    :data:`GRAD_DTYPES`, default the gradients' own). Every parameter that requires grad must get a gradient
+    in each synchronized backward (an unused one is reported at the next forward).
     """
 
     def __init__(self, module: Module, group: ProcessGroup | None = None,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, broadcast_parameters: bool = True) -> None:
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, broadcast_parameters: bool = True,
+                 grad_dtype: str | None = None) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise DistArgumentError(f"DistributedDataParallel: module must be a blutrain.nn.Module, got "
@@ -95,7 +134,11 @@ class DistributedDataParallel(Module):
         if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
             raise DistArgumentError(f"DistributedDataParallel: bucket_cap_mb must be a number > 0, got "
                                     f"{bucket_cap_mb!r}")
+        if grad_dtype is not None and grad_dtype not in GRAD_DTYPES:
+            raise DistArgumentError(f"DistributedDataParallel: grad_dtype must be one of {', '.join(GRAD_DTYPES)}, "
+                                    f"got {grad_dtype!r}")
         self.module = module
+        self.comm_dtype: DType | None = None if grad_dtype is None else as_dtype(GRAD_DTYPES[grad_dtype])
         self.group: ProcessGroup = traceable(get_process_group() if group is None else group)
         self.bucket_cap_mb = float(bucket_cap_mb)
         params: list[tuple[str, Tensor]] = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -146,19 +189,15 @@ class DistributedDataParallel(Module):
     def _launch_ready(self) -> None:
         buckets = self.buckets
         while self._launched < len(buckets) and buckets[self._launched].pending == 0:
-            bucket = buckets[self._launched]
-            grads = [p.grad for p in bucket.params]
-            bucket.work = all_reduce_coalesced(self.group, grads, op="avg", async_op=True)  # type: ignore[arg-type]
+            buckets[self._launched].launch(self.group, self.comm_dtype)
             self._launched += 1
         if self._launched == len(buckets):
             self._finish()
 
     def _finish(self) -> None:
-        """Order the current stream after every bucket's reduction."""
+        """Order the current stream after every bucket's reduction (and widen the low-precision ones back)."""
         for bucket in self.buckets:
-            assert bucket.work is not None
-            bucket.work.wait()
-            bucket.reset()
+            bucket.finish()
         self._launched = 0
 
     # ----------------------------------------------------------------------------- forward
@@ -180,8 +219,9 @@ class DistributedDataParallel(Module):
             self._sync = previous
 
     def extra_repr(self) -> str:
+        sent = "" if self.comm_dtype is None else f", grad_dtype={self.comm_dtype.name}"
         return (f"group={self.group.backend} rank {self.group.rank}/{self.group.size}, buckets={len(self.buckets)}, "
-                f"bucket_cap_mb={self.bucket_cap_mb:g}")
+                f"bucket_cap_mb={self.bucket_cap_mb:g}{sent}")
 
 
 class DDP:
@@ -192,19 +232,22 @@ class DDP:
     compiles = True  # its group is declared with blutrain.dist.traceable (see the module doc)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, grad_dtype: str | None = None) -> None:
+        if grad_dtype is not None and grad_dtype not in GRAD_DTYPES:
+            raise DistArgumentError(f"ddp: grad_dtype must be one of {', '.join(GRAD_DTYPES)}, got {grad_dtype!r}")
         if isinstance(mesh, DeviceMesh):
             # context-parallel ranks hold replicas too (each saw part of the sequence): average over dp × cp
             self.group = mesh.get_group(self.dim, "cp") if "cp" in mesh.names else mesh.get_group(self.dim)
         else:
             self.group = get_process_group() if mesh is None else mesh
         self.bucket_cap_mb = bucket_cap_mb
+        self.grad_dtype = grad_dtype
 
     def wrap_model(self, model: Any) -> DistributedDataParallel:
-        return DistributedDataParallel(model, self.group, self.bucket_cap_mb)
+        return DistributedDataParallel(model, self.group, self.bucket_cap_mb, grad_dtype=self.grad_dtype)
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         return optimizer
 
 
-__all__ = ["DDP", "DEFAULT_BUCKET_CAP_MB", "DistributedDataParallel", "GradBucket"]
+__all__ = ["DDP", "DEFAULT_BUCKET_CAP_MB", "GRAD_DTYPES", "DistributedDataParallel", "GradBucket"]

@@ -18,7 +18,7 @@ from typing import Any
 from blutrain.autograd import derivative, no_grad, record
 from blutrain.autograd.rules import save_inputs
 from blutrain.dist import DistArgumentError, ProcessGroup
-from blutrain.tensor import Tensor, arange, clamp, float32, logical_and, where
+from blutrain.tensor import Tensor, arange, clamp, float32, get_autocast_dtype, logical_and, where
 
 VOCAB_PARALLEL_CROSS_ENTROPY = "tp_vocab_parallel_cross_entropy"
 
@@ -44,7 +44,9 @@ def vocab_parallel_cross_entropy(logits: Tensor, target: Tensor, group: ProcessG
 
     ``logits`` (N, V_shard): this rank's columns, classes ``vocab_start .. vocab_start + V_shard``;
     ``target`` (N,): global class ids, the same on every rank. Every rank gets the same scalar loss,
-    and its backward gives each rank the gradient of its own columns.
+    and its backward gives each rank the gradient of its own columns. Under autocast the loss is float32
+    whatever the logits' dtype, as :func:`blutrain.tensor.cross_entropy`'s is there (it widens its input):
+    a bfloat16 loss would be rounded to 8 bits (1/16 near ln 50304) and differ from the single process's.
     """
     _check(logits, target, vocab_start)
     n_cols = logits.shape[1]
@@ -69,7 +71,9 @@ def vocab_parallel_cross_entropy(logits: Tensor, target: Tensor, group: ProcessG
         count = valid.sum()
         per_row = (sumexp.log() - picked) * valid
         # every target ignored: 0 / 0 = NaN, as the mean of nothing is in PyTorch and blutrain's cross_entropy
-        loss = (per_row.sum() / count).to(dtype=logits.dtype)
+        loss = per_row.sum() / count
+        if get_autocast_dtype() is None:
+            loss = loss.to(dtype=logits.dtype)
     record(VOCAB_PARALLEL_CROSS_ENTROPY, (logits,), loss, {
         "target": target, "lse": lse, "valid": valid, "count": count, "vocab_start": vocab_start})
     return loss

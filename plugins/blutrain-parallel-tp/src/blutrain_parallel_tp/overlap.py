@@ -16,9 +16,12 @@ once, before the blocks are joined:
 
 Rows are independent in both GEMMs and the all-reduce sums each element over the same ranks, so the
 result is the synchronous layers' (``copy_to_tp_region`` / ``reduce_from_tp_region`` around
-``linear``) up to the GEMM's blocking. Each op is one autograd node that keeps the inputs a linear
-keeps; under autocast its inputs are lowered first (recorded casts, as ``linear`` does), so the
-collectives move the low-precision blocks.
+``linear``) up to the GEMM's blocking. Each op is one autograd node that keeps what a linear keeps.
+Under autocast it treats its operands as ``linear`` does: they are rounded to the region's dtype inside
+the op (no recorded cast), the product is in that dtype (the forward all-reduce moves low-precision
+blocks, as the synchronous row-parallel layer's does), and the gradients of float32 operands come out
+of the backward GEMMs' float32 accumulators in float32, so the column-parallel input gradient is
+all-reduced in float32 like the synchronous layer's, and no cast kernel runs per gradient.
 """
 
 from __future__ import annotations
@@ -26,10 +29,9 @@ from __future__ import annotations
 from typing import Any
 
 from blutrain.autograd import derivative, no_grad, record
-from blutrain.autograd.rules import no_double_backward, save_inputs
+from blutrain.autograd.rules import no_double_backward, save_nothing
 from blutrain.dist import DistArgumentError, ProcessGroup, Work
-from blutrain.tensor import Tensor, cat, dispatch, linear, matmul
-from blutrain.tensor.autocast import lower
+from blutrain.tensor import DType, Tensor, cat, dispatch, float32, get_autocast_dtype, linear
 from blutrain_parallel_tp.comm import grad_or_zeros
 
 COLUMN_PARALLEL_LINEAR = "tp_column_parallel_linear"
@@ -56,14 +58,33 @@ def row_blocks(rows: int, chunks: int) -> list[tuple[int, int]]:
     return out
 
 
-def _reduced_blocks(rows: Tensor, weight: Tensor, group: ProcessGroup, chunks: int, transpose: bool) -> Tensor:
-    """``rows @ weightᵀ`` (``transpose``) or ``rows @ weight`` summed over ``group``, block by block: each
-    block's all-reduce is in flight while the next block's GEMM runs."""
+def _narrowed(t: Tensor | None) -> Tensor | None:
+    """``t`` in the autocast region's dtype when it is a floating tensor of another dtype, converted but not
+    recorded: the op records itself against ``t`` and keeps this copy for its backward (as ``linear``)."""
+    dt = get_autocast_dtype()
+    if dt is None or t is None or not t.dtype.is_floating or t.dtype is dt:
+        return t
+    with no_grad():
+        return t.to(dtype=dt)
+
+
+def _wide(original: DType, narrowed: Tensor) -> bool:
+    """Whether the gradient of an operand of dtype ``original`` comes out of the GEMM in float32: a float32
+    operand that autocast narrowed (``linear_autocast``'s rule)."""
+    return original is float32 and narrowed.dtype is not float32
+
+
+def _as_dtype(grad: Tensor | None, dtype: DType) -> Tensor | None:
+    return grad if grad is None or grad.dtype is dtype else grad.to(dtype=dtype)
+
+
+def _reduced_blocks(rows: Tensor, weight: Tensor, group: ProcessGroup, chunks: int) -> Tensor:
+    """``rows @ weightᵀ`` summed over ``group``, block by block: each block's all-reduce is in flight while
+    the next block's GEMM runs."""
     blocks: list[Tensor] = []
     works: list[Work | None] = []
     for start, length in row_blocks(rows.shape[0], chunks):
-        part = rows.narrow(0, start, length)
-        block = linear(part, weight) if transpose else matmul(part, weight)
+        block = linear(rows.narrow(0, start, length), weight)
         works.append(group.all_reduce(block, op="sum", async_op=True))
         blocks.append(block)
     for work in works:
@@ -76,15 +97,19 @@ def row_parallel_linear(x: Tensor, weight: Tensor, group: ProcessGroup, chunks: 
     """``x @ weightᵀ`` summed over ``group`` (``x``: this rank's input columns, ``weight``: its columns of
     the full weight), each of ``chunks`` row blocks all-reduced while the next one's GEMM runs. The
     bias is the caller's: it is added once, after the sum."""
-    x, weight = lower(x), lower(weight)
-    if x.ndim < 1 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
-        raise DistArgumentError(f"row_parallel_linear: input of shape {list(x.shape)} does not fit weight of shape "
-                                f"{list(weight.shape)} (expected input[..., {weight.shape[1]}])")
+    if not isinstance(x, Tensor) or not isinstance(weight, Tensor) or x.ndim < 1 or weight.ndim != 2 or \
+            x.shape[-1] != weight.shape[1]:
+        got = [list(t.shape) if isinstance(t, Tensor) else type(t).__name__ for t in (x, weight)]
+        raise DistArgumentError(f"row_parallel_linear: input of shape {got[0]} does not fit weight of shape "
+                                f"{got[1]} (expected a weight (out, in) and an input [..., in])")
+    xl, wl = _narrowed(x), _narrowed(weight)
+    assert xl is not None and wl is not None  # narrowed Tensors
     lead = tuple(x.shape[:-1])
     with no_grad():
-        rows = x.detach().reshape(-1, x.shape[-1])
-        out = _reduced_blocks(rows, weight.detach(), group, chunks, transpose=True).reshape(*lead, weight.shape[0])
-    record(ROW_PARALLEL_LINEAR, (x, weight), out, {})
+        rows = xl.detach().reshape(-1, x.shape[-1])
+        out = _reduced_blocks(rows, wl.detach(), group, chunks).reshape(*lead, weight.shape[0])
+    record(ROW_PARALLEL_LINEAR, (x, weight), out, {"x": xl.detach(), "weight": wl.detach(),
+                                                    "dtypes": (x.dtype, weight.dtype)})
     return out
 
 
@@ -93,52 +118,64 @@ def column_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None, group
     """``x @ weightᵀ + bias`` (``weight``, ``bias``: this rank's output rows); backward the input
     gradient is summed over ``group`` in ``chunks`` row blocks, each all-reduced while the next block's
     GEMM and then the weight gradient's run."""
-    x, weight, bias = lower(x), lower(weight), lower(bias)
+    xl, wl, bl = _narrowed(x), _narrowed(weight), _narrowed(bias)
+    assert xl is not None and wl is not None  # narrowed Tensors
     with no_grad():
-        out = linear(x.detach(), weight.detach(), None if bias is None else bias.detach())
-    record(COLUMN_PARALLEL_LINEAR, (x, weight, bias), out, {"group": group, "chunks": chunks})
+        out = linear(xl.detach(), wl.detach(), None if bl is None else bl.detach())
+    record(COLUMN_PARALLEL_LINEAR, (x, weight, bias), out, {
+        "group": group, "chunks": chunks, "x": xl.detach(), "weight": wl.detach(),
+        "dtypes": (x.dtype, weight.dtype, None if bias is None else bias.dtype)})
     return out
 
 
-@derivative(ROW_PARALLEL_LINEAR, save=save_inputs)
+@derivative(ROW_PARALLEL_LINEAR, save=save_nothing)
 def _row_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor | None, ...]:
     no_double_backward(ROW_PARALLEL_LINEAR, create_graph)
-    x, weight = node.saved
+    x, weight = node.attrs["x"], node.attrs["weight"]
+    dtx, dtw = node.attrs["dtypes"]
     g = grad_or_zeros(node, grads)
-    gx, gw, _ = _linear_backward(g, x, weight, node.needs[0], node.needs[1], False)
-    return gx, gw
+    gx, gw, _ = _linear_backward(g, x, weight, node.needs[0], node.needs[1], False, _wide(dtx, x), _wide(dtw, weight))
+    return _as_dtype(gx, dtx), _as_dtype(gw, dtw)
 
 
-@derivative(COLUMN_PARALLEL_LINEAR, save=save_inputs)
+@derivative(COLUMN_PARALLEL_LINEAR, save=save_nothing)
 def _column_backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor | None, ...]:
     no_double_backward(COLUMN_PARALLEL_LINEAR, create_graph)
-    x, weight, bias = node.saved
-    group: ProcessGroup = node.attrs["group"]
+    a = node.attrs
+    x, weight = a["x"], a["weight"]
+    dtx, dtw, dtb = a["dtypes"]
+    wide_x, wide_w = _wide(dtx, x), _wide(dtw, weight)
+    group: ProcessGroup = a["group"]
     # every rank reduces the input gradient, needed or not, so that the collectives stay matched
     g = grad_or_zeros(node, grads)
     g_rows = g.reshape(-1, g.shape[-1])
+    x_rows = x.reshape(-1, x.shape[-1])
     blocks: list[Tensor] = []
     works: list[Work | None] = []
-    for start, length in row_blocks(g_rows.shape[0], node.attrs["chunks"]):
-        block = matmul(g_rows.narrow(0, start, length), weight.detach())
+    for start, length in row_blocks(g_rows.shape[0], a["chunks"]):
+        block, _, _ = _linear_backward(g_rows.narrow(0, start, length), x_rows.narrow(0, start, length), weight,
+                                       True, False, False, wide_x, False)
+        assert block is not None  # asked for
         works.append(group.all_reduce(block, op="sum", async_op=True))
         blocks.append(block)
     # the weight and bias gradients need no reduction: they run while the last blocks are reduced
-    _, gw, gb = _linear_backward(g, x, weight, False, node.needs[1], bias is not None and node.needs[2])
+    _, gw, gb = _linear_backward(g, x, weight, False, node.needs[1], dtb is not None and node.needs[2], False, wide_w)
     for work in works:
         if work is not None:
             work.wait()
     gx = (blocks[0] if len(blocks) == 1 else cat(blocks, dim=0)).reshape(x.shape)
-    return gx if node.needs[0] else None, gw, gb
+    return (_as_dtype(gx, dtx) if node.needs[0] else None), _as_dtype(gw, dtw), \
+        None if dtb is None else _as_dtype(gb, dtb)
 
 
-def _linear_backward(g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_w: bool,
-                     need_b: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """``linear``'s own backward kernel: (dx, dW, db) of ``y = x Wᵀ + b``."""
+def _linear_backward(g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_w: bool, need_b: bool,
+                     wide_x: bool, wide_w: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """``linear``'s own backward kernel: (dx, dW, db) of ``y = x Wᵀ + b``, in x's dtype, or float32 for dx
+    with ``wide_x`` and for dW, db with ``wide_w`` (from the GEMMs' float32 accumulators)."""
     gx, gw, gb = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
-        g.detach()._data, x.detach()._data, weight.detach()._data, need_x, need_w, need_b)
-    return tuple(None if d is None else Tensor._make(d, x.dtype, x.device)  # type: ignore[return-value]
-                 for d in (gx, gw, gb))
+        g.detach()._data, x.detach()._data, weight.detach()._data, need_x, need_w, need_b, wide_x, wide_w)
+    return tuple(None if d is None else Tensor._make(d, float32 if wide else x.dtype, x.device)  # type: ignore[return-value]
+                 for d, wide in ((gx, wide_x), (gw, wide_w), (gb, wide_w)))
 
 
 __all__ = ["COLUMN_PARALLEL_LINEAR", "ROW_PARALLEL_LINEAR", "check_chunks", "column_parallel_linear",

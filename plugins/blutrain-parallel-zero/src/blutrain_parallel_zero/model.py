@@ -21,13 +21,12 @@ in the forward order or its prefetch. When every parameter of a unit has its gra
 gradients are reduce-scattered and its parameters freed. The saved tensors of the graph refer to the
 parameters themselves, so a gathered buffer is rebuilt exactly as in forward (same version count).
 
-Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist.traceable`, so a
-compiled training step is cut at every reduce-scatter, all-gather and the gradient norm's all-reduce
-and issues them between its compiled parts. Every stage makes the same collectives on every call (the
-hooks choose by counts, never by values), and the buffers they write are state or made by kernels
-(``zeros``). In a compiled step each collective completes where it is issued, so stage 3's prefetch
-overlap is given up, and every compiled part keeps static copies of the buffers that cross into it
-(gathered parameters, activations saved for backward): compiled, stage 3 saves less memory than eager.
+Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist.traceable`, so every
+reduce-scatter, all-gather and the gradient norm's all-reduce is recorded into a compiled training step as
+an op, issued there on every call. Every stage makes the same collectives on every call (the hooks choose
+by counts, never by values), and the buffers they write are state or made by kernels (``zeros``). The
+compiled program joins each collective at the first op that touches its buffers, so stage 2's reductions
+and stage 3's prefetched gathers keep their overlap (on CUDA: inside the step's one graph).
 """
 
 from __future__ import annotations

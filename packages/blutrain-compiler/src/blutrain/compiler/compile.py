@@ -17,9 +17,10 @@ arguments, and its other non-float arguments):
    ``replay="probe"`` does that on every call: for a function with Python side effects of its own (a
    schedule stepped inside it, a counter), at the host cost of its Python each step.
 
-A trace that holds collectives (of groups declared with ``blutrain.dist.traceable``, as the ddp and
-zero parallel modes do) is cut at them into parts, each compiled as above; a call runs the parts in
-order and issues the collectives between them (:mod:`blutrain.compiler.split`).
+A trace that holds collectives (of groups declared with ``blutrain.dist.traceable``, as the ddp, zero, tp
+and cp parallel modes do) compiles as one module like any other: each collective is a ``blutrain.collective`` op
+in program order, and the executor issues it there (on CUDA inside the one captured graph, on a communication
+stream, joined by the first later op that touches its buffers: :mod:`blutrain.compiler.executor`).
 
 ``BLUTRAIN_DUMP_IR=dir`` writes the module after tracing and after every pass.
 """
@@ -100,7 +101,8 @@ class CompileStats:
     workspaces): ``alloc_arena_bytes`` is the arena the graph runs in, ``alloc_request_bytes`` every request
     added up, ``alloc_live_peak_bytes`` the most bytes live at once (no placement needs less),
     ``alloc_pool_bytes`` what CuPy's caching pool held for the same run, ``alloc_fallbacks`` the requests the
-    arena did not serve. They are 0 on the CPU and for a step that runs without a graph.
+    arena did not serve. They are 0 on the CPU and for a step that runs without a graph. ``collectives``: the
+    collectives the step issues (every one inside the graph).
     """
 
     traced_ops: int
@@ -115,6 +117,7 @@ class CompileStats:
     alloc_pool_bytes: int = 0
     alloc_requests: int = 0
     alloc_fallbacks: int = 0
+    collectives: int = 0
 
 
 class CompiledGraph:
@@ -133,7 +136,8 @@ class CompiledGraph:
         self.merged = {int(a.data) for a in _merged(module)}
         device = tracer.device or "cpu"
         self.device = device
-        self.program = Program(module, device)
+        self.program = Program(module, device, {ev.uid: ev.call for ev in tracer.events
+                                                if ev.kind == "collective" and ev.call is not None})
         inputs = [tracer.concrete[v] for v in tracer.inputs]
         state = [tracer.concrete[v] for v in tracer.state_order]
         self.executor: CPUExecutor | CUDAGraphExecutor = (
@@ -144,7 +148,7 @@ class CompiledGraph:
             traced_ops=len(tracer.events), ops=sum(1 for _ in ops), fused_regions=sum(1 for o in ops
                                                                                      if o.name == "blutrain.fused"),
             arena_bytes=_attr(module, "blutrain.arena_bytes"), buffer_bytes=_attr(module, "blutrain.buffer_bytes"),
-            device=device)
+            device=device, collectives=self.program.collective_count)
 
     @property
     def stats(self) -> CompileStats:
@@ -344,16 +348,10 @@ class CompiledFunction:
                 markers.append(None)
                 real.append(x)
         self.traces += 1
-        graph: CompiledGraph
-        if any(ev.kind == "collective" for ev in tracer.events):
-            from blutrain.compiler.split import SplitGraph  # it builds on CompiledGraph
-
-            graph = SplitGraph(self, tracer, vids, out_spec, markers, positions, dynamic)
-        else:
-            module = build_module(tracer, vids, dynamic)
-            traced_text = str(module)
-            run_pipeline(module, self.pipeline, os.environ.get("BLUTRAIN_DUMP_IR"), self.traces - 1)
-            graph = CompiledGraph(self, tracer, module, traced_text, out_spec, markers, positions, dynamic)
+        module = build_module(tracer, vids, dynamic)
+        traced_text = str(module)
+        run_pipeline(module, self.pipeline, os.environ.get("BLUTRAIN_DUMP_IR"), self.traces - 1)
+        graph = CompiledGraph(self, tracer, module, traced_text, out_spec, markers, positions, dynamic)
         graph.replay_from(leaves, out_leaves)
         # the executors have their static inputs: from here on the graph needs no array of the traced call
         tracer.release()
@@ -375,8 +373,7 @@ class CompiledFunction:
         return self.last
 
     def ir(self) -> str:
-        """The optimized module of the most recent signature, as MLIR text (a function cut at collectives:
-        each part's module after a ``// part N`` line, and a ``// collective`` line at each cut)."""
+        """The optimized module of the most recent signature, as MLIR text."""
         return self._graph().ir()
 
     def traced_ir(self) -> str:

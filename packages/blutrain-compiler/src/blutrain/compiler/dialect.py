@@ -20,7 +20,8 @@ Kernels that plugins register beyond the catalogue (``adamw_multi_tensor``, ``bi
 one generic op, ``blutrain.kernel``, naming the kernel in its ``op`` property. Values are builtin
 ``tensor<AxBxf32>`` types: dtype and static shape. ``blutrain.view`` is a strided view of a buffer
 (offset, shape and strides in elements); ``blutrain.assign`` writes into a buffer in place
-(``target[key] = value``); ``blutrain.fused`` holds a region of elementwise ops that codegen turns
+(``target[key] = value``); ``blutrain.collective`` is a collective of the step, issued on its operands in
+place; ``blutrain.fused`` holds a region of elementwise ops that codegen turns
 into one kernel, ended by ``blutrain.yield``.
 """
 
@@ -147,6 +148,20 @@ class AssignOp(IRDLOperation):
 
 
 @irdl_op_definition
+class CollectiveOp(IRDLOperation):
+    """A collective of a group declared with ``blutrain.dist.traceable`` (``what``: ``"nccl all_reduce_coalesced"``):
+    it reads and writes its operands in place (``writes`` names them all) and makes no value. The call that
+    issues it on real arrays is not IR: the compiled function keeps it by ``uid``. Ops after it in program order
+    see its result; the executor may run it beside later ops that touch none of its operands' buffers."""
+
+    name = "blutrain.collective"
+    ins = var_operand_def()
+    what = prop_def(StringAttr)
+    writes = prop_def(ArrayAttr)
+    uid = prop_def(IntAttr)
+
+
+@irdl_op_definition
 class FusedOp(IRDLOperation):
     """Elementwise ops fused into one generated kernel: the region's block arguments are the inputs
     (broadcast to the iteration shape, the shape of the results), ``blutrain.yield`` gives the results."""
@@ -167,7 +182,8 @@ class YieldOp(IRDLOperation):
     traits = traits_def(IsTerminator())
 
 
-BLUTRAIN = Dialect("blutrain", [*CATALOGUE_OPS.values(), KernelOp, ViewOp, AssignOp, FusedOp, YieldOp], [])
+BLUTRAIN = Dialect("blutrain", [*CATALOGUE_OPS.values(), KernelOp, ViewOp, AssignOp, CollectiveOp, FusedOp, YieldOp],
+                   [])
 KERNEL_OPS: tuple[type[IRDLOperation], ...] = (*CATALOGUE_OPS.values(), KernelOp)
 
 
@@ -295,6 +311,6 @@ def print_module(module: ModuleOp) -> str:
     return str(module)
 
 
-__all__ = ["BLUTRAIN", "CATALOGUE_OPS", "AssignOp", "FusedOp", "KernelOp", "Operand", "ViewOp", "YieldOp",
-           "context", "decode", "encode", "is_kernel", "kernel_name", "kernel_op_class", "parse", "print_module",
-           "scalars_equal", "tensor_type", "type_info"]
+__all__ = ["BLUTRAIN", "CATALOGUE_OPS", "AssignOp", "CollectiveOp", "FusedOp", "KernelOp", "Operand", "ViewOp",
+           "YieldOp", "context", "decode", "encode", "is_kernel", "kernel_name", "kernel_op_class", "parse",
+           "print_module", "scalars_equal", "tensor_type", "type_info"]

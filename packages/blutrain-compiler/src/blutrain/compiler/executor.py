@@ -13,6 +13,15 @@ liveness, and the capture that is kept takes each one at its offset in an arena 
 graph's buffers stay there, so nothing else can take them). Each call copies the inputs into their static
 buffers and launches the graph once.
 
+A collective of the step (``blutrain.collective``: a bucket's all-reduce, a reduce-scatter, a parameter
+all-gather) is a launch like the others. The program knows, for each one, the first later launch that touches
+one of its operands' buffers (reads or writes them): that launch *joins* it, and the launches between run beside
+it. The :class:`CollectiveRunner` decides what that means: on the CPU a collective completes where it is issued
+(:class:`InlineCollectives`); on CUDA (:class:`StreamCollectives`) it is forked onto a communication stream
+ordered after everything before it, and the launch that joins it waits for it there, so that a bucket's
+reduction runs under the rest of backward, inside the one captured graph. The collective's operand arrays are
+held until the join, so the arena planner sees their buffers live until then and places nothing over them.
+
 A kernel's Python scalar arguments are baked into the captured graph, so a call whose scalars changed
 (``updated()``, counted in ``updates``) captures it again. Numbers meant to change every step (an
 optimizer's lr and bias corrections) therefore live in device arrays that are graph state
@@ -26,7 +35,7 @@ import gc
 import logging
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from xdsl.dialects import func
 from xdsl.dialects.builtin import IntAttr, ModuleOp
@@ -34,7 +43,17 @@ from xdsl.ir import SSAValue
 
 from blutrain.compiler import codegen_cuda, codegen_numpy
 from blutrain.compiler.arena import ALIGN, AllocationRun, ArenaReport, Placement, RecordingRun, ServingRun, place
-from blutrain.compiler.dialect import AssignOp, FusedOp, Operand, ViewOp, decode, is_kernel, kernel_name, type_info
+from blutrain.compiler.dialect import (
+    AssignOp,
+    CollectiveOp,
+    FusedOp,
+    Operand,
+    ViewOp,
+    decode,
+    is_kernel,
+    kernel_name,
+    type_info,
+)
 from blutrain.compiler.errors import CompilerError
 from blutrain.compiler.graph import attr_int, body
 from blutrain.tensor.backend import ARRAY_MODULES
@@ -83,10 +102,67 @@ def strided_view(root: Any, offset: int, shape: tuple[int, ...], strides: tuple[
     return xp.lib.stride_tricks.as_strided(root, shape, tuple(s * itemsize for s in strides))
 
 
-class Launch:
-    """One entry of the program: ``fn`` applied to the slots ``reads``, results into ``results``."""
+class CollectiveRunner(Protocol):
+    """How a program's collectives run: ``issue`` starts collective ``key`` (``call`` on its operand arrays);
+    ``join`` orders what runs next after it; ``join_all`` joins every collective issued and not yet joined."""
 
-    __slots__ = ("fn", "frees", "kind", "reads", "results", "ret", "template", "uid")
+    def issue(self, key: int, call: Callable[[list[Any]], None], arrays: list[Any]) -> None: ...
+
+    def join(self, key: int) -> None: ...
+
+    def join_all(self) -> None: ...
+
+
+class InlineCollectives:
+    """Each collective completes where it is issued (the CPU: MPI calls return when they are done)."""
+
+    def issue(self, key: int, call: Callable[[list[Any]], None], arrays: list[Any]) -> None:
+        call(arrays)
+
+    def join(self, key: int) -> None:
+        pass
+
+    def join_all(self) -> None:
+        pass
+
+
+class StreamCollectives:
+    """Collectives forked onto a side stream of their own, joined back into the current stream.
+
+    ``issue``: the side stream waits for everything issued before on the current stream, the call runs with the
+    side stream current (a process group orders its communication after the current stream and makes it wait
+    for its end), and an event marks its end. ``join``: the current stream waits for that event. Inside a stream
+    capture these become the graph's edges: the collective is a branch of the graph beside the compute after it.
+    Memory a collective allocates (a staging buffer) comes from ``pool`` on the side stream, never from the
+    compute's allocator, whose blocks the compute after the fork may reuse while the collective still runs."""
+
+    def __init__(self, cupy: Any, pool: Any) -> None:
+        self.cupy = cupy
+        self.pool = pool
+        self.side = cupy.cuda.Stream(non_blocking=True)
+        self.pending: dict[int, tuple[Any, list[Any]]] = {}  # key → (end event, operand arrays held until the join)
+
+    def issue(self, key: int, call: Callable[[list[Any]], None], arrays: list[Any]) -> None:
+        cuda = self.cupy.cuda
+        self.side.wait_event(cuda.get_current_stream().record())
+        with cuda.using_allocator(self.pool.malloc), self.side:
+            call(arrays)
+        self.pending[key] = (self.side.record(), arrays)
+
+    def join(self, key: int) -> None:
+        end, _ = self.pending.pop(key)
+        self.cupy.cuda.get_current_stream().wait_event(end)
+
+    def join_all(self) -> None:
+        for key in list(self.pending):
+            self.join(key)
+
+
+class Launch:
+    """One entry of the program: ``fn`` applied to the slots ``reads``, results into ``results``; first the
+    collectives (their launch indices) in ``joins`` are joined."""
+
+    __slots__ = ("fn", "frees", "joins", "kind", "reads", "results", "ret", "template", "uid")
 
     def __init__(self, kind: str, fn: Callable[..., Any], reads: list[int], results: list[int],
                  template: Any = None, ret: Any = None, uid: int = -1) -> None:
@@ -98,13 +174,17 @@ class Launch:
         self.ret = ret
         self.uid = uid
         self.frees: list[int] = []
+        self.joins: list[int] = []
 
 
 class Program:
-    """The launches of one compiled module, with its slots (one per SSA value)."""
+    """The launches of one compiled module, with its slots (one per SSA value). ``collectives`` maps the uid of
+    each ``blutrain.collective`` op to the call that issues it on real arrays (the trace recorded it)."""
 
-    def __init__(self, module: ModuleOp, device: str) -> None:
+    def __init__(self, module: ModuleOp, device: str,
+                 collectives: dict[int, Callable[[list[Any]], None]] | None = None) -> None:
         self.device = device
+        self.runner: CollectiveRunner = InlineCollectives()
         block = body(module)
         slot: dict[SSAValue, int] = {}
 
@@ -149,6 +229,12 @@ class Program:
                 launch = Launch("view", view, reads, results, uid=uid)
             elif isinstance(o, AssignOp):
                 launch = Launch("assign", _assign, reads, [], decode(o.properties["args"]), uid=uid)
+            elif isinstance(o, CollectiveOp):
+                call = (collectives or {}).get(uid)
+                if call is None:
+                    raise CompilerError(f"the executor has no call for collective {o.what.data!r} (traced op "
+                                        f"{uid}); build the Program with the trace's collectives")
+                launch = Launch("collective", call, reads, [], uid=uid)
             elif isinstance(o, FusedOp):
                 templates = codegen_numpy.member_templates(o)
                 launch = Launch("fused", target.compile_region(o), reads, results, templates,
@@ -161,6 +247,7 @@ class Program:
                 raise CompilerError(f"the executor cannot run {o.name}")
             self.launches.append(launch)
         self.n_slots = len(slot)
+        self.final_joins = self._place_joins()
         # drop each intermediate right after its last reader (never arguments or outputs)
         last: dict[int, int] = {}
         for i, launch in enumerate(self.launches):
@@ -171,6 +258,32 @@ class Program:
             if s not in keep:
                 self.launches[i].frees.append(s)
         self.slots: list[Any] = [None] * self.n_slots
+
+    def _place_joins(self) -> list[int]:
+        """Give each collective to the first later launch that touches a buffer it reads or writes (a view
+        launch only names memory; the launches that use the view touch it); the collectives nothing later
+        touches are joined at the end, returned. Collectives stay in order among themselves: a runner issues
+        them in program order on one communication stream."""
+        buffer = list(range(self.n_slots))  # slot → the slot of the buffer it lives in
+        for launch in self.launches:
+            if launch.kind == "view":
+                buffer[launch.results[0]] = buffer[launch.reads[0]]
+        open_: dict[int, set[int]] = {}  # collective's launch index → the buffers it holds
+        for i, launch in enumerate(self.launches):
+            if launch.kind == "view":
+                continue
+            touched = {buffer[s] for s in (*launch.reads, *launch.results)}
+            if launch.kind != "collective":
+                for c in [c for c, held in open_.items() if held & touched]:
+                    launch.joins.append(c)
+                    del open_[c]
+            else:
+                open_[i] = touched
+        return sorted(open_)
+
+    @property
+    def collective_count(self) -> int:
+        return sum(1 for launch in self.launches if launch.kind == "collective")
 
     def update(self, uid: int, template: tuple[Any, ...]) -> bool:
         """Give the launch of traced call ``uid`` new scalar arguments; False if no launch has them."""
@@ -192,7 +305,10 @@ class Program:
 
     def run(self) -> None:
         slots = self.slots
-        for launch in self.launches:
+        runner = self.runner
+        for i, launch in enumerate(self.launches):
+            for c in launch.joins:
+                runner.join(c)
             values = [slots[s] for s in launch.reads]
             kind = launch.kind
             if kind == "kernel":
@@ -206,11 +322,15 @@ class Program:
                 slots[launch.results[0]] = launch.fn(values[0])
             elif kind == "assign":
                 launch.fn(launch.template, values)
+            elif kind == "collective":
+                runner.issue(i, launch.fn, values)
             else:  # fused: ``ret`` holds the region's scalar arguments
                 for s, v in zip(launch.results, launch.fn(launch.ret, *values), strict=True):
                     slots[s] = v
             for s in launch.frees:
                 slots[s] = None
+        for c in self.final_joins:
+            runner.join(c)
 
 
 def _assign(template: tuple[Any, ...], values: list[Any]) -> None:
@@ -300,6 +420,7 @@ class CUDAGraphExecutor:
         # the recording run's requests, those the arena does not serve and a run without a graph come from here
         self.pool = cupy.cuda.MemoryPool()
         self.memory = CupyMemory(cupy, self.pool)
+        program.runner = StreamCollectives(cupy, self.pool)
         # the static input buffers come from the process's allocator, like the arena: its statistics see them
         self.inputs = [cupy.array(a, copy=True) for a in inputs]  # order "K" (CuPy's default): the traced layout
         program.slots[:len(inputs)] = self.inputs
@@ -385,6 +506,7 @@ class CUDAGraphExecutor:
                     self.program.run()
                 except Exception as exc:  # e.g. a library call that stream capture forbids
                     failure = exc
+                    self.program.runner.join_all()  # a capture ends only with every forked stream joined
                 finally:
                     graph = self.stream.end_capture()
                     run.finish()
@@ -462,4 +584,5 @@ class CUDAGraphExecutor:
         return 0 if self.placement is None else self.placement.nbytes
 
 
-__all__ = ["CPUExecutor", "CUDAGraphExecutor", "CupyMemory", "Launch", "Program", "strided_view"]
+__all__ = ["CPUExecutor", "CUDAGraphExecutor", "CollectiveRunner", "CupyMemory", "InlineCollectives", "Launch",
+           "Program", "StreamCollectives", "strided_view"]

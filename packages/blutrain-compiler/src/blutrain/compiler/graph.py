@@ -2,7 +2,8 @@
 and then the state buffers, whose ops are the recorded calls in program order, and which returns
 the function's outputs.
 
-Ops may write their operands in place (``writes``; ``blutrain.assign``): the IR keeps program order,
+Ops may write their operands in place (``writes``; ``blutrain.assign``; ``blutrain.collective``, a collective
+of a group declared with ``blutrain.dist.traceable``): the IR keeps program order,
 and the passes respect it (:mod:`blutrain.compiler.passes.aliasing`). The module's attributes say how
 many arguments are inputs (``blutrain.inputs``) and the device (``blutrain.device``).
 """
@@ -15,7 +16,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ArrayAttr, FunctionType, IntAttr, ModuleOp, StringAttr
 from xdsl.ir import Block, Operation, Region, SSAValue
 
-from blutrain.compiler.dialect import AssignOp, KernelOp, ViewOp, encode, kernel_op_class, tensor_type
+from blutrain.compiler.dialect import AssignOp, CollectiveOp, KernelOp, ViewOp, encode, kernel_op_class, tensor_type
 from blutrain.compiler.trace import Tracer
 
 
@@ -52,6 +53,12 @@ def build_module(tracer: Tracer, outputs: list[int], dynamic: frozenset[int] = f
             op = ViewOp.create(operands=operands, result_types=types,
                                properties={"offset": IntAttr(offset), "strides": encode(tuple(strides)),
                                            "uid": IntAttr(ev.uid)})
+        elif ev.kind == "collective":
+            # every operand counts as written, whatever the traced call changed: a collective whose result came
+            # out equal to its input on this call (ranks that hold the same gradient) still writes it
+            op = CollectiveOp.create(operands=operands,
+                                     properties={"what": StringAttr(ev.op), "uid": IntAttr(ev.uid),
+                                                 "writes": ArrayAttr([IntAttr(i) for i in range(len(operands))])})
         elif ev.kind == "assign":
             op = AssignOp.create(operands=operands,
                                  properties={"args": encode(tuple(ev.template)), "uid": IntAttr(ev.uid)})

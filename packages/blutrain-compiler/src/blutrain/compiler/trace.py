@@ -34,8 +34,8 @@ Collectives are not kernels. While a tracer is active it is also this thread's
 :mod:`blutrain.tensor.capture`: a collective of a group declared with ``blutrain.dist.traceable``
 hands itself to :meth:`Tracer.host_call`, which runs it with tracing paused and records it as a
 ``collective`` event (its operands, and a call that issues it again on real arrays); a later call
-checks it like a kernel and does not run it, and the compiled function issues it between its
-compiled parts (:mod:`blutrain.compiler.split`). A collective of any other group reaches
+checks it like a kernel and does not run it, and the compiled program issues it at its place among the
+kernels (a ``blutrain.collective`` op: :mod:`blutrain.compiler.executor`). A collective of any other group reaches
 :meth:`Tracer.refuse` and raises :class:`TracingError` naming the line that called it.
 """
 
@@ -858,7 +858,7 @@ class Tracer:
             f"{user_frame()}\n  {what} was called while blutrain.compiler traces this function. A compiled call "
             "replays the recorded kernels only, so this collective would be skipped on every call after this one. "
             "A collective can be part of a compiled function only through a process group declared for it with "
-            "blutrain.dist.traceable(group), which cuts the compiled function there (the ddp and zero parallel "
+            "blutrain.dist.traceable(group), which records it into the compiled function (the parallel "
             "modes declare theirs); otherwise call it outside the compiled function")
 
 

@@ -4,9 +4,9 @@ for.
 A ring (context parallelism's ring attention) sends to one neighbour while it receives from the other.
 Issued one at a time, each rank would block in its send or recv while its peer blocks in its own; posted
 together, every rank's pair completes. :func:`sendrecv` is that pair as one operation, so that a group
-declared with :func:`blutrain.dist.traceable` can hand it to a compiler trace whole: one collective event
-(one cut of a compiled step) that posts both and waits for both, where two separate events could not be
-issued between compiled parts without deadlocking.
+declared with :func:`blutrain.dist.traceable` can hand it to a compiler trace whole: one collective op of a
+compiled step that posts both and waits for both, where two separate ops, each completing before the next is
+issued, would deadlock.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ it shards optimizer state, the optimizer); modes compose by wrapping in turn on 
 
 A mode that composes with ``blutrain.compiler`` says so with a class attribute ``compiles = True``: it
 makes every collective of a training step through groups declared with :func:`blutrain.dist.traceable`
-(and keeps the promises that declaration makes), so a compiled step is cut at them. ``blutrain train
+(and keeps the promises that declaration makes), so they are recorded into a compiled step. ``blutrain train
 --compile --parallel ...`` refuses a mode without it; a collective of an undeclared group inside a
 compiled function is refused while it is traced, naming the line.
 """

@@ -3,21 +3,23 @@
 
 A compiled call replays the kernels its trace recorded; a collective is not a kernel. A plain group's
 collective inside a traced function is therefore refused (:func:`check_not_captured`, with the line
-that called it). ``traceable(group)`` is the declaration that the caller's collectives may be cut out
-of the graph instead: while the compiler traces, each collective of the returned group is handed to
-the trace, which runs it (synchronously) and records it; the compiled function is then split at its
-collectives into compiled parts, and every later call runs part, collective, part, ... with each
-collective issued through the real group at the point where it was traced.
+that called it). ``traceable(group)`` is the declaration that the caller's collectives may be recorded
+into the compiled step instead: while the compiler traces, each collective of the returned group is
+handed to the trace, which runs it (synchronously) and records it as an op of the step; every later call
+issues it through the real group at that place in the step. The compiled program lets the ops after it
+that touch none of its buffers run beside it and joins it at the first op that does (on CUDA: a branch
+of the step's one CUDA graph on a communication stream).
 
 What the caller promises by declaring, and what a parallel mode checks before it does:
 
 - the same collectives, in the same order, with the same arguments on every call (no choice made
   from ``Work.is_completed()`` or from values read on the host);
-- nothing reads a collective's output, or writes its input, between issuing it and ``wait()``: in a
-  compiled call every collective completes where it is issued (``async_op=True`` gets a completed
-  :class:`~blutrain.dist.CompletedWork`), so an overlap that eager mode had is gone, not reordered; and no
-  two operations must be in flight together (a ``send`` and the ``recv`` its peer posts at the same time
-  would each wait for the other): a send paired with a recv goes through :meth:`TraceableGroup.sendrecv`
+- nothing reads a collective's output, or writes its input, between issuing it and ``wait()`` (while
+  tracing, ``async_op=True`` gets a completed :class:`~blutrain.dist.CompletedWork`: the compiled program
+  finds the first op that touches the collective's buffers and orders it after the collective, so the
+  overlap eager mode had is kept where the program order allows it); and no two operations must be in
+  flight together (a ``send`` and the ``recv`` its peer posts at the same time would each wait for the
+  other): a send paired with a recv goes through :meth:`TraceableGroup.sendrecv`
   (:func:`blutrain.dist.sendrecv`), which posts both and waits for both as one event;
 - buffers a collective writes are made by kernels inside the function (``zeros``, not ``empty``, whose
   memory no kernel makes) or live outside it (parameters, gradient buckets).

@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     from blutrain.cli import run_command
 
     run_command.add_command(sub)
+    from blutrain.cli import export_command
+
+    export_command.add_command(sub)
     return parser
 
 

@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any
 
 _FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
-    ("preset", str, "model preset: tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"),
+    ("preset", str, "model preset: tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"),
+    ("init-from", str, "start from the weights of a Hugging Face GPT-2 directory (config.json + model.safetensors, "
+                       "as `blutrain export --format hf` writes); its config.json sets the architecture"),
     ("data", str, "a shard directory (from `blutrain prepare`) or a glob of .bin shards; default: built-in corpus"),
-    ("tokenizer", str, "byte or gpt2 (for --data given as a glob)"),
+    ("tokenizer", str, "byte or gpt2, for --data given as a glob (a prepared directory records its own; the "
+                       "built-in corpus is byte)"),
+    ("tokenizer-file", str, "gpt2's .tiktoken ranks file for the sample (default: the one the dataset records, "
+                            "else tiktoken's cache)"),
     ("device", str, "auto, cpu, cuda or cuda:N"),
     ("dtype", str, "fp32, tf32 or bf16"),
     ("batch-size", int, "micro-batch size"),
@@ -38,10 +43,12 @@ _FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
      "loggers of the training events, comma separated: csv (OUT/metrics.csv), tensorboard (OUT/tensorboard/, "
      "needs blutrain-logger-tensorboard), or any installed logger plugin"),
     ("seed", int, "random seed"),
-    ("parallel", str, "under `blutrain run -n N`: MODE[=VALUE], ddp (VALUE: bucket MiB), zero=STAGE (1, 2, 3) or any "
-                      "registered mode (see `blutrain plugins`); or mesh sizes multiplying to N: dp=2,tp=2[,async=K], "
-                      "dp=2,cp=2[,attn=ring|allgather|ulysses], tp=N, cp=N, dp=N (ddp); async=K: async TP, each "
-                      "all-reduce in K row blocks overlapping the GEMMs"),
+    ("parallel", str, "under `blutrain run -n N`: MODE[=VALUE][,KEY=VALUE...], ddp (VALUE: bucket MiB), "
+                      "zero=STAGE (1, 2, 3) or any registered mode (see `blutrain plugins`), with the mode's options "
+                      "after it (ddp,grad_dtype=bf16: gradients averaged in bf16); or mesh sizes multiplying to N: "
+                      "dp=2,tp=2[,async=K], dp=2,cp=2[,attn=ring|allgather|ulysses], tp=N, cp=N, "
+                      "dp=N[,grad_dtype=bf16] (ddp); async=K: async TP, each all-reduce in K row blocks overlapping "
+                      "the GEMMs"),
     ("dist-backend", str, "the process group's comm backend for --parallel: mpi or nccl (default: nccl on cuda, "
                           "else mpi)"),
 )
@@ -67,14 +74,33 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=run_train)
 
     g = sub.add_parser("generate", help="continue a prompt with a trained checkpoint")
-    g.add_argument("--checkpoint", type=Path, required=True)
+    g.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint written by `blutrain train`")
     g.add_argument("--prompt", default="")
     g.add_argument("--max-new-tokens", type=int, default=200)
-    g.add_argument("--temperature", type=float, default=0.8)
-    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--temperature", type=float, default=0.8, help="0 picks the most likely token")
+    g.add_argument("--top-k", type=top_k_value, default=40, metavar="K",
+                   help="sample from the K most likely tokens; 0 or none: from all (default 40)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="auto")
+    g.add_argument("--tokenizer-file", type=Path, metavar="PATH",
+                   help="gpt2's .tiktoken ranks file (default: the one the checkpoint records, else tiktoken's cache)")
+    g.add_argument("--no-cache", action="store_true",
+                   help="recompute the whole context for every token instead of decoding with a KV cache")
     g.set_defaults(func=run_generate)
+
+
+def top_k_value(text: str) -> int | None:
+    """``--top-k``: a positive count, or 0 / ``none`` for no top-k filtering (None)."""
+    if text.strip().lower() in ("0", "none"):
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of tokens, or 0 or none for no limit; got "
+                                         f"{text!r}")
+    return k
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -99,37 +125,62 @@ def run_train(args: argparse.Namespace) -> int:
     trainer = Trainer(build_config(args))
     try:
         result = trainer.run()
-        text = trainer.sample(trainer.cfg.prompt, trainer.cfg.sample_tokens)  # every rank: zero=3 gathers
+        # every rank: zero=3 gathers; no tokenizer (said at the start of the run): no sample
+        text = (trainer.sample(trainer.cfg.prompt, trainer.cfg.sample_tokens) if trainer.tokenizer is not None
+                else None)
     finally:
         if trainer.group is not None:
             from blutrain.dist import destroy_process_group
 
+            trainer.release_compiled()  # before the communicator: see Trainer.release_compiled
             destroy_process_group()
     if trainer.rank != 0:
         return 0
-    print("\n--- sample ---")
-    print(text)
-    print("--------------")
+    if text is not None:
+        print("\n--- sample ---")
+        print(text)
+        print("--------------")
     out = Path(trainer.cfg.out)
     print(f"wrote {out / 'metrics.jsonl'}, {out / 'config.toml'}, {result['checkpoint']}"
           + (f", {result['plot']}" if result.get("plot") else ""))
     return 0
 
 
+def checkpoint_tokenizer(train_config: dict[str, Any], tokenizer_file: Path | None, checkpoint: Path) -> Any:
+    """The tokenizer a checkpoint was trained with, as its config records it (name and ranks file);
+    ``tokenizer_file`` replaces the recorded ranks file (moved, or another machine)."""
+    from blutrain.data import TokenizerUnavailableError, get_tokenizer
+    from blutrain.train import ConfigError
+
+    name = train_config.get("tokenizer") or "byte"
+    recorded = train_config.get("tokenizer_file")
+    if tokenizer_file is not None and name == "byte":
+        raise ConfigError(f"--tokenizer-file {tokenizer_file}: {checkpoint} was trained on the byte tokenizer, which "
+                          "reads no file; leave --tokenizer-file out")
+    path = tokenizer_file if tokenizer_file is not None else recorded
+    try:
+        return get_tokenizer(name, path)
+    except TokenizerUnavailableError as exc:
+        if tokenizer_file is None and recorded is not None:
+            raise ConfigError(f"{checkpoint} was trained with the {name} tokenizer read from {recorded}, which cannot "
+                              f"be read now ({exc}); pass --tokenizer-file PATH") from None
+        raise
+
+
 def run_generate(args: argparse.Namespace) -> int:
     import blutrain.tensor as bt
-    from blutrain.data import get_tokenizer
     from blutrain.models.gpt2 import GPT2, GPT2Config
     from blutrain.train.sharded import load_any_checkpoint
     from blutrain.train.trainer import resolve_device
 
     device = resolve_device(args.device)
     state = load_any_checkpoint(args.checkpoint, device=device)
+    tok = checkpoint_tokenizer(state["config"].get("train", {}), args.tokenizer_file, args.checkpoint)
     model = GPT2(GPT2Config(**state["config"]["model"])).to(device)
     model.load_state_dict(state["model"])
-    tok = get_tokenizer(state["config"]["train"].get("tokenizer", "byte"))
     ids = tok.encode(args.prompt) or [tok.eot_token]
     idx = bt.tensor([ids], dtype="int64", device=device)
-    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, seed=args.seed,
+                         use_cache=not args.no_cache)
     print(tok.decode(out[0].tolist()))
     return 0

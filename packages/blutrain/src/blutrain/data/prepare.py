@@ -4,7 +4,10 @@ Each input file is one document; as in llm.c's data scripts the eot token goes *
 document, so the stream starts with one and every boundary is marked. The last ``val_fraction`` of
 the token stream becomes the validation split (it may start inside a document). Shards are
 ``train_000000.bin``, ... and ``val_000000.bin``, ... (see :mod:`blutrain.data.shard`), next to a
-``dataset.json`` that records the tokenizer and the counts, read back by :meth:`PrepareReport.read`.
+``dataset.json`` that records the tokenizer (and the ranks file it was read from) and the counts, read back
+by :meth:`PrepareReport.read`. ``val_fraction`` 0 writes no validation split: the trainer then trains
+without validation. The output directory is created only once every input is read and tokenized, so a bad
+input leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class PrepareReport:
     train_shards: tuple[Path, ...]
     val_shards: tuple[Path, ...]
     val_entropy_nats: float | None  # None when there is no validation split
+    # the absolute path of the ranks file the tokenizer was read from (gpt2 with --tokenizer-file), so that
+    # the trainer and `generate` read the same one; None: the byte tokenizer or tiktoken's cache
+    tokenizer_file: str | None = None
 
     @property
     def val_entropy_bits(self) -> float | None:
@@ -84,6 +90,7 @@ class PrepareReport:
             "train_shards": [p.name for p in self.train_shards],
             "val_shards": [p.name for p in self.val_shards],
             "val_entropy_nats": self.val_entropy_nats,
+            "tokenizer_file": self.tokenizer_file,
         }
 
     def write(self) -> None:
@@ -109,6 +116,7 @@ class PrepareReport:
                 val_entropy_nats=None
                 if meta["val_entropy_nats"] is None
                 else float(meta["val_entropy_nats"]),
+                tokenizer_file=None if meta.get("tokenizer_file") is None else str(meta["tokenizer_file"]),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise PrepareError(
@@ -123,8 +131,11 @@ class PrepareReport:
             f"({self.val_tokens:,} tokens) to {self.out_dir}",
             f"  from {self.documents} document(s), {self.text_bytes:,} bytes of text; "
             f"tokenizer {self.tokenizer} "
-            f"(vocab_size {self.vocab_size}, eot {self.eot_token})",
+            f"(vocab_size {self.vocab_size}, eot {self.eot_token})"
+            + (f" from {self.tokenizer_file}" if self.tokenizer_file else ""),
         ]
+        if not self.val_shards:
+            lines.append("  no validation split (val_fraction 0): `blutrain train` on it reports no validation loss")
         if self.val_entropy_nats is not None:
             lines.append(
                 f"  val unigram entropy: {self.val_entropy_bits:.4f} bits/token = "
@@ -163,13 +174,16 @@ def prepare(
     shard_tokens: int = 100_000_000,
     *,
     overwrite: bool = False,
+    tokenizer_file: str | Path | None = None,
 ) -> PrepareReport:
     """Tokenize the UTF-8 text files ``inputs`` into train/val shards in ``out_dir``.
 
-    ``val_fraction`` in [0, 1): the share of tokens, taken from the end, that becomes validation.
-    ``shard_tokens``: tokens per shard (the last one of a split is shorter). Shards already in
-    ``out_dir`` are an error unless ``overwrite``, which deletes them first, so stale shards of an
-    earlier run never mix with new ones.
+    ``val_fraction`` in [0, 1): the share of tokens, taken from the end, that becomes validation (0: no
+    validation split). ``shard_tokens``: tokens per shard (the last one of a split is shorter). Shards
+    already in ``out_dir`` are an error unless ``overwrite``, which deletes them (only once the new ones
+    are ready to be written), so stale shards of an earlier run never mix with new ones.
+    ``tokenizer_file``: the ranks file ``tokenizer`` was read from, recorded (absolute) in dataset.json.
+    Nothing is created before every input has been read and tokenized: a bad input leaves no directory.
     """
     out_dir = Path(out_dir)
     if not inputs:
@@ -183,17 +197,16 @@ def prepare(
             f"prepare: tokenizer {tokenizer.name} has {tokenizer.vocab_size} ids; shards store uint16, "
             f"so at most {MAX_TOKEN_ID + 1}"
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stale = sorted(p for split in _SPLITS for p in out_dir.glob(f"{split}_*.bin"))
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PrepareError(f"prepare: --out {out_dir} is a file; expected a directory (new or holding shards to "
+                           "replace with --overwrite); choose another path")
+    stale = sorted(p for split in _SPLITS for p in out_dir.glob(f"{split}_*.bin")) if out_dir.is_dir() else []
     if stale and not overwrite:
         raise PrepareError(
             f"prepare: output directory {out_dir} already holds {len(stale)} shard(s) "
             f"({stale[0].name}, ...); "
             "choose an empty directory or pass --overwrite to delete them"
         )
-    for p in stale:
-        p.unlink()
-    (out_dir / DATASET_FILE).unlink(missing_ok=True)
 
     documents: list[NDArray[np.uint16]] = []
     text_bytes = 0
@@ -213,6 +226,13 @@ def prepare(
         )
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
 
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PrepareError(f"prepare: cannot create output directory {out_dir}: {e.strerror or e}") from None
+    for p in stale:
+        p.unlink()
+    (out_dir / DATASET_FILE).unlink(missing_ok=True)
     report = PrepareReport(
         out_dir=out_dir,
         tokenizer=tokenizer.name,
@@ -225,6 +245,7 @@ def prepare(
         train_shards=_write_split(out_dir, "train", train, shard_tokens),
         val_shards=_write_split(out_dir, "val", val, shard_tokens),
         val_entropy_nats=unigram_entropy_nats(val) if len(val) else None,
+        tokenizer_file=None if tokenizer_file is None else str(Path(tokenizer_file).resolve()),
     )
     report.write()
     return report
@@ -251,14 +272,15 @@ def add_prepare_command(
         "--tokenizer-file",
         type=Path,
         metavar="PATH",
-        help="gpt2 only: a .tiktoken BPE ranks file (default: look in tiktoken's cache; never downloads)",
+        help="gpt2 only: a .tiktoken BPE ranks file (default: look in tiktoken's cache; never downloads); "
+        "recorded in DIR/dataset.json, where `blutrain train` and `generate` find it",
     )
     parser.add_argument(
         "--val-fraction",
         required=True,
         type=float,
         metavar="F",
-        help="share of tokens, from the end, kept for val",
+        help="share of tokens, from the end, kept for val (0: no validation split)",
     )
     parser.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N", help="tokens per shard")
     parser.add_argument("--overwrite", action="store_true", help="delete shards already in DIR")
@@ -277,6 +299,7 @@ def run_prepare_command(args: argparse.Namespace) -> int:
             args.val_fraction,
             args.shard_tokens,
             overwrite=args.overwrite,
+            tokenizer_file=args.tokenizer_file,
         )
     except DataError as e:
         print(f"blutrain prepare: error: {e}", file=sys.stderr)

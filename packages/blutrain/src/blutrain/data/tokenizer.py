@@ -237,7 +237,7 @@ class GPT2Tokenizer:
     ``ranks_file``: a ``.tiktoken`` ranks file (base64 token and rank per line). Without it the
     ranks come from tiktoken's cache; if neither has them, :class:`TokenizerUnavailableError`.
     A ranks file with fewer merges than GPT-2's (a test vocabulary) still works: ids it lacks are
-    simply never produced, and eot stays 50256.
+    never produced by encode and decode to U+FFFD, and eot stays 50256.
     """
 
     name = "gpt2"
@@ -268,6 +268,7 @@ class GPT2Tokenizer:
             source, ranks = str(cache_dir), found
         _check_gpt2_ranks(ranks, source)
         self.source = source
+        self._known_ids = frozenset(ranks.values()) | {GPT2_EOT}
         self._encoding: tiktoken.Encoding = tiktoken.Encoding(
             name="gpt2",
             pat_str=GPT2_PATTERN,
@@ -280,7 +281,21 @@ class GPT2Tokenizer:
         return self._encoding.encode_ordinary(text)
 
     def decode(self, tokens: list[int]) -> str:
-        return self._encoding.decode(tokens, errors="replace")
+        """The text of ``tokens``; an id the ranks file lacks (a model samples any id of its vocabulary,
+        and a test vocabulary has few) decodes to U+FFFD, as undecodable bytes do."""
+        known = self._known_ids
+        if all(t in known for t in tokens):
+            return self._encoding.decode(tokens, errors="replace")
+        parts: list[str] = []
+        run: list[int] = []
+        for t in tokens:
+            if t in known:
+                run.append(t)
+                continue
+            parts += [self._encoding.decode(run, errors="replace"), "\ufffd"]
+            run = []
+        parts.append(self._encoding.decode(run, errors="replace"))
+        return "".join(parts)
 
 
 TOKENIZER_NAMES = ("byte", "gpt2")

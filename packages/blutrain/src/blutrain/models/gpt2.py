@@ -22,7 +22,17 @@ import numpy as np
 
 from blutrain.autograd import checkpoint, is_grad_enabled, no_grad
 from blutrain.models.errors import ModelError, PretrainedError
-from blutrain.nn import GELU, CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module, ModuleList
+from blutrain.nn import (
+    GELU,
+    CausalSelfAttention,
+    Dropout,
+    Embedding,
+    KVCache,
+    LayerNorm,
+    Linear,
+    Module,
+    ModuleList,
+)
 from blutrain.nn import init as nn_init
 from blutrain.nn.linear import project
 from blutrain.nn.module import is_plain
@@ -104,6 +114,12 @@ class GPT2Config:
     def presets() -> list[str]:
         return list(PRESETS)
 
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike[str], **overrides: Any) -> GPT2Config:
+        """The architecture in a Hugging Face GPT-2 directory's ``config.json``, with ``overrides`` applied
+        (fields of this class, e.g. ``dropout``)."""
+        return _config_from_hf(Path(directory) / CONFIG_NAME, overrides)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -154,6 +170,11 @@ class Block(Module):
         x = _branch(self.attn, CausalSelfAttention, self.ln_1(x), x)
         return _branch(self.mlp, MLP, self.ln_2(x), x)
 
+    def decode(self, x: Tensor, cache: KVCache, layer: int) -> Tensor:
+        """``forward`` for positions that follow the ``cache``'s (see :meth:`CausalSelfAttention.decode`)."""
+        x = self.attn.decode(self.ln_1(x), cache, layer, residual=x)
+        return _branch(self.mlp, MLP, self.ln_2(x), x)
+
 
 def _branch(module: Module, cls: type[Module], h: Tensor, x: Tensor) -> Tensor:
     """``x + module(h)``: the module adds x itself when it is ``cls`` with no hooks."""
@@ -188,6 +209,26 @@ class Transformer(Module):
             x = checkpoint(block, x) if recompute else block(x)
         out: Tensor = self.ln_f(x)
         return out
+
+    def decode(self, idx: Tensor, cache: KVCache) -> Tensor:
+        """Hidden states of the tokens ``idx`` (B, T) at the positions that follow the ``cache``'s, whose
+        keys and values every layer appends to it: incremental decoding (inference only)."""
+        start, T = cache.length, idx.shape[1]
+        if start + T > self.config.block_size:
+            raise ShapeError(f"Transformer.decode: {start} cached + {T} new positions exceed block_size "
+                             f"{self.config.block_size}")
+        pos = arange(start, start + T, dtype="int64", device=idx.device)
+        x: Tensor = self.drop(self.wte(idx) + self.wpe(pos))
+        for layer, block in enumerate(self.h):
+            x = block.decode(x, cache, layer)
+        out: Tensor = self.ln_f(x)
+        return out
+
+    def decodes_incrementally(self) -> bool:
+        """Whether :meth:`decode` computes what ``forward`` does: every block and its attention are this
+        package's own modules without hooks (a plugin's replacement or a hook needs the whole forward)."""
+        return is_plain(self, Transformer) and all(
+            is_plain(b, Block) and is_plain(b.attn, CausalSelfAttention) for b in self.h)
 
 
 class GPT2(Module):
@@ -268,7 +309,7 @@ class GPT2(Module):
 
     # -- sampling ----------------------------------------------------------------------------
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 seed: int | None = None) -> Tensor:
+                 seed: int | None = None, use_cache: bool = True) -> Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx`` (B, T) and return the (B, T + new) ids.
 
         Runs in eval mode under ``no_grad`` (the previous mode is restored). The context is cropped
@@ -277,6 +318,13 @@ class GPT2(Module):
         result depends only on the model, the prompt and the seed, and the default generator is left
         untouched; without it they come from the device's default generator (``manual_seed``).
         Sampling happens on the host: one (B, vocab) copy per token, which is cheap next to a forward.
+
+        ``use_cache`` (default): incremental decoding with a :class:`~blutrain.nn.KVCache`: the prompt
+        runs once, then each step runs only the newest token through the layers, its query attending to
+        the cached keys and values. Once the sequence outgrows ``block_size`` the window slides and every
+        position's embedding changes, so each later step recomputes the cropped context (as without the
+        cache). A model whose transformer, blocks or attention carry hooks or are replaced by a plugin
+        decodes without the cache. ``use_cache=False`` recomputes the whole context for every token.
         """
         self._check_idx(idx, check_length=False)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -287,13 +335,20 @@ class GPT2(Module):
             raise ModelError(f"generate: top_k must be a positive int or None, got {top_k!r}")
         rng = np.random.Generator(np.random.Philox(seed)) if seed is not None else None
         block = self.config.block_size
+        cache = KVCache(self.config.n_layer) if use_cache and self.transformer.decodes_incrementally() else None
         was_training = self.training
         self.eval()
         try:
             with no_grad():
                 for _ in range(max_new_tokens):
-                    context = idx if idx.shape[1] <= block else idx[:, -block:]
-                    hidden = self.transformer(context).select(1, -1)
+                    if cache is None:
+                        context = idx if idx.shape[1] <= block else idx[:, -block:]
+                        hidden = self.transformer(context).select(1, -1)
+                    else:
+                        if idx.shape[1] > block:  # the window slid: no cached position keeps its place
+                            cache.clear()
+                        context = idx[:, -block:] if cache.length == 0 else idx[:, cache.length:]
+                        hidden = self.transformer.decode(context, cache).select(1, -1)
                     logits = np.asarray(self.lm_head(hidden), dtype=np.float64)
                     u: np.ndarray[Any, Any]
                     if rng is not None:
@@ -314,18 +369,8 @@ class GPT2(Module):
         without the ``transformer.`` prefix; Conv1D weights transposed; an optional ``lm_head.weight``
         must equal the token embedding). ``overrides`` change config fields (e.g. ``dropout``).
         Only safetensors is read, never pickle."""
-        root = Path(directory)
-        config = _config_from_hf(root / CONFIG_NAME, overrides)
-        weights = root / WEIGHTS_NAME
-        if not weights.is_file():
-            raise PretrainedError(f"{weights}: not found; from_pretrained reads safetensors only (no pickle "
-                                  "files such as pytorch_model.bin)")
-        try:
-            raw = load_file(weights)
-        except SerializationError as exc:  # names the file and what is wrong; nothing else escapes load_file
-            raise PretrainedError(str(exc)) from exc
-        model = cls(config)
-        model.load_state_dict(_state_from_hf(raw, weights))
+        model = cls(GPT2Config.from_pretrained(directory, **overrides))
+        model.load_state_dict(load_pretrained_state(directory))
         return model
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
@@ -363,6 +408,21 @@ def _sample(logits: np.ndarray[Any, Any], temperature: float, top_k: int | None,
     cdf = np.cumsum(p, axis=1)
     picks = (cdf < (u * cdf[:, -1])[:, None]).sum(axis=1)
     return np.asarray(np.minimum(picks, z.shape[1] - 1))
+
+
+def load_pretrained_state(directory: str | os.PathLike[str]) -> dict[str, Tensor]:
+    """The weights of a Hugging Face GPT-2 directory's ``model.safetensors`` as this model's state dict
+    (names with the ``transformer.`` prefix, Conv1D weights transposed, the tied head left out), on the
+    CPU; ``load_state_dict`` checks them against a model's shapes. Only safetensors is read, never pickle."""
+    weights = Path(directory) / WEIGHTS_NAME
+    if not weights.is_file():
+        raise PretrainedError(f"{weights}: not found; from_pretrained reads safetensors only (no pickle "
+                              "files such as pytorch_model.bin)")
+    try:
+        raw = load_file(weights)
+    except SerializationError as exc:  # names the file and what is wrong; nothing else escapes load_file
+        raise PretrainedError(str(exc)) from exc
+    return _state_from_hf(raw, weights)
 
 
 def _config_from_hf(path: Path, overrides: dict[str, Any]) -> GPT2Config:
@@ -427,4 +487,5 @@ def _state_from_hf(raw: dict[str, Tensor], path: Path) -> dict[str, Tensor]:
     return state
 
 
-__all__ = ["CONFIG_NAME", "GPT2", "MLP", "PRESETS", "WEIGHTS_NAME", "Block", "GPT2Config", "Transformer"]
+__all__ = ["CONFIG_NAME", "GPT2", "MLP", "PRESETS", "WEIGHTS_NAME", "Block", "GPT2Config", "Transformer",
+           "load_pretrained_state"]

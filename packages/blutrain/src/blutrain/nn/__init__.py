@@ -6,11 +6,12 @@ from blutrain.nn.attention import CausalSelfAttention
 from blutrain.nn.container import ModuleList, Sequential
 from blutrain.nn.embedding import Embedding
 from blutrain.nn.errors import ModuleError, StateDictError
+from blutrain.nn.kv_cache import KVCache
 from blutrain.nn.linear import Linear
 from blutrain.nn.module import LoadResult, Module, RemovableHandle
 from blutrain.nn.normalization import LayerNorm
 from blutrain.nn.parameter import Parameter
 
-__all__ = ["GELU", "CausalSelfAttention", "Dropout", "Embedding", "LayerNorm", "Linear", "LoadResult",
+__all__ = ["GELU", "CausalSelfAttention", "Dropout", "Embedding", "KVCache", "LayerNorm", "Linear", "LoadResult",
            "Module", "ModuleError", "ModuleList", "Parameter", "RemovableHandle", "Sequential",
            "StateDictError", "functional", "init"]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from blutrain.nn.activation import Dropout
 from blutrain.nn.errors import ModuleError
+from blutrain.nn.kv_cache import KVCache
 from blutrain.nn.linear import Linear, project
 from blutrain.nn.module import Module
-from blutrain.tensor import Tensor, scaled_dot_product_attention, self_attention
+from blutrain.tensor import Tensor, ones, scaled_dot_product_attention, self_attention, tril
 from blutrain.tensor.errors import ShapeError
 
 
@@ -45,6 +46,28 @@ class CausalSelfAttention(Module):
         qkv = self.c_attn(x)
         y = self_attention(qkv, self.n_head, is_causal=True) if self.packed else self._split_heads_attention(qkv)
         return project(self.c_proj, self.resid_dropout, y, residual)
+
+    def decode(self, x: Tensor, cache: KVCache, layer: int, residual: Tensor | None = None) -> Tensor:
+        """Attention of T new positions (``x``: B, T, n_embd) that follow the ``cache``'s positions: their
+        keys and values are appended to layer ``layer`` of the cache, and each new query attends to every
+        cached position and to the new ones up to itself. Returns what ``forward`` returns for those
+        positions (``residual`` added the same way). For inference: hooks on this module do not run."""
+        if x.ndim != 3 or x.shape[2] != self.n_embd:
+            raise ShapeError(f"CausalSelfAttention: input must be (B, T, {self.n_embd}), got {list(x.shape)}")
+        B, T, C = x.shape
+        hs = C // self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.reshape(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v))
+        keys, values = cache.extend(layer, k, v)
+        S = keys.shape[2]
+        if T == 1:  # the newest position sees every cached one: no mask
+            y = scaled_dot_product_attention(q, keys, values)
+        elif S == T:  # nothing was cached: plain causal attention
+            y = scaled_dot_product_attention(q, keys, values, is_causal=True)
+        else:  # query i is position S - T + i and sees keys 0..S - T + i
+            mask = tril(ones(T, S, dtype="bool", device=x.device), diagonal=S - T)
+            y = scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return project(self.c_proj, self.resid_dropout, y.transpose(1, 2).reshape(B, T, C), residual)
 
     def _split_heads_attention(self, qkv: Tensor) -> Tensor:
         B, T, C3 = qkv.shape

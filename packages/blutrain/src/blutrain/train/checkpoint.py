@@ -310,6 +310,23 @@ def _check_trainer_state(p: Path, trainer: dict[str, Any]) -> None:
         raise _fail(p, "metadata 'trainer' has skipped_steps that are not a list of ints")
 
 
+def _check_looks_like_safetensors(p: Path) -> None:
+    """A file that does not start as every safetensors file does (an 8-byte header length, then the JSON
+    header's opening brace) is some other file, not a damaged checkpoint: say so, rather than report what
+    its first bytes would mean as a header length. Unreadable files are left to the reader, whose messages
+    say why."""
+    try:
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(9)
+    except OSError:
+        return
+    if len(head) == 9 and head[8:9] == b"{":
+        return  # a safetensors file, perhaps cut short or damaged: the reader names what is wrong
+    raise _fail(p, f"not a BluTrain checkpoint: the file ({size} bytes) is not in the safetensors format that "
+                   "`blutrain train` writes (e.g. runs/latest/final.safetensors)")
+
+
 def load_checkpoint(path: str | Path, device: str = "cpu") -> dict[str, Any]:
     """Read and verify a checkpoint: returns model, optimizer, trainer, loader, rng and config states.
 
@@ -318,6 +335,7 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> dict[str, Any]:
     executed: the header and metadata are JSON, the tensors raw bytes.
     """
     p = Path(path)
+    _check_looks_like_safetensors(p)
     try:
         st = read_safetensors(p)
     except SerializationError as exc:
@@ -326,7 +344,9 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> dict[str, Any]:
     if not meta:
         raise _fail(p, "has no __metadata__; not a BluTrain checkpoint")
     if meta.get("format") != FORMAT:
-        raise _fail(p, f"format is {meta.get('format')!r}, expected {FORMAT!r}")
+        hint = ("; a model in the Hugging Face layout is read by `blutrain train --init-from DIR`"
+                if meta.get("format") == "pt" else "")
+        raise _fail(p, f"not a BluTrain checkpoint: its format is {meta.get('format')!r}, expected {FORMAT!r}{hint}")
     # checkpoints written before the metadata had its own checksum have none; a present one must match
     if "metadata_sha256" in meta and meta["metadata_sha256"] != _metadata_digest(meta):
         raise _fail(p, "the metadata (optimizer, trainer, loader, rng or config state) fails its SHA-256 check; "

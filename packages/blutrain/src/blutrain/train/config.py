@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from blutrain.data.tokenizer import TOKENIZER_NAMES
 from blutrain.tensor.errors import BluTrainError
 
 
@@ -26,8 +27,9 @@ MESH_MODES: dict[str, str] = {"dp": "ddp", "cp": "cp", "tp": "tp"}
 class ParallelPlan:
     """``--parallel`` parsed: how the ranks of a run are laid out and what wraps the model.
 
-    Two forms. ``MODE[=VALUE]`` (``ddp``, ``ddp=25``, ``zero=2``, any registered mode): the mode over
-    every rank, VALUE its first option; ``mesh`` is empty. Mesh sizes (``dp=2,tp=2``, ``dp=2,cp=2,attn=ring``,
+    Two forms. ``MODE[=VALUE][,KEY=VALUE...]`` (``ddp``, ``ddp=25``, ``zero=2``, ``ddp,grad_dtype=bf16``, any
+    registered mode): the mode over every rank, VALUE its first option, the KEY=VALUE pairs its keyword
+    options; ``mesh`` is empty. ``dp=N`` takes ``grad_dtype=`` too. Mesh sizes (``dp=2,tp=2``, ``dp=2,cp=2,attn=ring``,
     ``tp=4``, ``tp=2,async=4``, ``cp=2``, ``dp=4``): a :class:`blutrain.dist.DeviceMesh` of those dimensions,
     whose sizes multiply to the number of ranks; tp or cp rewrites the model first, then ddp averages
     gradients over the dp dimension. ``modes``: (name, positional options, keyword options), innermost first.
@@ -60,9 +62,11 @@ def _option(raw: str) -> int | float | str:
 class TrainConfig:
     """Everything a run depends on. Field names are the CLI flags with ``-`` for ``_``."""
 
-    preset: str = "tiny"
+    preset: str | None = None  # None → "tiny", or with init_from the architecture of its config.json
+    init_from: str | None = None  # a Hugging Face GPT-2 directory (config.json, model.safetensors): initial weights
     data: str | None = None  # a shard directory or glob; None → the built-in stdlib corpus
-    tokenizer: str = "byte"
+    tokenizer: str | None = None  # "byte" or "gpt2"; None → what the data records (byte for the built-in corpus)
+    tokenizer_file: str | None = None  # gpt2's .tiktoken ranks file; None → the dataset's, else tiktoken's cache
     device: str = "auto"
     dtype: str = "fp32"
     batch_size: int = 16
@@ -96,6 +100,16 @@ class TrainConfig:
     model_overrides: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
+        for name in ("preset", "init_from", "tokenizer", "tokenizer_file"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{name} must be a string, got {value!r}")
+        if self.tokenizer is not None and self.tokenizer not in TOKENIZER_NAMES:
+            raise ConfigError(f"tokenizer must be one of {', '.join(TOKENIZER_NAMES)}, got {self.tokenizer!r}; "
+                              "leave it out to use the tokenizer the data was prepared with")
+        if self.init_from is not None and self.resume is not None:
+            raise ConfigError(f"init_from {self.init_from!r} and resume {self.resume!r} both set the weights; give "
+                              "resume to continue a run, or init_from to start a new one from pretrained weights")
         positive = ("batch_size", "seq_len", "max_steps", "eval_batches")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -156,8 +170,8 @@ class TrainConfig:
         if not self.parallel:
             return None
         text = self.parallel
-        form = (f"parallel must be MODE[=VALUE] ('ddp', 'zero=2') or mesh sizes ('dp=2,tp=2', "
-                f"'dp=2,cp=2,attn=ulysses', 'tp=4'), got {text!r}")
+        form = (f"parallel must be MODE[=VALUE] ('ddp', 'zero=2', 'ddp,grad_dtype=bf16') or mesh sizes "
+                f"('dp=2,tp=2', 'dp=2,cp=2,attn=ulysses', 'tp=4'), got {text!r}")
         parts: list[tuple[str, str | None]] = []
         for item in text.split(","):
             key, sep, value = item.strip().partition("=")
@@ -167,13 +181,19 @@ class TrainConfig:
                 raise ConfigError(f"parallel {text!r}: {key} is given twice")
             parts.append((key, value if sep else None))
         if not any(key in MESH_MODES for key, _ in parts):
-            if len(parts) != 1:
-                raise ConfigError(form)
             name, given = parts[0]
-            return ParallelPlan(text, {}, ((name, () if given is None else (_option(given),), {}),))
+            keywords: dict[str, int | str] = {}
+            for key, raw in parts[1:]:  # MODE[=VALUE],key=value,...: the mode's keyword options
+                if raw is None:
+                    raise ConfigError(f"parallel {text!r}: {key!r} after the mode must be key=value (e.g. "
+                                      f"'{name},grad_dtype=bf16')")
+                option = _option(raw)
+                keywords[key] = option if isinstance(option, (int, str)) else raw
+            return ParallelPlan(text, {}, ((name, () if given is None else (_option(given),), keywords),))
         sizes: dict[str, int] = {}
         attn: str | None = None
         chunks: int | None = None
+        grad_dtype: str | None = None
         for key, raw in parts:
             if key in MESH_MODES:
                 if raw is None or not raw.isdigit() or int(raw) < 1:
@@ -187,22 +207,35 @@ class TrainConfig:
                     raise ConfigError(f"parallel {text!r}: async must be a number of row blocks >= 1 (e.g. "
                                       f"async=4), got {raw!r}")
                 chunks = int(raw)
+            elif key == "grad_dtype" and raw is not None:
+                grad_dtype = raw
+            elif key == "zero":
+                stage = raw if raw is not None else "STAGE"
+                raise ConfigError(f"parallel {text!r}: zero does not compose with a mesh yet (zero × tp, zero × cp): "
+                                  "it shards the optimizer state and gradients over every rank and knows no tp or "
+                                  f"cp group; give zero={stage} alone, or dp=N with tp=M or cp=M (ddp over dp)")
             else:
                 part = key if raw is None else f"{key}={raw}"
                 raise ConfigError(f"parallel {text!r}: unknown part {part!r}; a "
-                                  "mesh takes dp=N, tp=N, cp=N, with cp attn=ring|allgather|ulysses and with tp "
-                                  "async=K (other modes, such as zero, run alone over every rank)")
+                                  "mesh takes dp=N, tp=N, cp=N, with cp attn=ring|allgather|ulysses, with tp "
+                                  "async=K and with dp grad_dtype=bf16 (other modes, such as zero, run alone over "
+                                  "every rank)")
         if "tp" in sizes and "cp" in sizes:
-            raise ConfigError(f"parallel {text!r}: tp and cp do not compose yet; give dp × tp or dp × cp")
+            raise ConfigError(f"parallel {text!r}: tp and cp do not compose yet (each rewrites the attention and the "
+                              "loss its own way); give tp=N or cp=N, alone or with dp=M")
         if attn is not None and "cp" not in sizes:
             raise ConfigError(f"parallel {text!r}: attn={attn} chooses context parallelism's attention and needs "
                               "cp=N")
         if chunks is not None and "tp" not in sizes:
             raise ConfigError(f"parallel {text!r}: async={chunks} overlaps tensor parallelism's all-reduces with its "
                               "GEMMs and needs tp=N")
+        if grad_dtype is not None and "dp" not in sizes:
+            raise ConfigError(f"parallel {text!r}: grad_dtype={grad_dtype} is the dtype data parallelism averages "
+                              "gradients in and needs dp=N")
         mesh = {dim: sizes[dim] for dim in MESH_MODES if dim in sizes}
         options: dict[str, dict[str, int | str]] = {"cp": {"attn": attn} if attn is not None else {},
-                                                    "tp": {"async_chunks": chunks} if chunks is not None else {}}
+                                                    "tp": {"async_chunks": chunks} if chunks is not None else {},
+                                                    "dp": {"grad_dtype": grad_dtype} if grad_dtype is not None else {}}
         modes = tuple((MESH_MODES[dim], (), options.get(dim, {})) for dim in reversed(mesh))
         return ParallelPlan(text, mesh, modes)
 

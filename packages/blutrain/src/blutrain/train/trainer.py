@@ -22,9 +22,16 @@ from typing import Any, TextIO
 
 import blutrain.tensor as bt
 from blutrain.autograd import no_grad
-from blutrain.data import LoaderError, TokenLoader, get_tokenizer, stdlib_corpus
+from blutrain.data import (
+    LoaderError,
+    Tokenizer,
+    TokenizerUnavailableError,
+    TokenLoader,
+    get_tokenizer,
+    stdlib_corpus,
+)
 from blutrain.data.prepare import PrepareReport
-from blutrain.models.gpt2 import GPT2, GPT2Config
+from blutrain.models.gpt2 import GPT2
 from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
 from blutrain.tensor import plugins
 from blutrain.tensor.errors import BluTrainError
@@ -42,6 +49,7 @@ from blutrain.train.config import ConfigError, TrainConfig
 from blutrain.train.errors import NonFiniteError, TrainInterruptedError, TrainOutOfMemoryError, step_out_of_memory
 from blutrain.train.interrupt import StopSignals, signal_name
 from blutrain.train.loggers import check_loggers
+from blutrain.train.model_source import load_initial_weights, model_config
 from blutrain.train.run_directory import (
     MetricsLog,
     default_run_directory,
@@ -81,24 +89,40 @@ def resolve_device(name: str) -> str:
 @dataclass
 class Dataset:
     train_pattern: str
-    val_pattern: str | None
+    val_pattern: str | None  # None: no validation split (a glob, or prepared with val_fraction 0)
     vocab_size: int
     tokenizer: str
     baseline_nats: float | None
+    tokenizer_file: str | None = None  # gpt2's ranks file; None: byte, or tiktoken's cache
 
 
 def resolve_data(cfg: TrainConfig) -> Dataset:
+    """The data ``cfg`` names and its tokenizer: a prepared directory records its own (a ``tokenizer``
+    given as well must agree), the built-in corpus is byte-level, a glob's is ``tokenizer`` (byte by
+    default). ``tokenizer_file`` overrides the ranks file the dataset records."""
     if cfg.data is None:
+        if cfg.tokenizer not in (None, "byte") or cfg.tokenizer_file is not None:
+            given = f"tokenizer {cfg.tokenizer!r}" if cfg.tokenizer not in (None, "byte") else "tokenizer_file"
+            raise ConfigError(f"{given} does not apply to the built-in corpus, which is byte-tokenized; to train on "
+                              "GPT-2 tokens, tokenize text with `blutrain prepare FILES --out DIR --tokenizer gpt2 "
+                              "--val-fraction 0.1` and give --data DIR")
         report = stdlib_corpus()
         return Dataset(report.train_pattern, report.val_pattern, report.vocab_size, "byte",
                        report.val_entropy_nats)
     path = Path(cfg.data)
     if path.is_dir() and (path / "dataset.json").exists():
         report = PrepareReport.read(path)
-        return Dataset(report.train_pattern, report.val_pattern, report.vocab_size, report.tokenizer,
-                       report.val_entropy_nats)
-    vocab = 256 if cfg.tokenizer == "byte" else 50257
-    return Dataset(str(path), None, vocab, cfg.tokenizer, None)
+        if cfg.tokenizer is not None and cfg.tokenizer != report.tokenizer:
+            raise ConfigError(f"tokenizer {cfg.tokenizer!r} disagrees with {path / 'dataset.json'}: the data was "
+                              f"prepared with {report.tokenizer!r}; leave --tokenizer out (the dataset records it)")
+        if cfg.tokenizer_file is not None and report.tokenizer == "byte":
+            raise ConfigError(f"tokenizer_file {cfg.tokenizer_file!r} does not apply to {path}: it was prepared with "
+                              "the byte tokenizer, which reads no file; leave --tokenizer-file out")
+        return Dataset(report.train_pattern, report.val_pattern if report.val_shards else None, report.vocab_size,
+                       report.tokenizer, report.val_entropy_nats, cfg.tokenizer_file or report.tokenizer_file)
+    tokenizer = cfg.tokenizer or "byte"
+    vocab = 256 if tokenizer == "byte" else 50257
+    return Dataset(str(path), None, vocab, tokenizer, None, cfg.tokenizer_file)
 
 
 def _emit(event: str, state: dict[str, Any]) -> None:
@@ -170,16 +194,18 @@ class Trainer:
         check_loggers(cfg.log)
         bt.manual_seed(cfg.seed)
         self.data = resolve_data(cfg)
-        overrides = dict(cfg.model_overrides)
-        if cfg.preset == "tiny":
-            overrides.setdefault("vocab_size", self.data.vocab_size)
-        self.model_config = GPT2Config.preset(cfg.preset, **overrides)
+        self.tokenizer, self.tokenizer_problem = self._load_tokenizer()
+        self.model_config = model_config(cfg, self.data.vocab_size)
         if cfg.seq_len > self.model_config.block_size:
             raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's block_size {self.model_config.block_size}")
         if self.data.vocab_size > self.model_config.vocab_size:
             raise ConfigError(f"the data's vocabulary ({self.data.vocab_size}) is larger than the model's "
                               f"({self.model_config.vocab_size})")
         self.net = GPT2(self.model_config).to(self.device)  # the model itself; self.model is what trains it
+        if cfg.init_from is not None:
+            load_initial_weights(self.net, cfg)
+        elif cfg.preset is None:
+            cfg.preset = "tiny"
         dev = bt.device(self.device)
         self.throughput = Throughput.for_run(self.model_config, cfg.seq_len, dev.backend, dev.index, cfg.dtype,
                                              self.world)
@@ -226,6 +252,22 @@ class Trainer:
         self.writer = CheckpointWriter() if cfg.async_checkpoint and self._writes_a_file() else None
         if resume is not None:
             self._resume(cfg.resume or "", resume)
+
+    def _load_tokenizer(self) -> tuple[Tokenizer | None, str | None]:
+        """The data's tokenizer, for the sample at the end, and the run's config set to it, so that
+        config.toml and every checkpoint record what ``blutrain generate`` must read. A ranks file the user
+        named that cannot be read is an error; a missing default one (tiktoken's cache) only costs the
+        sample, since the shards are tokenized already: (None, why)."""
+        named = self.cfg.tokenizer_file
+        self.cfg.tokenizer = self.data.tokenizer
+        self.cfg.tokenizer_file = (None if self.data.tokenizer_file is None
+                                   else str(Path(self.data.tokenizer_file).resolve()))
+        try:
+            return get_tokenizer(self.data.tokenizer, self.cfg.tokenizer_file), None
+        except TokenizerUnavailableError as exc:
+            if named is not None:
+                raise ConfigError(f"tokenizer_file: {exc}") from None
+            return None, str(exc)
 
     def _make_loader(self) -> TokenLoader:
         return TokenLoader(self.data.train_pattern, self.cfg.batch_size, self.cfg.seq_len, seed=self.cfg.seed,
@@ -681,8 +723,19 @@ class Trainer:
         self.model.train()
         return total / self.cfg.eval_batches
 
+    def release_compiled(self) -> None:
+        """Give back the compiled step's graphs and memory. Call it before destroying the process group: NCCL
+        waits, in destroying a communicator, for every CUDA graph that captured one of its collectives (a
+        compiled parallel step's), so a graph still held then hangs the process at exit."""
+        if self.compiled_step is not None:
+            self.compiled_step.reset()
+
     def sample(self, prompt: str, tokens: int) -> str:
-        tok = get_tokenizer(self.data.tokenizer)
+        """``tokens`` tokens sampled after ``prompt``, decoded (raises TokenizerUnavailableError when the
+        data's tokenizer could not be loaded: ``tokenizer_problem`` says why)."""
+        if self.tokenizer is None:
+            raise TokenizerUnavailableError(self.tokenizer_problem or f"no {self.data.tokenizer} tokenizer")
+        tok = self.tokenizer
         ids = tok.encode(prompt) or [tok.eot_token]
         idx = bt.tensor([ids], dtype="int64", device=self.device)
         net = self.net
@@ -703,12 +756,19 @@ class Trainer:
             if self.default_out and not cfg.resume:
                 point_latest(self.out)
         ranks = f" × {self.world} ranks ({cfg.parallel})" if self.group is not None else ""
-        self._print(f"BluTrain: GPT-2 '{cfg.preset}' ({self.n_params / 1e6:.2f} M parameters) on {self.device}, "
+        model = cfg.preset or cfg.init_from
+        self._print(f"BluTrain: GPT-2 '{model}' ({self.n_params / 1e6:.2f} M parameters) on {self.device}, "
                     f"{cfg.optimizer}, {cfg.batch_size}×{cfg.seq_len} tokens × {self.accum} per step{ranks}, "
                     f"{cfg.max_steps} steps; writing to {self.out}")
         if self.data.baseline_nats is not None:
             self._print(f"data: {self.data.train_pattern} (byte-unigram entropy of val: "
                         f"{self.data.baseline_nats:.3f} nats/token — the loss to beat)")
+        if cfg.data is not None and self.data.val_pattern is None:
+            self._print(f"data: {cfg.data} has no validation split; training without validation")
+        if cfg.init_from is not None:
+            self._print(f"initialised from {cfg.init_from}")
+        if self.tokenizer_problem is not None:
+            self._print(f"note: no sample at the end: {self.tokenizer_problem}")
         stale = remove_stale_temporaries(self.out) if self.rank == 0 else []
         if stale:
             self._print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint saves in {self.out}")
@@ -804,9 +864,11 @@ class Trainer:
         self._emit("train_end", {"step": self.step, "val_loss": None, "checkpoint": str(path), "train_loss":
                                  self.history[-1]["loss"] if self.history else None, "interrupted": name})
         wrote = f"{path}" + (f" and {plot}" if plot else "")
+        # a run started with init_from resumes from its checkpoint alone (init_from and resume both set weights)
+        note = f" (with the line init_from = ... taken out of {self.out / 'config.toml'})" if self.cfg.init_from else ""
         raise TrainInterruptedError(
             f"{name} received: stopped after step {self.step} of {self.cfg.max_steps} and wrote {wrote}; resume "
-            f"with: blutrain train --config {self.out / 'config.toml'} --resume {path}", signal_number=signum,
+            f"with: blutrain train --config {self.out / 'config.toml'} --resume {path}{note}", signal_number=signum,
             step=self.step, checkpoint=path)
 
     # -- output --------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """A function whose trace holds work outside kernels handed to the capture (as a collective of a group declared
-with ``blutrain.dist.traceable`` is): it is cut there into compiled parts, and every replay issues that work
-between them on the real buffers — intermediates crossing the cut, views of them, state. In-place writes into
-state are recorded like kernels. (Collectives of real process groups on several ranks:
-integration_tests/test_dist_compile.py.)"""
+with ``blutrain.dist.traceable`` is): it compiles as one module in which that work is a ``blutrain.collective`` op,
+and every replay issues it at its place on the real buffers — intermediates, views of them, state. The program
+joins each collective at the first later launch that touches its buffers. In-place writes into state are
+recorded like kernels. (Collectives of real process groups on several ranks: integration_tests/test_dist_compile.py;
+on CUDA the same program forks each collective onto a communication stream: test_cuda_collectives.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import blutrain.compiler as bc
 import blutrain.tensor as bt
 from blutrain.autograd import no_grad
-from blutrain.compiler.split import SplitGraph
+from blutrain.compiler.executor import Program
 from blutrain.tensor import capture
 
 
@@ -39,7 +40,13 @@ def _calls(fn: Any, inputs: list[bt.Tensor]) -> list[np.ndarray[Any, Any]]:
 INPUTS = [bt.tensor([1.0, 2.0, 3.0, 4.0]) * float(i + 1) for i in range(4)]
 
 
-def test_an_intermediate_crosses_the_cut_and_the_replay_issues_the_work_on_it() -> None:
+def _program(fn: bc.CompiledFunction) -> Program:
+    graph = fn.last
+    assert graph is not None
+    return graph.program
+
+
+def test_the_work_is_an_op_of_the_one_module_and_the_replay_issues_it_on_an_intermediate() -> None:
     def f(x: bt.Tensor) -> bt.Tensor:
         y = x * 2.0
         scale_outside_kernels(y, 3.0)
@@ -49,13 +56,48 @@ def test_an_intermediate_crosses_the_cut_and_the_replay_issues_the_work_on_it() 
     got = _calls(fn, INPUTS)
     for x, g in zip(INPUTS, got, strict=True):
         np.testing.assert_array_equal(g, x.numpy() * 6.0 + 1.0)
-    graph = fn.last
-    assert isinstance(graph, SplitGraph) and len(graph.parts) == 2 and graph.collectives == 1
-    assert fn.traces == 1
-    assert "// part 0" in fn.ir() and "// part 1" in fn.ir() and "// collective scale on %" in fn.ir()
+    assert fn.traces == 1 and fn.stats.collectives == 1
+    assert fn.ir().count('"blutrain.collective"') == 1 and 'what = "scale"' in fn.ir()
+    kinds = [launch.kind for launch in _program(fn).launches]
+    assert kinds.count("collective") == 1
 
 
-def test_a_view_made_before_the_cut_is_made_again_after_it() -> None:
+def test_the_first_later_launch_that_touches_the_buffer_joins_the_collective() -> None:
+    def f(x: bt.Tensor) -> bt.Tensor:
+        y = x * 2.0
+        z = x + 5.0  # independent of y: may run beside the collective
+        scale_outside_kernels(y, 3.0)
+        w = z * 4.0  # still independent
+        return y * w  # reads y: joins the collective
+
+    fn = bc.compile(f, passes=["inplace-aliasing", "kernel-selection"])  # no fusion: one launch per op
+    for x in INPUTS:
+        np.testing.assert_array_equal(fn(x).numpy(), (x.numpy() * 6.0) * ((x.numpy() + 5.0) * 4.0))
+    launches = _program(fn).launches
+    at = next(i for i, launch in enumerate(launches) if launch.kind == "collective")
+    joined = [i for i, launch in enumerate(launches) if at in launch.joins]
+    assert len(joined) == 1 and joined[0] > at + 1  # the independent multiply ran in between
+    assert launches[at + 1].kind == "kernel" and not launches[at + 1].joins
+    assert _program(fn).final_joins == []
+
+
+def test_a_collective_nothing_later_touches_is_joined_at_the_end() -> None:
+    acc = bt.zeros(4)
+
+    def f(x: bt.Tensor) -> bt.Tensor:
+        out = x * 3.0
+        scale_outside_kernels(acc, 2.0)  # state that no later op of the step reads
+        return out
+
+    fn = bc.compile(f)
+    for x in INPUTS:
+        np.testing.assert_array_equal(fn(x).numpy(), x.numpy() * 3.0)
+    program = _program(fn)
+    at = next(i for i, launch in enumerate(program.launches) if launch.kind == "collective")
+    assert program.final_joins == [at]
+
+
+def test_a_view_made_before_the_collective_reads_its_result() -> None:
     def f(x: bt.Tensor) -> bt.Tensor:
         y = x * 1.0
         tail = y[1:]
@@ -81,10 +123,10 @@ def test_state_written_outside_kernels_keeps_its_updates_across_calls() -> None:
         expected = (expected + x.numpy()) * 0.5
         np.testing.assert_array_equal(fn(x).numpy(), expected)
     np.testing.assert_array_equal(acc.numpy(), expected)
-    assert fn.traces == 1 and isinstance(fn.last, SplitGraph)
+    assert fn.traces == 1 and fn.stats.collectives == 1
 
 
-def test_an_in_place_write_into_state_replays_without_a_cut() -> None:
+def test_an_in_place_write_into_state_replays_as_a_kernel() -> None:
     total = bt.zeros(4)
 
     def f(x: bt.Tensor) -> bt.Tensor:
@@ -94,7 +136,7 @@ def test_an_in_place_write_into_state_replays_without_a_cut() -> None:
     fn = bc.compile(f)
     for k in range(1, 5):
         np.testing.assert_array_equal(fn(bt.ones(4)).numpy(), np.full(4, 2.0 * k, np.float32))
-    assert not isinstance(fn.last, SplitGraph)
+    assert fn.stats.collectives == 0
 
 
 def test_work_outside_kernels_with_other_arguments_than_traced_is_a_graph_break() -> None:
@@ -119,18 +161,18 @@ def test_a_capture_refuses_work_that_was_not_handed_to_it_with_the_callers_line(
         found.refuse("the collective all_reduce")  # what a plain process group's collective does
         return x
 
-    with pytest.raises(bc.TracingError, match=r"test_split\.py:\d+: .*found\.refuse.*\n.*the collective all_reduce "
-                                              "was called while blutrain.compiler traces"):
+    with pytest.raises(bc.TracingError, match=r"test_collective_ops\.py:\d+: .*found\.refuse.*\n.*the collective "
+                                              "all_reduce was called while blutrain.compiler traces"):
         bc.compile(f, warmup=0)(INPUTS[0])
 
 
-def test_a_buffer_in_a_permuted_layout_crosses_the_cut_with_its_layout() -> None:
+def test_views_of_a_buffer_in_a_permuted_layout_after_a_collective_address_it_as_traced() -> None:
     """A kernel may leave a dense buffer in another order than C (a cat of transposed pieces is laid out as
-    they are); views after the cut address its memory as traced, so it must cross in that layout."""
+    they are); views after the collective address its memory as traced."""
     def f(x: bt.Tensor) -> bt.Tensor:
         y = (x * 2.0).t()
         z = bt.cat([y.unsqueeze(0), (y + 1.0).unsqueeze(0)], dim=0)  # (2, 3, 4), not C-ordered
-        scale_outside_kernels(x * 1.0, 1.0)  # a cut between z and its views
+        scale_outside_kernels(x * 1.0, 1.0)  # a collective between z and its views
         return z[1] * 10.0 + z[0].sum(0)
 
     inputs = [bt.tensor(np.arange(12.0, dtype=np.float32).reshape(4, 3) * (i + 1)) for i in range(4)]
@@ -138,4 +180,4 @@ def test_a_buffer_in_a_permuted_layout_crosses_the_cut_with_its_layout() -> None
     for x in inputs:
         want = f(x).numpy()
         np.testing.assert_array_equal(fn(x).numpy(), want)
-    assert isinstance(fn.last, SplitGraph)
+    assert fn.stats.collectives == 1

@@ -1,0 +1,123 @@
+"""Several GPUs through the command line, as a user runs them: ``blutrain train`` on one GPU and under
+``blutrain run -n N`` with ``--parallel MODE``, each configuration a fresh launch, the step time and tokens/s read
+back from its metrics.jsonl (the median of the last steps, after the compile's warm-up), and the scaling of each
+multi-GPU row against the one-GPU row of the same mode (compiled against compiled, eager against eager).
+
+    python tools/bench/dist_cli.py --gpus 4 --out OUT [--steps 30] [--eager] [--modes ddp,zero=1,...]
+
+Prints one table and writes OUT/dist_cli.json. A configuration that fails (out of memory, a refused mode) is a
+row that says why; the others still run. The model and batch are the issue's: GPT-2 124M, bf16, micro-batch
+16 x 1024 per GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TRAIN = ["--device", "cuda", "--preset", "gpt2-124m", "--dtype", "bf16", "--eval-every", "0", "--warmup-steps", "5"]
+
+
+def command(gpus: int, flags: list[str], out: Path, steps: int, batch: int, seq_len: int) -> list[str]:
+    """The launch of one configuration: ``blutrain train`` alone on one GPU, under ``blutrain run`` on several
+    (no sample at the end: a config file sets ``sample_tokens = 0``, which no flag sets)."""
+    config = out.parent / "no_sample.toml"
+    config.write_text("sample_tokens = 0\n")
+    train = ["blutrain", "train", "--config", str(config), *TRAIN, "--batch-size", str(batch), "--seq-len",
+             str(seq_len), "--max-steps", str(steps), "--out", str(out), *flags]
+    cli = [sys.executable, "-m", "blutrain.cli"]
+    if gpus == 1:
+        return [*cli, *train[1:]]
+    return [*cli, "run", "-n", str(gpus), "--timeout", "300", "--", *train]
+
+
+def summarize(rows: list[dict[str, Any]], tail: int) -> dict[str, Any]:
+    """Median step ms and tokens/s over the last ``tail`` steps of a metrics.jsonl's step rows."""
+    steps = [r for r in rows if "step_ms" in r and "tok_per_s" in r]
+    last = steps[-tail:]
+    if not last:
+        return {}
+    return {"step_ms": statistics.median(r["step_ms"] for r in last),
+            "tok_per_s": statistics.median(r["tok_per_s"] for r in last), "loss": last[-1]["loss"],
+            "steps": len(steps)}
+
+
+def scaling(results: list[dict[str, Any]]) -> None:
+    """Each row's efficiency: tokens/s(N) / (N x tokens/s(1)) against the one-GPU row of the same compile flag."""
+    single = {r["compiled"]: r["tok_per_s"] for r in results if r["gpus"] == 1 and "tok_per_s" in r}
+    for r in results:
+        base = single.get(r["compiled"])
+        if "tok_per_s" in r and base and r["gpus"] > 1:
+            r["efficiency"] = r["tok_per_s"] / (r["gpus"] * base)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--tail", type=int, default=10, help="steps the medians are taken over")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--modes", default="ddp,zero=1,zero=2", help="modes on every GPU count above 1")
+    ap.add_argument("--extra", default="", help="more rows: MODE@N;MODE@N (e.g. 'ddp,grad_dtype=bf16@4')")
+    ap.add_argument("--eager", action="store_true", help="also every row without --compile")
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds; rows after it are skipped")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    counts = [n for n in (1, 2, 4, 8, 16) if n <= args.gpus]
+    plan: list[tuple[int, str, bool]] = []
+    for compiled in ([True, False] if args.eager else [True]):
+        plan.append((1, "", compiled))
+        plan += [(n, mode, compiled) for n in counts[1:] for mode in args.modes.split(",")] if args.modes else []
+    for item in filter(None, args.extra.split(";")):
+        mode, _, n = item.rpartition("@")
+        plan.append((int(n), mode, True))
+    start = time.monotonic()
+    results: list[dict[str, Any]] = []
+    for gpus, mode, compiled in plan:
+        row: dict[str, Any] = {"gpus": gpus, "mode": mode or "single", "compiled": compiled}
+        results.append(row)
+        if time.monotonic() - start > args.budget:
+            row["error"] = "skipped: over the time budget"
+            continue
+        flags = (["--compile"] if compiled else []) + (["--parallel", mode] if mode else [])
+        run_dir = args.out / f"run_{gpus}_{(mode or 'single').replace(',', '_').replace('=', '')}_{int(compiled)}"
+        cmd = command(gpus, flags, run_dir, args.steps, args.batch_size, args.seq_len)
+        row["command"] = " ".join(cmd[2:])
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        row["wall_s"] = round(time.monotonic() - t0, 1)
+        metrics = run_dir / "metrics.jsonl"
+        if proc.returncode != 0 or not metrics.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()
+            row["error"] = tail[-1][:160] if tail else f"exit {proc.returncode}"
+            (args.out / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
+            continue
+        row |= summarize([json.loads(line) for line in metrics.read_text().splitlines() if line.strip()], args.tail)
+        scaling(results)
+        (args.out / "dist_cli.json").write_text(json.dumps(results, indent=1))
+    scaling(results)
+    (args.out / "dist_cli.json").write_text(json.dumps(results, indent=1))
+    print(f"GPT-2 124M bf16, micro-batch {args.batch_size} x {args.seq_len} per GPU, {args.steps} steps, medians of "
+          f"the last {args.tail}; efficiency against 1 GPU of the same compile flag")
+    print(f"{'mode':<24}{'GPUs':>5}{'compiled':>9}{'step ms':>9}{'tokens/s':>12}{'eff.':>8}{'loss':>8}  result")
+    for r in results:
+        eff = f"{100 * r['efficiency']:.1f}%" if "efficiency" in r else "-"
+        if "tok_per_s" in r:
+            print(f"{r['mode']:<24}{r['gpus']:>5}{'yes' if r['compiled'] else 'no':>9}{r['step_ms']:>9.2f}"
+                  f"{r['tok_per_s']:>12,.0f}{eff:>8}{r['loss']:>8.3f}  ok ({r['wall_s']} s)")
+        else:
+            print(f"{r['mode']:<24}{r['gpus']:>5}{'yes' if r['compiled'] else 'no':>9}{'':>37}  {r.get('error')}")
+    return 0 if all("tok_per_s" in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
