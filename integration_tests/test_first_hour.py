@@ -14,7 +14,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from cli_runs import QUICK, blutrain, one_line_error, snapshot
+from blutrain_cli import QUICK_RUN_TOML, blutrain, one_line_error, tree_digest
 
 from blutrain.data import get_tokenizer, prepare
 from blutrain.dist import launcher
@@ -24,7 +24,7 @@ from blutrain.dist import launcher
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with quick.toml and data/ (byte shards of a few stdlib files, train and val)."""
     root = tmp_path_factory.mktemp("first-hour")
-    (root / "quick.toml").write_text(QUICK)
+    (root / "quick.toml").write_text(QUICK_RUN_TOML)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     prepare([stdlib / "textwrap.py", stdlib / "shlex.py"], root / "data", get_tokenizer("byte"), val_fraction=0.1)
     return root
@@ -46,7 +46,7 @@ def _rows(out: Path) -> list[dict[str, object]]:
 # -- point 3: a user's mistake is one line ---------------------------------------------------------------
 def test_data_that_does_not_exist_is_one_line(workdir: Path) -> None:
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "/nope", "--out", "runs/nope",
-                                   cwd=workdir))
+                                   cwd=workdir), "train")
     assert "'/nope'" in line and "expected a directory or a glob" in line
     assert not (workdir / "runs" / "nope" / "metrics.jsonl").exists()
 
@@ -54,42 +54,43 @@ def test_data_that_does_not_exist_is_one_line(workdir: Path) -> None:
 def test_a_text_file_named_bin_points_to_prepare(workdir: Path, tmp_path: Path) -> None:
     text = tmp_path / "notes.bin"
     text.write_text("hello, these are notes, not tokens\n" * 100)
-    before = snapshot(tmp_path)
+    before = tree_digest(tmp_path)
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", text, "--out", tmp_path / "run",
-                                   cwd=workdir))
+                                   cwd=workdir), "train")
     assert "notes.bin" in line and "blutrain prepare" in line
-    assert snapshot(tmp_path) == before
+    assert tree_digest(tmp_path) == before
 
 
 def test_a_shard_too_small_for_one_step_names_the_flags(workdir: Path) -> None:
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "data", "--batch-size", "4096",
-                                   "--seq-len", "32", "--out", "runs/small", cwd=workdir))
+                                   "--seq-len", "32", "--out", "runs/small", cwd=workdir), "train")
     assert "fewer than one step needs" in line and "--batch-size" in line
 
 
 @pytest.mark.parametrize("flag", ["--batch-size", "--seq-len"])
 def test_resuming_with_another_batch_shape_is_refused(workdir: Path, finished_run: Path, flag: str) -> None:
-    before = snapshot(finished_run)
+    before = tree_digest(finished_run)
     value = "3" if flag == "--batch-size" else "8"
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "data", flag, value, "--max-steps",
-                                   "5", "--resume", finished_run / "final.safetensors", cwd=workdir))
+                                   "5", "--resume", finished_run / "final.safetensors", cwd=workdir), "train")
     assert "resume:" in line and flag in line and "config.toml" in line
-    assert snapshot(finished_run) == before
+    assert tree_digest(finished_run) == before
 
 
 def test_resuming_with_another_optimizer_is_refused(workdir: Path, finished_run: Path) -> None:
-    before = snapshot(finished_run)
-    line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "data", "--optimizer", "sgd",
-                                   "--max-steps", "5", "--resume", finished_run / "final.safetensors", cwd=workdir))
+    before = tree_digest(finished_run)
+    proc = blutrain("train", "--config", "quick.toml", "--data", "data", "--optimizer", "sgd", "--max-steps", "5",
+                    "--resume", finished_run / "final.safetensors", cwd=workdir)
+    line = one_line_error(proc, "train")
     assert "'adamw'" in line and "--optimizer sgd" in line and "--optimizer adamw" in line
-    assert snapshot(finished_run) == before
+    assert tree_digest(finished_run) == before
 
 
 def test_out_that_is_a_file_is_refused_and_kept(workdir: Path, tmp_path: Path) -> None:
     target = tmp_path / "results.txt"
     target.write_text("my results\n")
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "data", "--out", target,
-                                   cwd=workdir))
+                                   cwd=workdir), "train")
     assert "is a file" in line and "--out" in line
     assert target.read_text() == "my results\n"
 
@@ -98,7 +99,7 @@ def test_out_that_cannot_be_written_is_refused(workdir: Path, tmp_path: Path) ->
     blocker = tmp_path / "file"
     blocker.write_text("x")
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "data", "--out", blocker / "run",
-                                   cwd=workdir))
+                                   cwd=workdir), "train")
     assert "cannot write the run directory" in line and "--out" in line
 
 
@@ -111,27 +112,27 @@ def test_cuda_without_cupy_is_one_line(workdir: Path) -> None:
     else:
         pytest.skip("CuPy is installed here: the case is a machine without it")
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "data", "--device", "cuda",
-                                   "--out", "runs/cuda", cwd=workdir))
+                                   "--out", "runs/cuda", cwd=workdir), "train")
     assert "device 'cuda'" in line and "CuPy is not installed" in line and "--device cpu" in line
 
 
 def test_an_unknown_logger_names_its_package(workdir: Path) -> None:
     env = {**os.environ, "BLUTRAIN_DISABLE_PLUGINS": "tensorboard"}
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "data", "--log", "tensorboard",
-                                   "--out", "runs/tb", cwd=workdir, env=env))
+                                   "--out", "runs/tb", cwd=workdir, env=env), "train")
     assert "no logger 'tensorboard'" in line and "BLUTRAIN_DISABLE_PLUGINS" in line
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "data", "--log", "wandb",
-                                   "--out", "runs/wandb", cwd=workdir))
+                                   "--out", "runs/wandb", cwd=workdir), "train")
     assert "no logger 'wandb'" in line and "csv" in line
 
 
 # -- point 4: a run directory is never silently overwritten ----------------------------------------------
 def test_training_again_into_a_run_is_refused_naming_resume_and_overwrite(workdir: Path, finished_run: Path) -> None:
-    before = snapshot(finished_run)
+    before = tree_digest(finished_run)
     line = one_line_error(blutrain("train", "--config", "quick.toml", "--data", "data", "--out", finished_run,
-                                   cwd=workdir))
+                                   cwd=workdir), "train")
     assert "already holds a run" in line and "--resume" in line and "--overwrite" in line
-    assert snapshot(finished_run) == before
+    assert tree_digest(finished_run) == before
 
 
 def test_overwrite_removes_the_old_run_step_checkpoints_included(workdir: Path) -> None:
@@ -152,7 +153,7 @@ def test_overwrite_removes_the_old_run_step_checkpoints_included(workdir: Path) 
 
 
 def test_plain_train_twice_keeps_both_runs_and_links_the_latest(workdir: Path, tmp_path: Path) -> None:
-    (tmp_path / "quick.toml").write_text(QUICK)
+    (tmp_path / "quick.toml").write_text(QUICK_RUN_TOML)
     runs = []
     for _ in range(2):
         proc = blutrain("train", "--config", "quick.toml", "--data", workdir / "data", cwd=tmp_path)

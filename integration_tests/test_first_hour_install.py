@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runs import QUICK, one_line_error
+from blutrain_cli import QUICK_RUN_TOML, one_line_error
 from venvs import UV, install, make_venv, run, uninstall, wheel_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(UV is None, reason="uv is not on PATH")]
@@ -24,7 +24,7 @@ def _facade_venv(wheels: Path, root: Path) -> Path:
     its python (``root`` also holds quick.toml)."""
     python = make_venv(root / "venv")
     install(python, *(wheel_of(wheels, dist) for dist in FACADE))
-    (root / "quick.toml").write_text(QUICK)
+    (root / "quick.toml").write_text(QUICK_RUN_TOML)
     return python
 
 
@@ -37,7 +37,7 @@ def test_train_without_an_optimizer_plugin_names_the_package(facade_alone: Path)
     cwd = facade_alone.parent.parent.parent
     proc = run(facade_alone.parent / "blutrain", "train", "--config", "quick.toml", "--out", "runs/a", check=False,
                cwd=cwd)
-    line = one_line_error(proc)
+    line = one_line_error(proc, "train")
     assert "no optimizer 'adamw'" in line and "install blutrain-optim-adamw" in line
     assert not (cwd / "runs" / "a" / "metrics.jsonl").exists()
 
@@ -47,5 +47,5 @@ def test_train_without_autograd_names_the_package(facade_alone: Path) -> None:
     uninstall(facade_alone, "blutrain-autograd")
     proc = run(facade_alone.parent / "blutrain", "train", "--config", "quick.toml", "--out", "runs/b", check=False,
                cwd=cwd)
-    line = one_line_error(proc)
+    line = one_line_error(proc, "train")
     assert "blutrain-autograd" in line and "pip install blutrain-autograd" in line

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import QUICK, blutrain, blutrain_command, one_line_error
+from blutrain_cli import QUICK_RUN_TOML, blutrain, command_line
 
 from blutrain.data import get_tokenizer, prepare
 
@@ -23,10 +23,19 @@ from blutrain.data import get_tokenizer, prepare
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("signals")
-    (root / "quick.toml").write_text(QUICK)
+    (root / "quick.toml").write_text(QUICK_RUN_TOML)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     prepare([stdlib / "textwrap.py", stdlib / "shlex.py"], root / "data", get_tokenizer("byte"), val_fraction=0.1)
     return root
+
+
+def _interrupt_line(proc: subprocess.CompletedProcess[str], status: int) -> str:
+    """The one line an interrupted ``blutrain train`` prints: exit 128 + the signal, no traceback."""
+    assert proc.returncode == status, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("blutrain train: "), proc.stderr
+    return lines[0]
 
 
 def _steps(out: Path) -> list[int]:
@@ -40,7 +49,7 @@ def _interrupt(workdir: Path, out: Path, sig: signal.Signals, after_steps: int, 
         subprocess.CompletedProcess[str], int]:
     """Start a long run into ``out``, send ``sig`` once ``after_steps`` steps are in metrics.jsonl, and wait
     for it to exit; returns the finished process and the number of steps it had logged when signalled."""
-    cmd = blutrain_command("train", "--config", "quick.toml", "--data", "data", "--max-steps", "100000",
+    cmd = command_line("train", "--config", "quick.toml", "--data", "data", "--max-steps", "100000",
                            "--out", out, *extra)
     proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -64,8 +73,7 @@ def test_a_signal_checkpoints_the_interrupted_step_and_resumes(workdir: Path, tm
                                                              status: int) -> None:
     out = tmp_path / "run"
     stopped, seen = _interrupt(workdir, out, sig, 3)
-    assert stopped.returncode == status, stopped.stderr
-    line = one_line_error(stopped)
+    line = _interrupt_line(stopped, status)
     assert f"{sig.name} received" in line and "resume with: blutrain train" in line
     steps = _steps(out)
     last = steps[-1]
@@ -102,7 +110,7 @@ def test_sigint_to_blutrain_run_stops_every_rank_after_the_same_step(workdir: Pa
     out = tmp_path / "ddp"
     train = ["--", "blutrain", "train", "--config", "quick.toml", "--data", "data", "--parallel", "ddp",
              "--dist-backend", "mpi", "--max-steps", "100000", "--out", str(out)]
-    cmd = blutrain_command("run", "-n", "2", "--grace", "20", *train)
+    cmd = command_line("run", "-n", "2", "--grace", "20", *train)
     proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
