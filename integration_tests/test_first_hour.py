@@ -152,6 +152,14 @@ def test_overwrite_removes_the_old_run_step_checkpoints_included(workdir: Path) 
     assert "overwrite" not in (out / "config.toml").read_text()  # running it again cannot delete this run
 
 
+def test_overwrite_with_a_refused_configuration_deletes_nothing(workdir: Path, finished_run: Path) -> None:
+    before = tree_digest(finished_run)
+    proc = blutrain("train", "--config", "quick.toml", "--data", "/nope", "--overwrite", "--out", finished_run,
+                    cwd=workdir)
+    one_line_error(proc, "train", "/nope")
+    assert tree_digest(finished_run) == before  # the old run goes only once the new one can start
+
+
 def test_plain_train_twice_keeps_both_runs_and_links_the_latest(workdir: Path, tmp_path: Path) -> None:
     (tmp_path / "quick.toml").write_text(QUICK_RUN_TOML)
     runs = []

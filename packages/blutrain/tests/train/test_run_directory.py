@@ -11,6 +11,7 @@ from blutrain.dist import RUN_ID_ENV
 from blutrain.train import ConfigError
 from blutrain.train.run_directory import (
     MetricsLog,
+    check_run_directory,
     default_run_directory,
     point_latest,
     prepare_run_directory,
@@ -108,3 +109,12 @@ def test_a_new_run_starts_an_empty_file(tmp_path: Path) -> None:
     with MetricsLog(path, resumed_step=None) as log:
         log.write({"step": 1, "loss": 2.0})
     assert _steps(path) == [1]
+
+
+def test_checking_a_run_directory_creates_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "run"
+    assert check_run_directory(out, resuming=False, overwrite=False) == []
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="cannot write the run directory .* is a file"):
+        check_run_directory(tmp_path / "file" / "run", resuming=False, overwrite=False)

@@ -74,12 +74,10 @@ def default_run_directory(world_size: int = 1, root: Path = RUNS_ROOT) -> Path:
     return path
 
 
-def prepare_run_directory(out: Path, *, resuming: bool, overwrite: bool, delete: bool = True) -> list[Path]:
-    """Make ``out`` ready for a run; returns the old run's paths that ``overwrite`` deleted (only where
-    ``delete``: one rank of a job deletes, every rank checks).
-
-    Refused (:class:`ConfigError`, nothing touched): ``out`` is a file; it holds a run and the run neither
-    resumes nor overwrites; it cannot be created or written."""
+def check_run_directory(out: Path, *, resuming: bool, overwrite: bool) -> list[Path]:
+    """Refuse (:class:`ConfigError`) an ``out`` that is a file, that holds a run the run neither resumes nor
+    overwrites, or whose nearest existing folder cannot be written; touches nothing (the trainer checks before
+    it builds anything). Returns the old run's paths."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out: {out} is a file, expected a directory for the run's files; give another --out")
     old = run_files(out)
@@ -88,6 +86,18 @@ def prepare_run_directory(out: Path, *, resuming: bool, overwrite: bool, delete:
         raise ConfigError(f"out: {out} already holds a run ({names}); continue it with --resume "
                           f"{out / 'final.safetensors'} (or a step checkpoint), replace it with --overwrite, or "
                           "give another --out")
+    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is a file" if not existing.is_dir() else "cannot be written"
+        raise ConfigError(f"out: cannot write the run directory {out}: {existing} {what}; give a writable --out")
+    return old
+
+
+def prepare_run_directory(out: Path, *, resuming: bool, overwrite: bool, delete: bool = True) -> list[Path]:
+    """Make ``out`` ready for a run (checked again as :func:`check_run_directory` does, created, written to
+    once); returns the old run's paths that ``overwrite`` deleted (only where ``delete``: one rank of a job
+    deletes, every rank checks)."""
+    old = check_run_directory(out, resuming=resuming, overwrite=overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{os.getpid()}"
@@ -182,5 +192,5 @@ def point_latest(out: Path, root: Path = RUNS_ROOT) -> Path | None:
     return link
 
 
-__all__ = ["RUNS_ROOT", "MetricsLog", "default_run_directory", "drop_metrics_after", "job_id", "point_latest",
-           "prepare_run_directory", "run_files"]
+__all__ = ["RUNS_ROOT", "MetricsLog", "check_run_directory", "default_run_directory", "drop_metrics_after", "job_id",
+           "point_latest", "prepare_run_directory", "run_files"]

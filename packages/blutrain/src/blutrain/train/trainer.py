@@ -52,6 +52,7 @@ from blutrain.train.loggers import check_loggers
 from blutrain.train.model_source import load_initial_weights, model_config
 from blutrain.train.run_directory import (
     MetricsLog,
+    check_run_directory,
     default_run_directory,
     point_latest,
     prepare_run_directory,
@@ -169,16 +170,13 @@ class Trainer:
             has_dp = "dp" in self.plan.mesh
             self.dp_rank, self.dp_size = (self.mesh.local_rank("dp"), self.mesh.size("dp")) if has_dp else (0, 1)
         self.stream = (stream or sys.stdout) if self.rank == 0 else open(os.devnull, "w")  # noqa: SIM115
-        # the run directory: checked (and with --overwrite emptied) before anything is built or written
+        # the run directory: checked before anything is built; created (and with --overwrite emptied) by run()
         self.default_out = not cfg.out
         if self.default_out:
             cfg.out = str(Path(os.path.realpath(cfg.resume)).parent if cfg.resume
                           else default_run_directory(self.world))
         self.out = Path(cfg.out)
-        removed = prepare_run_directory(self.out, resuming=bool(cfg.resume), overwrite=cfg.overwrite,
-                                        delete=self.rank == 0)
-        if removed:
-            self._print(f"--overwrite: removed the previous run's {len(removed)} file(s) from {self.out}")
+        check_run_directory(self.out, resuming=bool(cfg.resume), overwrite=cfg.overwrite)
         micro = cfg.batch_size * cfg.seq_len * self.dp_size
         if cfg.total_batch_tokens and cfg.total_batch_tokens % micro:
             raise ConfigError(f"total_batch_tokens ({cfg.total_batch_tokens}) must be a multiple of batch_size × "
@@ -750,7 +748,10 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
+        removed = prepare_run_directory(self.out, resuming=bool(cfg.resume), overwrite=cfg.overwrite,
+                                        delete=self.rank == 0)
+        if removed:
+            self._print(f"--overwrite: removed the previous run's {len(removed)} file(s) from {self.out}")
         if self.rank == 0:
             (self.out / "config.toml").write_text(cfg.to_toml())
             if self.default_out and not cfg.resume:
