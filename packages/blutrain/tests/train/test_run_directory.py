@@ -116,5 +116,5 @@ def test_checking_a_run_directory_creates_nothing(tmp_path: Path) -> None:
     assert check_run_directory(out, resuming=False, overwrite=False) == []
     assert not (tmp_path / "new").exists()
     (tmp_path / "file").write_text("x")
-    with pytest.raises(ConfigError, match="cannot write the run directory .* is a file"):
+    with pytest.raises(ConfigError, match=r"cannot write the run directory .* is a file"):
         check_run_directory(tmp_path / "file" / "run", resuming=False, overwrite=False)
