@@ -13,7 +13,7 @@ hookspec = pluggy.HookspecMarker("blutrain")
 def blutrain_on_train_event(event: str, state: dict[str, Any]) -> None:
     """Called by the trainer at most once per step for each event.
 
-    Events: ``"train_start"``, ``"step_end"`` (state: step, loss, lr, grad_norm, tokens_per_s),
+    Events: ``"train_start"``, ``"step_end"`` (state: step, loss, lr, grad_norm, tok_per_s),
     ``"eval_end"`` (step, val_loss), ``"checkpoint_saved"`` (step, path; with ``--async-checkpoint`` sent
     once the state is staged, while the file is still being written), ``"nonfinite"`` (step, loss,
     grad_norm, policy: a NaN or infinite loss or gradient norm, before the policy acts), ``"train_end"`` (step,
