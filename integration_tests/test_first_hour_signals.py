@@ -50,22 +50,36 @@ def _interrupt(workdir: Path, out: Path, sig: signal.Signals, after_steps: int, 
     """Start a long run into ``out``, send ``sig`` once ``after_steps`` steps are in metrics.jsonl, and wait
     for it to exit; returns the finished process and the number of steps it had logged when signalled."""
     cmd = command_line("train", "--config", "quick.toml", "--data", "data", "--max-steps", "100000",
-                           "--out", out, *extra)
-    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                       "--out", out, *extra)
+    proc, logs = _start(cmd, workdir, out.parent)
     try:
-        deadline = time.monotonic() + 300
-        while len(_steps(out)) < after_steps:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run did not reach its first steps"
-            time.sleep(0.05)
+        _wait_for_steps(proc, out, after_steps, logs)
         seen = len(_steps(out))
         proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), seen
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, *(p.read_text() for p in logs)), seen
+
+
+def _start(cmd: list[str], cwd: Path, logs: Path) -> tuple[subprocess.Popen[bytes], tuple[Path, Path]]:
+    """``cmd`` started with its output in files (a pipe nobody reads while it runs could fill and stall it)."""
+    stdout, stderr = logs / "stdout.txt", logs / "stderr.txt"
+    with open(stdout, "wb") as out, open(stderr, "wb") as err:
+        return subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err), (stdout, stderr)
+
+
+def _wait_for_steps(proc: subprocess.Popen[bytes], out: Path, steps: int, logs: tuple[Path, Path]) -> None:
+    deadline = time.monotonic() + 300
+    while len(_steps(out)) < steps:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"the run did not reach step {steps} (exit {proc.returncode}):\n"
+                                 + "\n".join(p.read_text() for p in logs))
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -111,19 +125,16 @@ def test_sigint_to_blutrain_run_stops_every_rank_after_the_same_step(workdir: Pa
     train = ["--", "blutrain", "train", "--config", "quick.toml", "--data", "data", "--parallel", "ddp",
              "--dist-backend", "mpi", "--max-steps", "100000", "--out", str(out)]
     cmd = command_line("run", "-n", "2", "--grace", "20", *train)
-    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, logs = _start(cmd, workdir, tmp_path)
     try:
-        deadline = time.monotonic() + 300
-        while len(_steps(out)) < 2:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        _wait_for_steps(proc, out, 2, logs)
         proc.send_signal(signal.SIGINT)  # as Ctrl-C in the terminal of `blutrain run`
-        _, stderr = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+    stderr = logs[1].read_text()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     last = _steps(out)[-1]

@@ -93,10 +93,9 @@ def check_run_directory(out: Path, *, resuming: bool, overwrite: bool) -> list[P
     return old
 
 
-def prepare_run_directory(out: Path, *, resuming: bool, overwrite: bool, delete: bool = True) -> list[Path]:
+def prepare_run_directory(out: Path, *, resuming: bool, overwrite: bool) -> list[Path]:
     """Make ``out`` ready for a run (checked again as :func:`check_run_directory` does, created, written to
-    once); returns the old run's paths that ``overwrite`` deleted (only where ``delete``: one rank of a job
-    deletes, every rank checks)."""
+    once); returns the old run's paths that ``overwrite`` deleted. One process of a job calls it."""
     old = check_run_directory(out, resuming=resuming, overwrite=overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -106,7 +105,7 @@ def prepare_run_directory(out: Path, *, resuming: bool, overwrite: bool, delete:
     except OSError as exc:
         raise ConfigError(f"out: cannot write the run directory {out}: {exc.strerror or exc}; give a writable "
                           "--out") from None
-    removed = old if overwrite and not resuming and delete else []
+    removed = old if overwrite and not resuming else []
     for p in removed:
         if p.is_dir():
             shutil.rmtree(p)

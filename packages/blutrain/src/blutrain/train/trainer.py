@@ -748,8 +748,13 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        removed = prepare_run_directory(self.out, resuming=bool(cfg.resume), overwrite=cfg.overwrite,
-                                        delete=self.rank == 0)
+        # rank 0 checks again, creates and empties; every rank checked when it was built, before any wrote
+        # (a rank that checked now could see rank 0's new config.toml as an old run)
+        removed = []
+        if self.rank == 0:
+            removed = prepare_run_directory(self.out, resuming=bool(cfg.resume), overwrite=cfg.overwrite)
+        else:
+            self.out.mkdir(parents=True, exist_ok=True)
         if removed:
             self._print(f"--overwrite: removed the previous run's {len(removed)} file(s) from {self.out}")
         if self.rank == 0:
