@@ -475,7 +475,9 @@ class Trainer:
 
     def _rotate(self, _: Path) -> None:
         rotate_checkpoints(self.out, self.cfg.keep)
-        remove_orphan_shards(self.out)
+        kept = step_checkpoints(self.out)
+        if kept:  # the rank files of rotated checkpoints; not those of newer ones other ranks are writing
+            remove_orphan_shards(self.out, below_step=kept[0][0])
 
     def _resume(self, path: str, state: dict[str, Any]) -> None:
         saved = state["config"].get("train", {}) if isinstance(state.get("config"), dict) else {}
