@@ -24,14 +24,33 @@ model_overrides = { n_layer = 1, n_head = 2, n_embd = 32, block_size = 64 }
 """
 
 
+# A whole quick run on the CPU (the first-hour tests): one layer, a short sample, one validation batch, 3 steps.
+QUICK_RUN_TOML = """\
+device = "cpu"
+batch_size = 2
+seq_len = 16
+max_steps = 3
+warmup_steps = 1
+eval_every = 0
+eval_batches = 1
+sample_tokens = 4
+model_overrides = { n_layer = 1, n_head = 2, n_embd = 32, block_size = 32 }
+"""
+
+
+def command_line(*args: str | Path) -> list[str]:
+    """``blutrain ARGS...`` as this environment runs it (what the console script runs)."""
+    return [sys.executable, "-m", "blutrain.cli", *map(str, args)]
+
+
 def blutrain(*args: str | Path, cwd: Path, env: dict[str, str] | None = None,
              timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """``blutrain ARGS...`` in ``cwd``, with an empty tiktoken cache under ``cwd``; never raises on failure."""
     cache = cwd / ".tiktoken-cache"
     cache.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(cache), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "blutrain.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=full_env, timeout=timeout)
+    full_env = {**(os.environ if env is None else env), "TIKTOKEN_CACHE_DIR": str(cache)}
+    return subprocess.run(command_line(*args), capture_output=True, text=True, cwd=cwd, env=full_env,
+                          timeout=timeout)
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:

@@ -162,3 +162,15 @@ def test_the_cached_step_gives_the_full_forwards_last_logits() -> None:
         last = model.model.decode(ids[:, 8:], cache)
         want = model.hidden_states(ids)[:, -1:]
     np.testing.assert_allclose(last.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_flops_per_token_equal_a_hand_count_of_the_gemms_and_attention() -> None:
+    # 2 layers, width 64 in 4 heads of 16 sharing 2 K/V heads (K/V width 32), SwiGLU hidden 96, vocabulary 100
+    cfg = LlamaConfig(block_size=32, vocab_size=100, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ffn_hidden=96)
+    q = o = 2 * 64 * 64        # q_proj, o_proj: one multiply-add = 2 FLOPs
+    k = v = 2 * 64 * 32        # k_proj, v_proj: 64 → 2 heads × 16
+    mlp = 3 * 2 * 64 * 96      # gate, up: 64 → 96; down: 96 → 64
+    attention = 2 * 2 * 32 * 64  # q·kᵀ and the weighted sum over 32 positions, every query head
+    head = 2 * 64 * 100
+    forward = 2 * (q + k + v + o + mlp + attention) + head
+    assert Llama(cfg).flops_per_token(seq_len=32) == 3 * forward  # backward = 2 × forward

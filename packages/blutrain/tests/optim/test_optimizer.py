@@ -246,3 +246,21 @@ def test_step_scalars_keep_one_float64_array_per_site_refilled_in_place() -> Non
     again = scalars((0, 0), cpu, (2e-3, 0.19))
     assert again is first and first.dtype == np.float64 and first.tolist() == [2e-3, 0.19]
     assert scalars((1, 0), cpu, (2e-3, 0.19)) is not first
+
+
+@pytest.fixture
+def without_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The project's optimizer plugins blocked, as where only the blutrain facade is installed."""
+    monkeypatch.setenv(bt_plugins.DISABLE_ENV, "adamw,sgd")
+    bt_plugins.reload()
+    yield
+    monkeypatch.delenv(bt_plugins.DISABLE_ENV)
+    bt_plugins.reload()
+
+
+@pytest.mark.usefixtures("without_plugins")
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_a_missing_project_optimizer_names_its_package(name: str) -> None:
+    with pytest.raises(NotRegisteredError, match=rf"no optimizer '{name}'; installed: none; install "
+                                                 rf"blutrain-optim-{name}$"):
+        create(name, _model().parameters())

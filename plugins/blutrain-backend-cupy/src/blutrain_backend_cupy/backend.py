@@ -167,6 +167,20 @@ class CupyBackend:
     def is_available(self) -> bool:
         return self._count > 0
 
+    # DeviceProperties: the trainer's MFU and peak-memory reports
+    def device_name(self, index: int) -> str:
+        cp = self._check(index)
+        name = cp.cuda.runtime.getDeviceProperties(index)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def max_memory_allocated(self, index: int) -> int | None:
+        """The caching allocator's peak of live bytes; None under CuPy's own pool, which keeps no peak."""
+        from blutrain_backend_cupy.memory import install_default, max_memory_allocated
+
+        if install_default() != "blutrain":  # the allocator in use (installed once, when a GPU was found)
+            return None
+        return max_memory_allocated(index)
+
     def device_count(self) -> int:
         return self._count
 

@@ -288,6 +288,17 @@ class Llama(Module):
         B, T, V = logits.shape
         return logits, cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
 
+    def flops_per_token(self, seq_len: int) -> int:
+        """3 × the forward's FLOPs per token. Forward: each layer's GEMMs, 2 × (C·C for q and o each, C·C_kv for
+        k and v each, with C_kv = n_kv_head × head size, and 3·C·F for SwiGLU's gate, up and down), and
+        attention's two T-long products, 2 × 2 × T × C (every query head, whatever K/V heads it shares), counted
+        whole as PaLM does; then the head, 2 × C × V. Norms, rotations and the embedding lookup are left out."""
+        cfg = self.config
+        c, f, v = cfg.n_embd, cfg.ffn_hidden, cfg.vocab_size
+        c_kv = cfg.n_kv_head * (c // cfg.n_head)
+        per_layer = 2 * (2 * c * c + 2 * c * c_kv + 3 * c * f) + 4 * seq_len * c
+        return 3 * (cfg.n_layer * per_layer + 2 * c * v)
+
     def num_parameters(self) -> int:
         """Parameters counted once each (a tied head is the embedding)."""
         return sum(p.numel() for p in self.parameters())

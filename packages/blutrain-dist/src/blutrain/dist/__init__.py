@@ -2,7 +2,7 @@
 ``blutrain run`` launcher, and the hook specifications that comm-backend and parallelism-mode plugins fill."""
 
 from blutrain.dist.coalesced import all_reduce_coalesced
-from blutrain.dist.env import DistEnv, detect
+from blutrain.dist.env import RUN_ID_ENV, DistEnv, detect
 from blutrain.dist.exchange import WorkList, sendrecv
 from blutrain.dist.errors import (
     CollectiveTimeoutError,
@@ -37,7 +37,7 @@ from blutrain.dist.sharded import StateShard, merge_shards
 from blutrain.dist.store import Store, StoreServer, TCPStore
 from blutrain.dist.traceable import TraceableGroup, traceable
 
-__all__ = ["DEFAULT_BUCKET_CAP_MB", "REDUCE_OPS", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
+__all__ = ["DEFAULT_BUCKET_CAP_MB", "REDUCE_OPS", "RUN_ID_ENV", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
            "DistEnv", "DistEnvironmentError", "DistError", "GradBucket", "GradientAverager", "LaunchError", "ParallelMode", "ParallelModeRegistry",
            "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "TraceableGroup",
            "Work", "WorkList", "all_reduce_coalesced", "broadcast_from_rank0", "bucket_parameters", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",

@@ -15,6 +15,7 @@ from blutrain.dist.errors import DistEnvironmentError
 
 STORE_ENV = "BLUTRAIN_STORE"
 TIMEOUT_ENV = "BLUTRAIN_DIST_TIMEOUT"
+RUN_ID_ENV = "BLUTRAIN_RUN_ID"  # set by `blutrain run`: the job's id (its start time), the same on every rank
 DEFAULT_TIMEOUT = 1800.0  # seconds; as torch.distributed's default for store-based groups
 
 # (source, rank, world size, local rank, local world size) variable names, in the order they are tried.

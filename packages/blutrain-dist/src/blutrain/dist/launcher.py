@@ -23,18 +23,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from blutrain.dist.env import STORE_ENV, TIMEOUT_ENV
+from blutrain.dist.env import RUN_ID_ENV, STORE_ENV, TIMEOUT_ENV
 from blutrain.dist.errors import LaunchError
 from blutrain.dist.pmi import PMIServer
 from blutrain.dist.store import StoreServer, TCPStore
 
 _FAILED_KEY = "blutrain/run/failed"
 _PMI_KEY = "blutrain/run/pmi"
+_RUN_ID_KEY = "blutrain/run/id"
+# The thread-count variables of OpenMP and the BLAS libraries NumPy may use. Each rank gets its share of
+# the node's cores, as torchrun does; N ranks each starting one thread per core would oversubscribe them N×.
+THREAD_ENVS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 _SETTLE = 1.0  # seconds to collect near-simultaneous failures before stopping the rest
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\w*(?::.*)?"
                          r"|blutrain \w[\w-]*: error: .*)$")
@@ -179,6 +184,7 @@ class Launcher:
         # MPICH unlinks its node-local segment at MPI_Finalize; a rank that is killed or leaves after
         # a timeout never gets there, so the launcher removes what its ranks had mapped
         self._segments: set[str] = set()
+        self.run_id = ""
 
     # ---------------------------------------------------------------------------------- set-up
     def _rendezvous(self) -> tuple[StoreServer | None, PMIServer | None, TCPStore, str]:
@@ -195,7 +201,9 @@ class Launcher:
         client = TCPStore(self.host, self.port, timeout=self.timeout or 300.0)
         if pmi is not None:
             client.set(_PMI_KEY, f"{self.host}:{pmi.port}".encode())
+            client.set(_RUN_ID_KEY, os.environ.get(RUN_ID_ENV, time.strftime("%Y%m%d-%H%M%S")).encode())
         pmi_addr = client.get(_PMI_KEY).decode()
+        self.run_id = client.get(_RUN_ID_KEY).decode()
         return server, pmi, client, pmi_addr
 
     def _env(self, local_rank: int, pmi_addr: str) -> dict[str, str]:
@@ -205,7 +213,9 @@ class Launcher:
                    LOCAL_WORLD_SIZE=str(self.nproc), GROUP_RANK=str(self.node_rank), NODE_RANK=str(self.node_rank),
                    MASTER_ADDR=self.host, MASTER_PORT=str(self.port), PMI_PORT=pmi_addr, PMI_ID=str(rank))
         env[STORE_ENV] = f"{self.host}:{self.port}"
+        env[RUN_ID_ENV] = self.run_id
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(rank_threads(os.environ, self.nproc))
         if self.timeout is not None:
             env[TIMEOUT_ENV] = str(self.timeout)
         return env
@@ -270,8 +280,9 @@ class Launcher:
         if not failed and not remote and self._signal is None and not self._aborted:
             self._join_readers()
             return 0
-        # let ranks that fail at nearly the same moment (a collective timing out everywhere) say so
-        settle = time.monotonic() + _SETTLE
+        # let ranks that fail at nearly the same moment (a collective timing out everywhere) say so; after a
+        # forwarded SIGINT/SIGTERM, give them the grace period to checkpoint and exit on their own
+        settle = time.monotonic() + (self.grace if self._signal is not None else _SETTLE)
         while time.monotonic() < settle and any(r.process.poll() is None for r in self.ranks):
             time.sleep(0.02)
         still = [r for r in self.ranks if r.process.poll() is None]
@@ -347,6 +358,15 @@ class Launcher:
                 r.reader.join(timeout=2.0)
 
 
+def rank_threads(environ: Mapping[str, str], nproc: int, cores: int | None = None) -> dict[str, str]:
+    """The thread-count variables (``THREAD_ENVS``) for each of ``nproc`` ranks on this node: the user's
+    ``OMP_NUM_THREADS`` where set, else max(1, cores // nproc); a variable the user set is left alone."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = environ.get("OMP_NUM_THREADS") or str(max(1, cores // nproc))
+    return {name: share for name in THREAD_ENVS if name not in environ}
+
+
 def resolve_command(argv: Sequence[str]) -> list[str]:
     """``script.py args`` runs under this Python, ``blutrain ...`` as ``python -m blutrain.cli``,
     ``-m module`` as ``python -m module``; anything else as given."""
@@ -368,4 +388,5 @@ def run(command: Sequence[str], nproc: int, nnodes: int = 1, node_rank: int = 0,
     return Launcher(resolve_command(command), nproc, nnodes, node_rank, master, timeout, grace).run()
 
 
-__all__ = ["Launcher", "Rank", "parse_master", "resolve_command", "run"]
+__all__ = ["THREAD_ENVS", "Launcher", "Rank", "parse_master", "rank_threads", "resolve_command",
+           "run"]

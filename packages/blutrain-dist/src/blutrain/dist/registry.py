@@ -17,14 +17,15 @@ class CommBackendRegistry(Registry[ProcessGroupFactory]):
     """Backend name → process-group factory."""
 
     def __init__(self) -> None:
-        super().__init__("communication backend")
+        super().__init__("communication backend", {"mpi": "blutrain-comm-mpi",
+                                                   "nccl": "'blutrain-comm-nccl[cuda12]' (or [cuda13])"})
 
 
 class ParallelModeRegistry(Registry[type]):
     """Mode name → parallelism-mode class."""
 
     def __init__(self) -> None:
-        super().__init__("parallel mode")
+        super().__init__("parallel mode", {mode: f"blutrain-parallel-{mode}" for mode in ("ddp", "zero", "tp", "cp")})
 
 
 def comm_backends() -> CommBackendRegistry:

@@ -2,7 +2,15 @@
 
 from blutrain.tensor import plugins
 from blutrain.tensor.autocast import autocast, get_autocast_dtype
-from blutrain.tensor.backend import Backend, BackendRegistry, Generator, array_module, backends, get_backend
+from blutrain.tensor.backend import (
+    Backend,
+    BackendRegistry,
+    DeviceProperties,
+    Generator,
+    array_module,
+    backends,
+    get_backend,
+)
 from blutrain.tensor.debug import DebugMode, debug_mode, is_debug_mode
 from blutrain.tensor.device import Device, device
 from blutrain.tensor.dtype import (
@@ -158,6 +166,7 @@ __all__ = [
     "DebugMode",
     "Device",
     "DeviceMismatchError",
+    "DeviceProperties",
     "Generator",
     "KernelNotFoundError",
     "KernelRegistry",

@@ -60,6 +60,20 @@ class Backend(Protocol):
     def manual_seed(self, seed: int) -> None: ...
 
 
+@runtime_checkable
+class DeviceProperties(Protocol):
+    """What a backend may declare about its devices for the trainer's reports (MFU, peak memory); a
+    backend that does not (the CPU) gets neither."""
+
+    def device_name(self, index: int) -> str:
+        """The device's product name, e.g. "NVIDIA H100 80GB HBM3" (the MFU peak is looked up by it)."""
+        ...
+
+    def max_memory_allocated(self, index: int) -> int | None:
+        """The most bytes that were allocated at once on the device so far, or None where not tracked."""
+        ...
+
+
 # Array type → array module, so generic kernels find NumPy or CuPy from their inputs with one dict
 # lookup (Chainer's get_array_module, without importing CuPy).
 ARRAY_MODULES: dict[type, ModuleType] = {np.ndarray: np}
@@ -85,7 +99,7 @@ class BackendRegistry(Registry[Backend]):
     """Device type → Backend, filled by ``blutrain_register_backends``."""
 
     def __init__(self) -> None:
-        super().__init__("device backend")
+        super().__init__("device backend", {"cuda": "'blutrain-backend-cupy[cuda12]' (or [cuda13])"})
 
     def register(self, name: str | Backend, obj: Backend | None = None) -> None:
         """``register(backend)`` (its ``name`` is the device type) or ``register(name, backend)``."""

@@ -7,7 +7,7 @@ provided it; a failed lookup can then say exactly what is installed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -34,10 +34,14 @@ UNKNOWN_PROVIDER = Provider("direct", "", "")
 
 
 class Registry(Generic[T]):
-    """Name → object, filled by one hook; ``kind`` names the thing in messages ("optimizer")."""
+    """Name → object, filled by one hook; ``kind`` names the thing in messages ("optimizer").
 
-    def __init__(self, kind: str) -> None:
+    ``providers`` maps names that the project's own plugins register to the distribution that provides each
+    ("adamw" → "blutrain-optim-adamw"), so that looking up one that is not installed says what to install."""
+
+    def __init__(self, kind: str, providers: Mapping[str, str] | None = None) -> None:
         self.kind = kind
+        self.known_providers: dict[str, str] = dict(providers or {})
         self._entries: dict[str, T] = {}
         self._providers: dict[str, Provider] = {}
         self.current_provider: Provider = UNKNOWN_PROVIDER
@@ -62,7 +66,9 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise NotRegisteredError(f"no {self.kind} {name!r}; installed: {self.describe()}") from None
+            dist = self.known_providers.get(name)
+            hint = f"; install {dist}" if dist else ""
+            raise NotRegisteredError(f"no {self.kind} {name!r}; installed: {self.describe()}{hint}") from None
 
     def provider(self, name: str) -> Provider:
         self.get(name)

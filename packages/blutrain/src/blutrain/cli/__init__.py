@@ -9,8 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from blutrain.cli import plugins_command
-from blutrain.data.errors import DataError
-from blutrain.tensor.errors import BluTrainError
+from blutrain.cli.user_errors import exit_status, user_error_message
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,15 +44,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(args.func(args))
         sys.stdout.flush()
         return code
-    except (BluTrainError, DataError) as exc:
-        print(f"blutrain {args.command}: error: {exc}", file=sys.stderr)
-        return 1
     except BrokenPipeError:
         # the reader went away (`blutrain plugins | head -n 1`): what it wanted was written; point stdout at
         # /dev/null so the interpreter's final flush does not raise again, and exit as a killed writer would
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except (Exception, KeyboardInterrupt) as exc:
+        # the one place where a user's mistake becomes one line and a non-zero exit; a bug keeps its traceback
+        message = user_error_message(exc)
+        if message is None:
+            raise
+        status = exit_status(exc)
+        sys.stdout.flush()
+        kind = "" if status > 128 else "error: "  # an interrupt is the user's choice, not a mistake
+        print(f"blutrain {args.command}: {kind}{message}", file=sys.stderr, flush=True)
+        return status
 
 
 if __name__ == "__main__":  # pragma: no cover

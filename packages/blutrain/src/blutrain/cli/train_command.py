@@ -7,10 +7,11 @@ Flags override the ``--config`` TOML file, which overrides the defaults of
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_FLAGS: tuple[tuple[str, type, str], ...] = (
+_FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("model", str, "a registered model family (see `blutrain plugins`): gpt2 (default), ..."),
     ("preset", str, "the family's preset, e.g. tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"),
     ("init-from", str, "start from the weights of a Hugging Face GPT-2 directory (config.json + model.safetensors, "
@@ -33,11 +34,15 @@ _FLAGS: tuple[tuple[str, type, str], ...] = (
     ("clip", float, "global gradient-norm clip (0 = off)"),
     ("eval-every", int, "validation every N steps (0 = only at the end)"),
     ("checkpoint-every", int, "checkpoint every N steps (0 = only at the end)"),
-    ("keep", int, "keep only the N newest step checkpoints (0 = keep all)"),
+    ("keep", int, "keep only the N newest step checkpoints (default 3; 0 = keep all)"),
     ("on-nonfinite", str, "a NaN/inf loss or gradient norm: skip (leave the update out, log it) or stop "
                           "(keep a checkpoint of the last good state, exit non-zero); default stop"),
-    ("out", str, "output directory"),
-    ("resume", str, "checkpoint to resume from"),
+    ("out", str, "the run's directory (default: a new runs/YYYYmmdd-HHMMSS, linked as runs/latest; with --resume, "
+                 "the checkpoint's directory); one that holds a run is refused unless resuming or --overwrite"),
+    ("resume", str, "checkpoint to resume from (metrics rows after its step are dropped, then written again)"),
+    ("log", lambda text: [n.strip() for n in text.split(",") if n.strip()],
+     "loggers of the training events, comma separated: csv (OUT/metrics.csv), tensorboard (OUT/tensorboard/, "
+     "needs blutrain-logger-tensorboard), or any installed logger plugin"),
     ("seed", int, "random seed"),
     ("parallel", str, "under `blutrain run -n N`: MODE[=VALUE][,KEY=VALUE...], ddp (VALUE: bucket MiB), "
                       "zero=STAGE (1, 2, 3) or any registered mode (see `blutrain plugins`), with the mode's options "
@@ -54,6 +59,7 @@ _SWITCHES: tuple[tuple[str, str], ...] = (
     ("async-checkpoint", "stage checkpoints to host memory and write them on a background thread"),
     ("deterministic", "deterministic kernels (e.g. the cuda embedding backward): bit-identical losses run to run"),
     ("auto-batch", "find the largest micro-batch that fits in memory; gradient accumulation keeps the global batch"),
+    ("overwrite", "replace the run already in --out: its files (metrics, checkpoints, plot) are deleted first"),
 )
 
 

@@ -128,7 +128,8 @@ class TokenLoader:
         if len(tokens) < need:
             raise LoaderError(
                 f"shard {path}: holds {len(tokens)} tokens, fewer than one step needs: batch_size*seq_len*"
-                f"world_size+1 = {self.batch_size}*{self.seq_len}*{self.world_size}+1 = {need}"
+                f"world_size+1 = {self.batch_size}*{self.seq_len}*{self.world_size}+1 = {need}; use a smaller "
+                "--batch-size or --seq-len, or more text"
             )
         return len(tokens)
 

@@ -66,6 +66,10 @@ def write_shard(path: str | os.PathLike[str], tokens: ArrayLike) -> Path:
     return path
 
 
+# what a user who gave a text (or other) file as a shard should do
+_NOT_A_SHARD = "; token shards are written from text files by `blutrain prepare TEXT... --out DIR`"
+
+
 def read_shard(path: str | os.PathLike[str]) -> TokenMemmap:
     """Memory-map the tokens of the shard at ``path`` (read-only, nothing copied).
 
@@ -84,12 +88,13 @@ def read_shard(path: str | os.PathLike[str]) -> TokenMemmap:
     except OSError as e:  # a directory, no permission, an I/O error
         raise ShardError(f"shard {path}: cannot be read: {e.strerror or e}") from None
     if size < HEADER_BYTES or len(head) < HEADER_BYTES:
-        raise ShardError(f"shard {path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header")
+        raise ShardError(f"shard {path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte header"
+                         + _NOT_A_SHARD)
     magic, version, count = (int(v) for v in np.frombuffer(head, dtype="<i4", count=3))
     if magic != SHARD_MAGIC:
         raise ShardError(
             f"shard {path}: wrong magic number, expected {SHARD_MAGIC}, received {magic} "
-            "(not an llm.c / modded-nanogpt token shard)"
+            f"(not an llm.c / modded-nanogpt token shard){_NOT_A_SHARD}"
         )
     if version != SHARD_VERSION:
         raise ShardError(f"shard {path}: unsupported version, expected {SHARD_VERSION}, received {version}")

@@ -122,6 +122,14 @@ class GPT2Config:
         (fields of this class, e.g. ``dropout``)."""
         return _config_from_hf(Path(directory) / CONFIG_NAME, overrides)
 
+    def flops_per_token(self, seq_len: int) -> int:
+        """3 × the forward's FLOPs per token (backward costs twice the forward). Forward: each layer's four
+        weight GEMMs, 2 × (3C² + C² + 4C² + 4C²) = 24C², and attention's two T-long products (q·kᵀ and the
+        weighted sum of v), 2 × 2 × T × C, counted whole as PaLM does; then the LM head, 2 × C × V. Biases,
+        norms, softmax and the embedding lookup are left out."""
+        c, v = self.n_embd, self.vocab_size
+        return 3 * (self.n_layer * (24 * c * c + 4 * seq_len * c) + 2 * c * v)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -315,6 +323,10 @@ class GPT2(Module):
         """The final-LayerNorm hidden states (B, T, n_embd) of ``idx`` at ``positions`` (default 0 .. T-1)."""
         out: Tensor = self.transformer(idx, positions)
         return out
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """The training FLOPs per token of this architecture (:meth:`GPT2Config.flops_per_token`)."""
+        return self.config.flops_per_token(seq_len)
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Parameters counted once each (the tied head is the token embedding); ``non_embedding``

@@ -41,7 +41,8 @@ class Model(Protocol):
     feeds its own head and loss (context parallelism gives each rank's chunks their global positions).
     ``generate(..., use_cache)``: a family with a KV cache decodes incrementally where ``use_cache``; one without
     recomputes the context for every token either way (the same tokens). ``parallel_plan`` (a class attribute)
-    says what tensor and context parallelism cut; None: neither applies.
+    says what tensor and context parallelism cut; None: neither applies. ``flops_per_token(seq_len)`` is what
+    the trainer's MFU counts.
     """
 
     config: Any
@@ -57,6 +58,11 @@ class Model(Protocol):
     def hidden_states(self, idx: Tensor, positions: Tensor | None = None) -> Tensor: ...
 
     def num_parameters(self) -> int: ...
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """FLOPs of one training step per token at sequence length ``seq_len``: 3 × the forward's (backward
+        costs twice the forward), GEMMs and attention's two T-long products counted, as PaLM's MFU does."""
+        ...
 
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  seed: int | None = None, use_cache: bool = True) -> Tensor: ...

@@ -11,7 +11,7 @@ from blutrain.tensor.registry import Registry
 
 class OptimizerRegistry(Registry[type]):
     def __init__(self) -> None:
-        super().__init__("optimizer")
+        super().__init__("optimizer", {"adamw": "blutrain-optim-adamw", "sgd": "blutrain-optim-sgd"})
 
 
 def optimizers() -> OptimizerRegistry:

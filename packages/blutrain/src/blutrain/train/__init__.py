@@ -16,11 +16,12 @@ from blutrain.train.checkpoint import (
     write_checkpoint,
 )
 from blutrain.train.config import ConfigError, ParallelPlan, TrainConfig
-from blutrain.train.errors import NonFiniteError, TrainError, TrainOutOfMemoryError
+from blutrain.train.errors import NonFiniteError, TrainError, TrainInterruptedError, TrainOutOfMemoryError
+from blutrain.train.loggers import logger_selected
 
 __all__ = ["CheckpointError", "CheckpointWriter", "ConfigError", "NonFiniteError", "ParallelPlan", "TrainConfig",
-           "TrainError", "TrainOutOfMemoryError", "Trainer", "load_checkpoint", "rotate_checkpoints", "save_checkpoint",
-           "stage_checkpoint", "write_checkpoint"]
+           "TrainError", "TrainInterruptedError", "TrainOutOfMemoryError", "Trainer", "load_checkpoint",
+           "logger_selected", "rotate_checkpoints", "save_checkpoint", "stage_checkpoint", "write_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:

@@ -83,19 +83,21 @@ class TrainConfig:
     eval_every: int = 150
     eval_batches: int = 8
     checkpoint_every: int = 0  # 0 → only at the end
-    out: str = "runs/latest"
+    out: str = ""  # "" → a fresh runs/<YYYYmmdd-HHMMSS> (runs/latest links to it), or the resumed checkpoint's
+    overwrite: bool = False  # replace the run already in out (its files are deleted first); never saved in config.toml
     resume: str | None = None
     seed: int = 1337
     sample_tokens: int = 200
     prompt: str = "def "
     compile: bool = False  # run each step as one compiled graph (blutrain.compiler)
     on_nonfinite: str = "stop"  # a NaN/inf loss or gradient norm: "skip" the update, or "stop" the run
-    keep: int = 0  # step checkpoints kept (the newest N); 0 → all
+    keep: int = 3  # step checkpoints kept (the newest N); 0 → all
     async_checkpoint: bool = False  # stage checkpoints to host memory, write them on a background thread
     deterministic: bool = False  # deterministic kernels (e.g. the cuda embedding backward): bit-identical runs
     auto_batch: bool = False  # find the largest micro-batch that fits; accumulation keeps the global batch
     parallel: str = ""  # "MODE[=VALUE]" ("ddp", "zero=2") or mesh sizes ("dp=2,tp=2"); "" → one process
     dist_backend: str = "auto"  # the comm backend of --parallel: "mpi", "nccl"; auto → nccl on cuda, else mpi
+    log: list[str] = field(default_factory=list)  # loggers of the training events, by plugin name: csv, tensorboard
     model_overrides: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -124,6 +126,8 @@ class TrainConfig:
             raise ConfigError(f"lr must be positive, got {self.lr}")
         if self.on_nonfinite not in ("skip", "stop"):
             raise ConfigError(f"on_nonfinite must be 'skip' or 'stop', got {self.on_nonfinite!r}")
+        if any(not isinstance(name, str) or not name for name in self.log):
+            raise ConfigError(f"log must be a list of logger names such as ['csv', 'tensorboard'], got {self.log!r}")
         if self.keep < 0:
             raise ConfigError(f"keep must be >= 0 (0 keeps every checkpoint), got {self.keep}")
         if self.compile and self.on_nonfinite == "skip":
@@ -249,10 +253,12 @@ class TrainConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def to_toml(self) -> str:
+        """The configuration as TOML (a run's config.toml). ``overwrite`` is left out: running a saved
+        configuration again must never delete the run it came from."""
         lines = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or f.name == "overwrite":
                 continue
             if isinstance(value, dict):
                 inner = ", ".join(f"{k} = {json.dumps(v)}" for k, v in value.items())

@@ -36,4 +36,27 @@ class TrainOutOfMemoryError(TrainError, MemoryError):
         self.micro_batch = micro_batch
 
 
-__all__ = ["NonFiniteError", "TrainError", "TrainOutOfMemoryError"]
+def step_out_of_memory(exc: MemoryError, *, step: int, batch_size: int, seq_len: int,
+                       device: str) -> TrainOutOfMemoryError:
+    """The error for training step ``step`` running out of memory: the allocator's message ``exc`` (what
+    was asked, what is held) between what was tried and what to try."""
+    return TrainOutOfMemoryError(
+        f"step {step}: out of memory with a micro-batch of {batch_size} × {seq_len} tokens on {device}: {exc}\n"
+        "Hint: --auto-batch finds the largest micro-batch that fits and keeps the global batch by gradient "
+        "accumulation.", step=step, micro_batch=batch_size)
+
+
+class TrainInterruptedError(TrainError):
+    """SIGINT or SIGTERM stopped the run at a step boundary, after a checkpoint of that step was written.
+
+    ``signal_number`` is the signal, ``step`` the last completed step, ``checkpoint`` the checkpoint that
+    resumes it; the ``blutrain`` command exits with 128 + ``signal_number`` (130, 143)."""
+
+    def __init__(self, message: str, *, signal_number: int, step: int, checkpoint: Path) -> None:
+        super().__init__(message)
+        self.signal_number = signal_number
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+__all__ = ["NonFiniteError", "TrainError", "TrainInterruptedError", "TrainOutOfMemoryError", "step_out_of_memory"]

@@ -27,6 +27,7 @@ from blutrain.train.checkpoint import (
 )
 
 _SHARD_FILE = re.compile(r"(.+)\.rank(\d+)-of-(\d+)\.safetensors")
+_STEP_NAME = re.compile(r"step_(\d+)")
 
 
 def shard_file(path: str | Path, rank: int, world_size: int) -> Path:
@@ -110,13 +111,22 @@ def load_any_checkpoint(path: str | Path, device: str = "cpu") -> dict[str, Any]
     return {**state, "model": model, "optimizer": optimizer}
 
 
-def remove_orphan_shards(directory: str | Path) -> list[Path]:
-    """Delete the rank files of sharded checkpoints whose rank-0 file is gone (rotated away)."""
+def remove_orphan_shards(directory: str | Path, below_step: int | None = None) -> list[Path]:
+    """Delete the rank files of sharded checkpoints whose rank-0 file is gone (rotated away).
+
+    ``below_step``: only those of step checkpoints older than that step. The trainer passes its oldest kept
+    step: another rank may already have written its file of a newer checkpoint (the next step's, or the final
+    one) whose rank-0 file is still being written, and that file is no orphan."""
     d = Path(directory)
     gone = []
     for f in d.iterdir() if d.is_dir() else []:
         m = _SHARD_FILE.fullmatch(f.name)
-        if m and not (d / f"{m.group(1)}.safetensors").exists():
+        if not m:
+            continue
+        step = _STEP_NAME.fullmatch(m.group(1))
+        if below_step is not None and (step is None or int(step.group(1)) >= below_step):
+            continue
+        if not (d / f"{m.group(1)}.safetensors").exists():
             f.unlink(missing_ok=True)
             gone.append(f)
     return gone

@@ -11,9 +11,9 @@ step) is in the checkpoint, so a resumed CPU run reproduces an uninterrupted one
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -22,11 +22,19 @@ from typing import Any, TextIO
 
 import blutrain.tensor as bt
 from blutrain.autograd import no_grad
-from blutrain.data import Tokenizer, TokenizerUnavailableError, TokenLoader, get_tokenizer, stdlib_corpus
+from blutrain.data import (
+    LoaderError,
+    Tokenizer,
+    TokenizerUnavailableError,
+    TokenLoader,
+    get_tokenizer,
+    stdlib_corpus,
+)
 from blutrain.data.prepare import PrepareReport
 from blutrain.models import ModelError, model_spec
 from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
 from blutrain.tensor import plugins
+from blutrain.tensor.errors import BluTrainError
 from blutrain.train.checkpoint import (
     CheckpointError,
     CheckpointWriter,
@@ -38,20 +46,40 @@ from blutrain.train.checkpoint import (
     write_checkpoint,
 )
 from blutrain.train.config import ConfigError, TrainConfig
-from blutrain.train.errors import NonFiniteError, TrainOutOfMemoryError
+from blutrain.train.errors import NonFiniteError, TrainInterruptedError, TrainOutOfMemoryError, step_out_of_memory
+from blutrain.train.interrupt import StopSignals, signal_name
+from blutrain.train.loggers import check_loggers
 from blutrain.train.model_source import load_initial_weights, model_config
+from blutrain.train.run_directory import (
+    MetricsLog,
+    check_run_directory,
+    default_run_directory,
+    point_latest,
+    prepare_run_directory,
+)
 from blutrain.train.sharded import (
     load_any_checkpoint,
     remove_orphan_shards,
     save_sharded_checkpoint,
     stage_sharded_checkpoint,
 )
+from blutrain.train.throughput import Throughput
 
 
 def resolve_device(name: str) -> str:
-    """``auto`` → cuda when a CUDA backend is installed and sees a GPU, else cpu."""
+    """``auto`` → cuda when a CUDA backend is installed and sees a GPU, else cpu. A named device must be
+    usable here: an installed backend that cannot run (no GPU, no CuPy) is a ConfigError saying why."""
     if name != "auto":
-        bt.device(name)  # validates against installed backends
+        try:
+            dev = bt.device(name)  # validates against installed backends
+        except BluTrainError as exc:
+            raise ConfigError(f"device {name!r}: {exc}") from None
+        if not dev.backend.is_available():
+            try:  # the backend's own reason (e.g. which package to install), from touching the device
+                bt.zeros(1, device=dev)
+            except BluTrainError as exc:
+                raise ConfigError(f"device {name!r} cannot be used here: {exc}; or train with --device cpu") from None
+            raise ConfigError(f"device {name!r}: its backend reports no available device; train with --device cpu")
         return name
     registry = bt.backends()
     if "cuda" in registry and registry.get("cuda").is_available():
@@ -129,7 +157,6 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, stream: TextIO | None = None) -> None:
         cfg.validate()
         self.cfg = cfg
-        self.out = Path(cfg.out)
         self.device = resolve_device(cfg.device)
         self.plan = cfg.parallel_plan()
         self.group: Any = self._init_distributed()
@@ -145,6 +172,13 @@ class Trainer:
             has_dp = "dp" in self.plan.mesh
             self.dp_rank, self.dp_size = (self.mesh.local_rank("dp"), self.mesh.size("dp")) if has_dp else (0, 1)
         self.stream = (stream or sys.stdout) if self.rank == 0 else open(os.devnull, "w")  # noqa: SIM115
+        # the run directory: checked before anything is built; created (and with --overwrite emptied) by run()
+        self.default_out = not cfg.out
+        if self.default_out:
+            cfg.out = str(Path(os.path.realpath(cfg.resume)).parent if cfg.resume
+                          else default_run_directory(self.world))
+        self.out = Path(cfg.out)
+        check_run_directory(self.out, resuming=bool(cfg.resume), overwrite=cfg.overwrite)
         micro = cfg.batch_size * cfg.seq_len * self.dp_size
         if cfg.total_batch_tokens and cfg.total_batch_tokens % micro:
             raise ConfigError(f"total_batch_tokens ({cfg.total_batch_tokens}) must be a multiple of batch_size × "
@@ -157,6 +191,7 @@ class Trainer:
         from blutrain.train import hookspecs
 
         plugins.add_hookspecs(hookspecs)
+        check_loggers(cfg.log)
         bt.manual_seed(cfg.seed)
         self.data = resolve_data(cfg)
         self.tokenizer, self.tokenizer_problem = self._load_tokenizer()
@@ -172,6 +207,9 @@ class Trainer:
             load_initial_weights(self.net, cfg)
         elif cfg.preset is None:
             cfg.preset = self.model_spec.default_preset
+        dev = bt.device(self.device)
+        self.throughput = Throughput.for_run(self.net.flops_per_token(cfg.seq_len), dev.backend, dev.index, cfg.dtype,
+                                             self.world)
         self.n_params = self.net.num_parameters()
         modes = self._parallel_modes()
         self.model: Any = self.net
@@ -197,6 +235,8 @@ class Trainer:
         # sharded checkpoints: every rank holding a part writes it (zero's optimizer, tp's model)
         self.sharded = hasattr(self.optimizer, "state_shard") or self.gatherer is not None
         self.step = 0
+        self._signals: StopSignals | None = None  # while run() trains: SIGINT/SIGTERM stop at a step boundary
+        self._agreed_stop: int | None = None
         self.skipped_steps: list[int] = []
         self.history: list[dict[str, Any]] = []
         self.val_history: list[tuple[int, float]] = []
@@ -445,16 +485,31 @@ class Trainer:
 
     def _rotate(self, _: Path) -> None:
         rotate_checkpoints(self.out, self.cfg.keep)
-        remove_orphan_shards(self.out)
+        kept = step_checkpoints(self.out)
+        if kept:  # the rank files of rotated checkpoints; not those of newer ones other ranks are writing
+            remove_orphan_shards(self.out, below_step=kept[0][0])
 
     def _resume(self, path: str, state: dict[str, Any]) -> None:
+        saved = state["config"].get("train", {}) if isinstance(state.get("config"), dict) else {}
+        saved_optimizer = saved.get("optimizer")
+        if isinstance(saved_optimizer, str) and saved_optimizer != self.cfg.optimizer:
+            raise ConfigError(f"resume: {path} holds the state of optimizer {saved_optimizer!r}, but this run uses "
+                              f"--optimizer {self.cfg.optimizer}; resume with --optimizer {saved_optimizer}, or start "
+                              "a new run (another --out) to train with another optimizer")
         if self.gatherer is not None:  # tp: each rank cuts its blocks from the whole state
             self.gatherer.load_full_state_dict(state["model"])
             self.gatherer.load_full_optimizer_state_dict(self.optimizer, state["optimizer"])
         else:
             self._state_model().load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-        self.loader.load_state_dict(self._loader_state_for_this_layout(state["loader"]))
+        try:
+            self.loader.load_state_dict(self._loader_state_for_this_layout(state["loader"]))
+        except LoaderError as exc:
+            batch, seq = saved.get("batch_size"), saved.get("seq_len")
+            raise ConfigError(f"resume: {path} was trained with --batch-size {batch} --seq-len {seq} on other data or "
+                              f"settings than this run (--batch-size {self.cfg.batch_size} --seq-len "
+                              f"{self.cfg.seq_len}): {exc}. Resume with the run's own settings: blutrain train "
+                              f"--config {Path(path).parent / 'config.toml'} --resume {path}") from None
         self.step = int(state["trainer"]["step"])
         self.val_history = [tuple(v) for v in state["trainer"].get("val_history", [])]
         self.skipped_steps = [int(s) for s in state["trainer"].get("skipped_steps", [])]
@@ -577,10 +632,19 @@ class Trainer:
         """Mean loss (over micro-batches and ranks), gradient norm and whether both are finite, through
         one device-to-host copy: the step's one host sync. Every rank reads the same numbers, so every
         rank makes the same non-finite decision."""
-        stacked = bt.stack([*(x.to(dtype=bt.float32) for x in losses), norm.to(dtype=bt.float32)])
-        if self.group is not None and self.world > 1:
+        parts = [*(x.to(dtype=bt.float32) for x in losses), norm.to(dtype=bt.float32)]
+        several = self.group is not None and self.world > 1
+        if several:  # and whether any rank received a stop signal: all stop after this same step
+            received = self._signals.received if self._signals is not None else None
+            parts.append(bt.full((), float(received or 0), dtype=bt.float32, device=self.device))
+        stacked = bt.stack(parts)
+        if several:
             self.group.all_reduce(stacked, op="avg")  # the norm is global already: an average of equal values
         values = stacked.tolist()
+        if several:
+            flag = values.pop()
+            received = self._signals.received if self._signals is not None else None
+            self._agreed_stop = (received or signal.SIGTERM) if flag > 0 else None
         loss = sum(values[:-1]) / len(losses)
         return loss, values[-1], all(math.isfinite(v) for v in values)
 
@@ -615,10 +679,8 @@ class Trainer:
                 if finite:
                     self.optimizer.step()
         except MemoryError as exc:
-            raise TrainOutOfMemoryError(
-                f"step {self.step + 1}: out of memory with a micro-batch of {cfg.batch_size} × {cfg.seq_len} tokens "
-                f"on {self.device}: {exc}\nHint: --auto-batch finds the largest micro-batch that fits and keeps "
-                "the global batch by gradient accumulation.", step=self.step + 1, micro_batch=cfg.batch_size) from exc
+            raise step_out_of_memory(exc, step=self.step + 1, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                                     device=self.device) from exc
         m: dict[str, Any] = {"step": self.step + 1, "loss": loss, "lr": lr, "grad_norm": norm}
         if not finite:
             self._nonfinite(m, before)
@@ -626,7 +688,7 @@ class Trainer:
         dt = time.perf_counter() - t0
         self.step += 1
         tokens = self.accum * cfg.batch_size * cfg.seq_len * self.dp_size
-        return m | {"tok_per_s": tokens / dt, "step_ms": dt * 1e3}
+        return m | {"tok_per_s": tokens / dt, "step_ms": dt * 1e3} | self.throughput.metrics(tokens / dt)
 
     def _nonfinite(self, m: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
         step, what = m["step"], f"loss {m['loss']}, gradient norm {m['grad_norm']}"
@@ -698,14 +760,24 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
+        # rank 0 checks again, creates and empties; every rank checked when it was built, before any wrote
+        # (a rank that checked now could see rank 0's new config.toml as an old run)
+        removed = []
+        if self.rank == 0:
+            removed = prepare_run_directory(self.out, resuming=bool(cfg.resume), overwrite=cfg.overwrite)
+        else:
+            self.out.mkdir(parents=True, exist_ok=True)
+        if removed:
+            self._print(f"--overwrite: removed the previous run's {len(removed)} file(s) from {self.out}")
         if self.rank == 0:
             (self.out / "config.toml").write_text(cfg.to_toml())
+            if self.default_out and not cfg.resume:
+                point_latest(self.out)
         ranks = f" × {self.world} ranks ({cfg.parallel})" if self.group is not None else ""
         model = cfg.preset or cfg.init_from
         self._print(f"BluTrain: {cfg.model} '{model}' ({self.n_params / 1e6:.2f} M parameters) on {self.device}, "
                     f"{cfg.optimizer}, {cfg.batch_size}×{cfg.seq_len} tokens × {self.accum} per step{ranks}, "
-                    f"{cfg.max_steps} steps")
+                    f"{cfg.max_steps} steps; writing to {self.out}")
         if self.data.baseline_nats is not None:
             self._print(f"data: {self.data.train_pattern} (byte-unigram entropy of val: "
                         f"{self.data.baseline_nats:.3f} nats/token — the loss to beat)")
@@ -718,48 +790,104 @@ class Trainer:
         stale = remove_stale_temporaries(self.out) if self.rank == 0 else []
         if stale:
             self._print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint saves in {self.out}")
-        self._emit("train_start", {"step": self.step, "config": cfg.to_dict()})
         metrics_path = self.out / "metrics.jsonl" if self.rank == 0 else Path(os.devnull)
-        mode = "a" if cfg.resume else "w"
+        resumed_step = self.step if cfg.resume else None
+        self._emit("train_start", {"step": self.step, "config": cfg.to_dict()})
         start = time.perf_counter()
         first_step = self.step
-        try:
-            with open(metrics_path, mode) as metrics:
-                while self.step < cfg.max_steps:
-                    m = self.train_step()
-                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.max_steps:
-                        val = self.evaluate()
-                        if val is not None:
-                            m["val_loss"] = val
-                            self.val_history.append((self.step, val))
-                            self._emit("eval_end", {"step": self.step, "val_loss": val})
-                    metrics.write(json.dumps(m) + "\n")
-                    metrics.flush()
-                    self.history.append(m)
-                    self._emit("step_end", dict(m))
-                    self._progress(m, start, first_step)
-                    if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.max_steps:
-                        path = self._save_step_checkpoint()
-                        self._emit("checkpoint_saved", {"step": self.step, "path": str(path)})
-            if self.writer is not None:
-                self.writer.wait()
-        except BaseException:
-            if self.writer is not None:  # let a save in flight finish: it holds good state
-                with contextlib.suppress(CheckpointError):
+        final_val: float | None = None
+        evaluated = False
+        # SIGINT/SIGTERM are held from the first step until the final checkpoint is written: before the last
+        # step they stop the run at the next step boundary, after it the run finishes writing first
+        with StopSignals() as signals:
+            self._signals = signals
+            try:
+                with MetricsLog(metrics_path, resumed_step) as metrics:
+                    while self.step < cfg.max_steps:
+                        m = self.train_step()
+                        last = self.step == cfg.max_steps
+                        stop = None if last else self._stop_requested()
+                        if (last or (cfg.eval_every and self.step % cfg.eval_every == 0)) and stop is None:
+                            val = self.evaluate()
+                            evaluated = last
+                            if val is not None:
+                                m["val_loss"] = final_val = val
+                                self.val_history.append((self.step, val))
+                                self._emit("eval_end", {"step": self.step, "val_loss": val})
+                        dropped = metrics.write(m)
+                        if dropped:
+                            self._print(f"dropped {dropped} row(s) after step {resumed_step} from {metrics_path}: "
+                                        "those steps were trained again")
+                        self.history.append(m)
+                        self._emit("step_end", dict(m))
+                        self._progress(m, start, first_step)
+                        saved = None
+                        if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
+                            saved = self._save_step_checkpoint()
+                            self._emit("checkpoint_saved", {"step": self.step, "path": str(saved)})
+                        if stop is not None:
+                            self._stop(stop, saved)
+                if self.writer is not None:
                     self.writer.wait()
-            raise
-        if self.stream.isatty():
-            self.stream.write("\n")
-        final_val = self.evaluate()
-        if final_val is not None:
-            self.val_history.append((self.step, final_val))
-            self._print(f"validation loss at step {self.step}: {final_val:.4f}")
-        ckpt = self.save(self.out / "final.safetensors")
-        plot = self._plot() if self.rank == 0 else None
+            except BaseException:
+                if self.writer is not None:  # let a save in flight finish: it holds good state
+                    with contextlib.suppress(CheckpointError):
+                        self.writer.wait()
+                raise
+            finally:
+                self._signals = None
+            if self.stream.isatty():
+                self.stream.write("\n")
+            if not evaluated:  # the loop did not reach the last step here (a run resumed at its end)
+                final_val = self.evaluate()
+                if final_val is not None:
+                    self.val_history.append((self.step, final_val))
+                    self._print(f"validation loss at step {self.step}: {final_val:.4f}")
+            ckpt = self.save(self.out / "final.safetensors")
+            plot = self._plot() if self.rank == 0 else None
+        received = signals.received
         result = {"step": self.step, "val_loss": final_val, "checkpoint": str(ckpt),
                   "train_loss": self.history[-1]["loss"] if self.history else None}
+        if received is not None and self.world == 1:  # came after the last step: the run is whole, then stop
+            name = signal_name(received)
+            self._emit("train_end", result | {"interrupted": name})
+            raise TrainInterruptedError(f"{name} received: the run had finished its {self.step} steps; wrote {ckpt}",
+                                        signal_number=received, step=self.step, checkpoint=ckpt)
         self._emit("train_end", result)
         return result | {"plot": str(plot) if plot else None}
+
+    # -- stopping on a signal --------------------------------------------------------------------
+    def _stop_requested(self) -> int | None:
+        """The stop signal this step ended with, or None. One process: the signal it received. Several
+        ranks: the decision every rank read in the step's one reduction (``_read``), so that all stop after
+        the same step even when the launcher's forwarded signal reached them at different moments."""
+        if self.world > 1:
+            return self._agreed_stop
+        return self._signals.received if self._signals is not None else None
+
+    def _stop(self, signum: int, saved: Path | None) -> None:
+        """At a step boundary after SIGINT/SIGTERM: a checkpoint of this step (unless the periodic one was just
+        written), the plot, then :class:`TrainInterruptedError` saying how to resume."""
+        path = saved if saved is not None else self.out / f"step_{self.step:06d}.safetensors"
+        if saved is None:
+            self.save(path)
+            if self.rank == 0:
+                self._rotate(path)
+        elif self.writer is not None:
+            self._settle() if self.sharded else self.writer.wait()
+        plot = self._plot() if self.rank == 0 else None
+        if self.stream.isatty():
+            self.stream.write("\n")
+        name = signal_name(signum)
+        self._emit("train_end", {"step": self.step, "val_loss": None, "checkpoint": str(path), "train_loss":
+                                 self.history[-1]["loss"] if self.history else None, "interrupted": name})
+        wrote = f"{path}" + (f" and {plot}" if plot else "")
+        # a run started with init_from resumes from its checkpoint alone (init_from and resume both set weights)
+        note = f" (with the line init_from = ... taken out of {self.out / 'config.toml'})" if self.cfg.init_from else ""
+        raise TrainInterruptedError(
+            f"{name} received: stopped after step {self.step} of {self.cfg.max_steps} and wrote {wrote}; resume "
+            f"with: blutrain train --config {self.out / 'config.toml'} --resume {path}{note}", signal_number=signum,
+            step=self.step, checkpoint=path)
 
     # -- output --------------------------------------------------------------------------------
     def _emit(self, event: str, state: dict[str, Any]) -> None:
@@ -778,16 +906,21 @@ class Trainer:
         filled = int(width * self.step / self.cfg.max_steps)
         bar = "█" * filled + "·" * (width - filled)
         line = (f"[{bar}] step {self.step}/{self.cfg.max_steps}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  "
-                f"{m['tok_per_s']:,.0f} tok/s  ETA {eta:4.0f}s")
-        if "val_loss" in m:
-            line += f"  val {m['val_loss']:.4f}"
+                f"{m['tok_per_s']:,.0f} tok/s")
+        if "mfu" in m:
+            line += f"  MFU {m['mfu']:.1%}"
+        if "mem_peak_bytes" in m:
+            line += f"  mem {m['mem_peak_bytes'] / 2**30:.2f} GiB"
+        line += f"  ETA {eta:4.0f}s"
         if self.stream.isatty():
-            self.stream.write("\r" + line)
+            self.stream.write("\r" + line + "\x1b[K")  # erase what a longer previous line left
             self.stream.flush()
-            if "val_loss" in m:
-                self.stream.write("\n")
-        elif self.step % max(self.cfg.max_steps // 20, 1) == 0 or "val_loss" in m or self.step == 1:
+        elif self.step % max(self.cfg.max_steps // 20, 1) == 0 or self.step == 1:
             self._print(line)
+        if "val_loss" in m:  # its own line: the next step's progress line overwrites this one on a terminal
+            if self.stream.isatty():
+                self.stream.write("\n")
+            self._print(f"step {self.step}: validation loss {m['val_loss']:.4f}")
 
     def _plot(self) -> Path | None:
         from blutrain.train.plot import plot_losses

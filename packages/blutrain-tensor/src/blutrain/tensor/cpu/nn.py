@@ -293,7 +293,9 @@ def linear_cross_entropy(x: Array, w: Array, target: Array, ignore_index: int, l
     count = (target != ignore_index).sum()
     with _quiet():
         loss = xp.asarray(total / count if mean else total).astype(as_dtype(loss_dtype).np)
-        scale = xp.asarray(acc.type(1) / count if mean else 1, dtype=acc)
+        # a mean over no targets is 0/0: NaN loss and NaN gradients. The scale is NaN rather than 1/0 = inf,
+        # so that backward's gradient × scale gives those NaNs without an invalid-value warning (0 × inf)
+        scale = xp.asarray((acc.type(1) / count if count else acc.type("nan")) if mean else 1, dtype=acc)
     return (loss, scale, None if dx is None else dx.astype(x.dtype, copy=False),
             None if dw is None else dw.astype(w.dtype, copy=False))
 
