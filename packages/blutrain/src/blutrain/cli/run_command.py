@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from blutrain.dist import launcher
-
 
 def add_command(sub: Any) -> None:
     p = sub.add_parser(
@@ -31,5 +29,9 @@ def add_command(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here, not with the parser: blutrain.dist needs blutrain-autograd, and a `blutrain train` without it
+    # must reach the CLI's one-line message for a missing package
+    from blutrain.dist import launcher
+
     return launcher.run(args.command, args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master=args.master,
                         timeout=args.timeout, grace=args.grace)
