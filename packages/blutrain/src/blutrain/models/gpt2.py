@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from blutrain.autograd import checkpoint, is_grad_enabled, no_grad
+from blutrain.autograd import checkpoint, is_grad_enabled
 from blutrain.models.errors import ModelError, PretrainedError
 from blutrain.models.parallel_plan import ModelParallelPlan
-from blutrain.models.sampling import sample_from_logits
+from blutrain.models.sampling import sample_tokens
 from blutrain.nn import (
     GELU,
     CausalSelfAttention,
@@ -41,13 +41,9 @@ from blutrain.nn.module import is_plain
 from blutrain.tensor import (
     Tensor,
     arange,
-    cat,
     cross_entropy,
-    float64,
-    from_numpy,
     linear_cross_entropy,
     linear_gelu,
-    rand,
 )
 from blutrain.tensor.errors import ShapeError, TensorTypeError
 from blutrain.tensor.serialization import SerializationError, load_file, save_file
@@ -355,41 +351,8 @@ class GPT2(Module):
         cache). A model whose transformer, blocks or attention carry hooks or are replaced by a plugin
         decodes without the cache. ``use_cache=False`` recomputes the whole context for every token.
         """
-        self.check_ids(idx, check_length=False)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ModelError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or temperature < 0 or not math.isfinite(temperature):
-            raise ModelError(f"generate: temperature must be a finite number >= 0, got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
-            raise ModelError(f"generate: top_k must be a positive int or None, got {top_k!r}")
-        rng = np.random.Generator(np.random.Philox(seed)) if seed is not None else None
-        block = self.config.block_size
-        cache = KVCache(self.config.n_layer) if use_cache and self.transformer.decodes_incrementally() else None
-        was_training = self.training
-        self.eval()
-        try:
-            with no_grad():
-                for _ in range(max_new_tokens):
-                    if cache is None:
-                        context = idx if idx.shape[1] <= block else idx[:, -block:]
-                        hidden = self.transformer(context).select(1, -1)
-                    else:
-                        if idx.shape[1] > block:  # the window slid: no cached position keeps its place
-                            cache.clear()
-                        context = idx[:, -block:] if cache.length == 0 else idx[:, cache.length:]
-                        hidden = self.transformer.decode(context, cache).select(1, -1)
-                    logits = np.asarray(self.lm_head(hidden), dtype=np.float64)
-                    u: np.ndarray[Any, Any]
-                    if rng is not None:
-                        u = rng.random((logits.shape[0],))
-                    else:
-                        u = np.asarray(rand(logits.shape[0], dtype=float64, device=idx.device))
-                    nxt = sample_from_logits(logits, temperature, top_k, u)
-                    step = from_numpy(nxt.reshape(-1, 1).astype(idx.dtype.np)).to(idx.device)
-                    idx = cat([idx, step], dim=1)
-        finally:
-            self.train(was_training)
-        return idx
+        decode = self.transformer.decode if use_cache and self.transformer.decodes_incrementally() else None
+        return sample_tokens(self, idx, max_new_tokens, temperature, top_k, seed, self.lm_head, decode)
 
     # -- Hugging Face layout -----------------------------------------------------------------
     @classmethod
