@@ -216,8 +216,10 @@ def test_plugins_check_prints_no_runtime_warning(workdir: Path) -> None:
 
 
 # -- point 6: each rank of `blutrain run` gets its share of the cores ------------------------------------
-PRINT_THREADS = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
-                 + repr(launcher.THREAD_ENVS) + "}), flush=True)")
+# one write of the whole line: print() writes the text and its newline separately, and the two ranks share the
+# launcher's stdout, so two lines could come out as one ('{...}{...}') on a busy machine
+PRINT_THREADS = ("import json, os, sys; sys.stdout.write(json.dumps({k: os.environ.get(k) for k in "
+                 + repr(launcher.THREAD_ENVS) + "}) + '\\n'); sys.stdout.flush()")
 
 
 def _rank_threads(workdir: Path, env: dict[str, str]) -> list[dict[str, str | None]]:
