@@ -42,6 +42,15 @@ GRAD_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "f
                "fp32": "float32", "float32": "float32"}
 
 
+def comm_dtype(owner: str, grad_dtype: str | None) -> DType | None:
+    """The dtype ``grad_dtype`` names (None: the gradients' own), or DistArgumentError from ``owner``."""
+    if grad_dtype is None:
+        return None
+    if grad_dtype not in GRAD_DTYPES:
+        raise DistArgumentError(f"{owner}: grad_dtype must be one of {', '.join(GRAD_DTYPES)}, got {grad_dtype!r}")
+    return as_dtype(GRAD_DTYPES[grad_dtype])
+
+
 class DistributedDataParallel(Module):
     """Wrap ``module`` so that ``backward()`` leaves every rank with the group-average gradient.
 
@@ -62,11 +71,8 @@ class DistributedDataParallel(Module):
         if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
             raise DistArgumentError(f"DistributedDataParallel: bucket_cap_mb must be a number > 0, got "
                                     f"{bucket_cap_mb!r}")
-        if grad_dtype is not None and grad_dtype not in GRAD_DTYPES:
-            raise DistArgumentError(f"DistributedDataParallel: grad_dtype must be one of {', '.join(GRAD_DTYPES)}, "
-                                    f"got {grad_dtype!r}")
+        self.comm_dtype = comm_dtype("DistributedDataParallel", grad_dtype)
         self.module = module
-        self.comm_dtype: DType | None = None if grad_dtype is None else as_dtype(GRAD_DTYPES[grad_dtype])
         self.group: ProcessGroup = traceable(get_process_group() if group is None else group)
         self.bucket_cap_mb = float(bucket_cap_mb)
         if broadcast_parameters:
@@ -105,8 +111,7 @@ class DDP:
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, grad_dtype: str | None = None) -> None:
-        if grad_dtype is not None and grad_dtype not in GRAD_DTYPES:
-            raise DistArgumentError(f"ddp: grad_dtype must be one of {', '.join(GRAD_DTYPES)}, got {grad_dtype!r}")
+        comm_dtype("ddp", grad_dtype)  # refused at once, before any model is built
         if isinstance(mesh, DeviceMesh):
             # context-parallel ranks hold replicas too (each saw part of the sequence): average over dp × cp
             self.group = mesh.get_group(self.dim, "cp") if "cp" in mesh.names else mesh.get_group(self.dim)
