@@ -216,8 +216,7 @@ class BluTrainRank:
         try:
             Steps(report, entry, meter, self.profiler).run(c, lambda: float(trainer.train_step()["loss"]))
         finally:
-            if trainer.compiled_step is not None:
-                trainer.compiled_step.reset()  # its graphs and their memory, before the next configuration
+            trainer.release_compiled()  # its graphs and their memory, before the next configuration
 
     def free(self) -> None:
         gc.collect()
@@ -228,8 +227,7 @@ class BluTrainRank:
         from blutrain_backend_cupy import cuda
 
         cuda.synchronize()
-        if hasattr(cuda, "empty_cache"):
-            cuda.empty_cache()
+        cuda.empty_cache()
         cupy.get_default_memory_pool().free_all_blocks()
 
     def teardown(self) -> None:
