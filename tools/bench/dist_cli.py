@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
+from bench.dist_report import scaling_efficiency
+
 TRAIN = ["--device", "cuda", "--preset", "gpt2-124m", "--dtype", "bf16", "--eval-every", "0", "--warmup-steps", "5"]
 
 
@@ -53,9 +56,9 @@ def scaling(results: list[dict[str, Any]]) -> None:
     """Each row's efficiency: tokens/s(N) / (N x tokens/s(1)) against the one-GPU row of the same compile flag."""
     single = {r["compiled"]: r["tok_per_s"] for r in results if r["gpus"] == 1 and "tok_per_s" in r}
     for r in results:
-        base = single.get(r["compiled"])
-        if "tok_per_s" in r and base and r["gpus"] > 1:
-            r["efficiency"] = r["tok_per_s"] / (r["gpus"] * base)
+        efficiency = scaling_efficiency(r.get("tok_per_s"), single.get(r["compiled"]), r["gpus"])
+        if efficiency is not None and r["gpus"] > 1:
+            r["efficiency"] = efficiency
 
 
 def main() -> int:
