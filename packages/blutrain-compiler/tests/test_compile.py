@@ -306,7 +306,7 @@ def test_an_in_place_kernel_that_left_its_operands_unchanged_when_traced_still_w
     a, b = bt.ones(3), bt.ones(5)  # state, as gradients are
 
     def rescale(coef: bt.Tensor) -> bt.Tensor:
-        multi_tensor_apply("scale_multi_tensor", [[a, b]], coef._data, written=(0,))
+        multi_tensor_apply("scale_multi_tensor", [[a, b]], coef.array, written=(0,))
         return coef * 2.0
 
     fn = bc.compile(rescale, warmup=0)

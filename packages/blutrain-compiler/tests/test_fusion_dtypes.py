@@ -112,10 +112,10 @@ def test_ops_whose_scalars_change_between_calls_are_not_fused() -> None:
     tracer = Tracer()
     with tracing(tracer):
         t = bt.from_numpy(_bf16((4, 5), 0))
-        t._data = tracer.add_input(t._data)
-        out = (t * 0.5).float()
+        with bt.capture.substitute_arrays([t], [tracer.add_input(t.array)]):
+            out = (t * 0.5).float()
     mul_uid = next(ev.uid for ev in tracer.events if ev.op == "mul")
-    module = build_module(tracer, [out._data.vid], dynamic=frozenset({mul_uid}))
+    module = build_module(tracer, [out.array.vid], dynamic=frozenset({mul_uid}))
     bc.run_pipeline(module, ["elementwise-fusion"])
     assert _regions(module) == []
 

@@ -57,7 +57,7 @@ def test_a_round_trip_through_the_gpu_is_exact(dtype: str) -> None:
 def test_large_copies_to_the_host_are_exact() -> None:
     a = np.random.default_rng(1).standard_normal(1 << 20).astype(np.float32)  # 4 MiB: the pinned path
     t = bt.tensor(a, device="cuda")
-    back = get_backend("cuda").to_host(t._data[::2])  # a strided view too
+    back = get_backend("cuda").to_host(t.array[::2])  # a strided view too
     assert np.array_equal(back, a[::2])
     assert np.array_equal(t.cpu().numpy(), a)
 
@@ -526,7 +526,7 @@ def test_casts_between_float_dtypes_on_cuda_equal_the_cpu_bit_for_bit(src: str, 
                 assert got.dtype == want.dtype and got.shape == want.shape
                 nan = np.isnan(want.astype(np.float32))
                 assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
-                if view(g)._data.flags.c_contiguous or view(g)._data.flags.f_contiguous:
+                if view(g).array.flags.c_contiguous or view(g).array.flags.f_contiguous:
                     nan[...] = False  # the cast kernels give NumPy's NaN bits too; CuPy's astype (strided) may not
                 assert np.array_equal(got.view(f"u{got.itemsize}")[~nan], want.view(f"u{want.itemsize}")[~nan])
 

@@ -113,7 +113,7 @@ class MPIWork:
 
 
 def _array(t: Tensor) -> Array:
-    return t._data  # type: ignore[no-any-return]
+    return t.array  # type: ignore[no-any-return]
 
 
 def _bytes(a: Array) -> Array:
@@ -176,12 +176,12 @@ class MPIProcessGroup:
         a = _array(t)
         staged = reduce_dtype and a.dtype.name not in _NATIVE
         if not staged and a.flags.c_contiguous:
-            return a, t._bump_version
+            return a, t.bump_version
         buf = a.astype(np.float32) if staged else np.ascontiguousarray(a)
 
         def back() -> None:
             a[...] = buf.astype(a.dtype, copy=False) if staged else buf
-            t._bump_version()
+            t.bump_version()
 
         return buf, back
 
@@ -250,7 +250,7 @@ class MPIProcessGroup:
         def finish() -> None:
             for r, out in enumerate(outputs):
                 _array(out)[...] = buf[r]
-                out._bump_version()
+                out.bump_version()
 
         return self._run("all_gather", req, finish, async_op, send, buf)
 

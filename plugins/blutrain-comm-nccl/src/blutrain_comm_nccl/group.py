@@ -248,7 +248,7 @@ class NCCLProcessGroup:
         def call(stream: int) -> None:
             self.comm.allReduce(ptr, ptr, n, dtype, _OPS[op], stream)
 
-        t._bump_version()
+        t.bump_version()
         return self._launch("all_reduce", call, (t,), async_op)
 
     def all_reduce_coalesced(self, tensors: list[Tensor], op: ReduceOp = "sum",
@@ -265,7 +265,7 @@ class NCCLProcessGroup:
                     self.comm.allReduce(ptr, ptr, n, dtype, _OPS[op], stream)
 
         for t in ts:
-            t._bump_version()
+            t.bump_version()
         return self._launch("all_reduce_coalesced", call, tuple(ts), async_op)
 
     def reduce_scatter(self, output: Tensor, input: Tensor, op: ReduceOp = "sum",
@@ -279,7 +279,7 @@ class NCCLProcessGroup:
         def call(stream: int) -> None:
             self.comm.reduceScatter(src, dst, n, dtype, _OPS[op], stream)
 
-        out._bump_version()
+        out.bump_version()
         return self._launch("reduce_scatter", call, (out, inp), async_op)
 
     def all_gather_into_tensor(self, output: Tensor, input: Tensor, async_op: bool = False) -> Work | None:
@@ -291,7 +291,7 @@ class NCCLProcessGroup:
         def call(stream: int) -> None:
             self.comm.allGather(src, dst, n, _BYTES, stream)
 
-        out._bump_version()
+        out.bump_version()
         return self._launch("all_gather_into_tensor", call, (out, inp), async_op)
 
     def all_gather(self, outputs: list[Tensor], input: Tensor, async_op: bool = False) -> Work | None:
@@ -319,7 +319,7 @@ class NCCLProcessGroup:
         def call(stream: int) -> None:
             self.comm.broadcast(ptr, ptr, n, _BYTES, src, stream)
 
-        t._bump_version()
+        t.bump_version()
         return self._launch("broadcast", call, (t,), async_op)
 
     def all_to_all(self, output: Tensor, input: Tensor, async_op: bool = False) -> Work | None:
@@ -335,7 +335,7 @@ class NCCLProcessGroup:
                     self.comm.send(src + peer * block, block, _BYTES, peer, stream)
                     self.comm.recv(dst + peer * block, block, _BYTES, peer, stream)
 
-        out._bump_version()
+        out.bump_version()
         return self._launch("all_to_all", call, (out, inp), async_op)
 
     def send(self, tensor: Tensor, dst: int, async_op: bool = False) -> Work | None:
@@ -356,7 +356,7 @@ class NCCLProcessGroup:
         def call(stream: int) -> None:
             self.comm.recv(ptr, n, _BYTES, src, stream)
 
-        t._bump_version()
+        t.bump_version()
         return self._launch(f"recv from rank {src}", call, (t,), async_op)
 
     def sendrecv(self, send: Tensor, dst: int, recv: Tensor, src: int, async_op: bool = False) -> Work | None:
@@ -374,7 +374,7 @@ class NCCLProcessGroup:
                 self.comm.send(src_ptr, n_in, _BYTES, dst, stream)
                 self.comm.recv(dst_ptr, n_out, _BYTES, src, stream)
 
-        out._bump_version()
+        out.bump_version()
         return self._launch(f"sendrecv to rank {dst} from rank {src}", call, (out, inp), async_op)
 
     def barrier(self) -> None:

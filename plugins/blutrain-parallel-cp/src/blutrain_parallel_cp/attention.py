@@ -37,7 +37,7 @@ from blutrain.autograd.rules import no_double_backward
 from blutrain.dist import DistArgumentError, ProcessGroup, Work
 from blutrain.tensor import Tensor, cat, dispatch, float32, float64, scaled_dot_product_attention, stack, zeros_like
 from blutrain.tensor.autocast import lower
-from blutrain.tensor.dtype import DType, from_numpy_dtype
+from blutrain.tensor.dtype import DType
 from blutrain_parallel_cp.comm import (
     all_to_all,
     gather_unrecorded,
@@ -65,8 +65,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Parti
     """The attention of ``q`` (..., L, D) over ``k``/``v`` (..., S, D) and each query's log-sum-exp of
     scores (..., L), by the flash-attention kernel ("sdpa"; ``causal``: query i sees keys 0..i). Values
     only, not recorded: the ring and all-gather ops differentiate their merged result as a whole."""
-    out, lse = dispatch.kernel("sdpa", q.device.type, q.dtype)(q._data, k._data, v._data, None, causal, scale)
-    return Tensor._make(out, q.dtype, q.device), Tensor._make(lse, from_numpy_dtype(lse.dtype), q.device)
+    out, lse = dispatch.call_multi("sdpa", q, k, v, None, causal, scale, out_dtypes=(q.dtype, None))
+    assert out is not None and lse is not None  # the kernel returns both
+    return out, lse
 
 
 def merge_partials(parts: list[Partial]) -> Partial:
@@ -121,10 +122,10 @@ def _block_grads(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
     """The block's share of dq (its query rows), dk and dv (its key rows), given the merged ``out`` and
     ``lse`` of the queries."""
     q0, keys, causal = block
-    grads = dispatch.kernel("sdpa_backward", q.device.type, q.dtype)(
-        _rows(dout, q0)._data, _rows(q, q0)._data, k.narrow(-2, 0, keys)._data, v.narrow(-2, 0, keys)._data,
-        _rows(out, q0)._data, lse.narrow(-1, q0, lse.shape[-1] - q0)._data, None, causal, scale)
-    dq, dk, dv = (Tensor._make(g, q.dtype, q.device) for g in grads)
+    dq, dk, dv = dispatch.call_multi(
+        "sdpa_backward", _rows(dout, q0), _rows(q, q0), k.narrow(-2, 0, keys), v.narrow(-2, 0, keys), _rows(out, q0),
+        lse.narrow(-1, q0, lse.shape[-1] - q0), None, causal, scale, dtype=q.dtype)
+    assert dq is not None and dk is not None and dv is not None  # the kernel returns all three
     return dq, dk, dv
 
 

@@ -172,10 +172,10 @@ def _linear_backward(g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_w:
                      wide_x: bool, wide_w: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """``linear``'s own backward kernel: (dx, dW, db) of ``y = x Wᵀ + b``, in x's dtype, or float32 for dx
     with ``wide_x`` and for dW, db with ``wide_w`` (from the GEMMs' float32 accumulators)."""
-    gx, gw, gb = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
-        g.detach()._data, x.detach()._data, weight.detach()._data, need_x, need_w, need_b, wide_x, wide_w)
-    return tuple(None if d is None else Tensor._make(d, float32 if wide else x.dtype, x.device)  # type: ignore[return-value]
-                 for d, wide in ((gx, wide_x), (gw, wide_w), (gb, wide_w)))
+    gx, gw, gb = dispatch.call_multi("linear_backward", g, x, weight, need_x, need_w, need_b, wide_x, wide_w,
+                                     dtype=x.dtype, out_dtypes=tuple(float32 if wide else x.dtype
+                                                                     for wide in (wide_x, wide_w, wide_w)))
+    return gx, gw, gb
 
 
 __all__ = ["COLUMN_PARALLEL_LINEAR", "ROW_PARALLEL_LINEAR", "check_chunks", "column_parallel_linear",

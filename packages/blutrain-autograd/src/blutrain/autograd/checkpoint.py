@@ -34,7 +34,7 @@ def checkpoint(fn: Callable[..., Any], *args: Any) -> Any:
     inputs = tuple(args)
     if not is_grad_enabled():
         return out
-    if not any(isinstance(a, Tensor) and a._rg for a in inputs):
+    if not any(isinstance(a, Tensor) and a.requires_grad for a in inputs):
         raise AutogradError("checkpoint: no input requires grad, so the parameters used inside fn would get no "
                             "gradient; pass at least one input that requires grad")
     engine.record("checkpoint", inputs, tuple(outs), {"fn": fn, "rng": states})
@@ -66,7 +66,7 @@ def _backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...
     outs = out if isinstance(out, tuple) else (out,)
     roots, seeds = [], []
     for o, g in zip(outs, grads, strict=True):
-        if g is not None and o._rg:
+        if g is not None and o.requires_grad:
             roots.append(o)
             seeds.append(g)
     # parameters used inside fn are leaves of the recomputed graph: their .grad accumulates there

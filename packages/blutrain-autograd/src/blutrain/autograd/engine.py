@@ -113,31 +113,34 @@ def record(op: str, inputs: tuple[Any, ...], outputs: Tensor | tuple[Tensor, ...
     edges: list[Edge | None] = []
     needs: list[bool] = []
     for t in inputs:
-        if isinstance(t, Tensor) and t._rg:
+        if isinstance(t, Tensor):
             fn = t.grad_fn
-            edges.append((fn, t._output_nr) if fn is not None else (t, 0))
-            needs.append(True)
-        else:
-            edges.append(None)
-            needs.append(False)
+            if fn is not None:  # an op's output: it requires grad (Tensor.set_grad_fn)
+                edges.append((fn, t.output_nr))
+                needs.append(True)
+                continue
+            if t.requires_grad:
+                edges.append((t, 0))
+                needs.append(True)
+                continue
+        edges.append(None)
+        needs.append(False)
     if True not in needs:
         return
     node = Node(op, rule, edges, attrs, tuple(needs))
     outs = outputs if isinstance(outputs, tuple) else (outputs,)
     saved = rule.save(inputs, outs, attrs)
     node.saved = saved
-    versions = [(s, s._storage.version) for s in saved if isinstance(s, Tensor)] if saved else []
+    versions = [(s, s.version) for s in saved if isinstance(s, Tensor)] if saved else []
     if attrs:
-        versions.extend((v, v._storage.version) for v in attrs.values() if isinstance(v, Tensor))
+        versions.extend((v, v.version) for v in attrs.values() if isinstance(v, Tensor))
     if versions:
         node.versions = tuple(versions)
     meta = node.out_meta
     for i, o in enumerate(outs):
-        meta.append((o._data.shape, o.dtype, o.device))
+        meta.append((o.shape, o.dtype, o.device))
         if o.dtype.is_floating:
-            o._rg = True
-            o.grad_fn = node
-            o._output_nr = i
+            o.set_grad_fn(node, i)
 
 
 dispatch.set_recorder(record)
@@ -145,11 +148,11 @@ dispatch.set_recorder(record)
 
 def _check_versions(node: Node) -> None:
     for t, version in node.versions:
-        if t._storage.version != version:
+        if t.version != version:
             raise AutogradError(
                 f"one of the tensors needed for gradient computation has been modified by an in-place "
                 f"operation: a tensor of shape {list(t.shape)} saved by {node.name()} is at version "
-                f"{t._storage.version}; expected version {version}. Make the in-place op out-of-place, or "
+                f"{t.version}; expected version {version}. Make the in-place op out-of-place, or "
                 "clone the tensor before modifying it.")
 
 
@@ -203,11 +206,10 @@ def _owned(grad: Tensor, claimed: weakref.WeakSet[Storage]) -> Tensor:
     handed out so far weakly: one that died (a ``.grad`` a hook dropped) says nothing about a new one,
     whose ``id`` may be the same, and the choice must not depend on it (a compiled step retraces the
     same choices on every call)."""
-    data = grad._data
-    if (grad._storage in claimed or grad._base is not None or not data.flags.c_contiguous
-            or not is_writeable(data)):
+    data = grad.array
+    if grad.storage in claimed or grad.base is not None or not data.flags.c_contiguous or not is_writeable(data):
         grad = grad.clone()
-    claimed.add(grad._storage)
+    claimed.add(grad.storage)
     return grad
 
 
@@ -217,8 +219,8 @@ def _accumulate_grad(t: Tensor, grad: Tensor, claimed: weakref.WeakSet[Storage])
     old = t.grad
     if old is None:
         t.grad = _owned(grad, claimed)
-    elif (not _grad_mode.enabled and not old._rg and old.shape == grad.shape and old.dtype is grad.dtype
-          and is_writeable(old._data)):
+    elif (not _grad_mode.enabled and not old.requires_grad and old.shape == grad.shape and old.dtype is grad.dtype
+          and is_writeable(old.array)):
         old.add_(grad)
     else:
         t.grad = old + grad
@@ -233,12 +235,12 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Tensor], *, retain_gra
     buffer: dict[int, list[Any]] = {}
     starts: list[Any] = []
     for i, (t, g) in enumerate(zip(roots, grads, strict=True)):
-        if not t._rg:
+        if not t.requires_grad:
             raise AutogradError(f"element {i} of the tensors passed to backward does not require grad and has no "
                                 "grad_fn")
         target = t.grad_fn if t.grad_fn is not None else t
         width = len(target.out_meta) if isinstance(target, Node) else 1
-        _accumulate(buffer, target, t._output_nr, g, width)
+        _accumulate(buffer, target, t.output_nr, g, width)
         starts.append(target)
     order = _topological(starts)
     wanted: dict[int, Tensor] = {}
@@ -247,16 +249,16 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Tensor], *, retain_gra
     if inputs is not None:
         targets: set[int] = set()
         for t in inputs:
-            if not isinstance(t, Tensor) or not t._rg:
+            if not isinstance(t, Tensor) or not t.requires_grad:
                 raise AutogradError("one of the inputs does not require grad, so it has no gradient")
             wanted[id(t)] = t
             if t.grad_fn is None:
                 targets.add(id(t))
             else:
                 targets.add(id(t.grad_fn))
-                by_node_output[(id(t.grad_fn), t._output_nr)] = t
+                by_node_output[(id(t.grad_fn), t.output_nr)] = t
         needed = _needed(order, targets)
-    claimed: weakref.WeakSet[Storage] = weakref.WeakSet(g._storage for g in grads)
+    claimed: weakref.WeakSet[Storage] = weakref.WeakSet(g.storage for g in grads)
     captured: dict[int, Tensor] = {}
     prev = _grad_mode.enabled
     _grad_mode.enabled = create_graph
@@ -291,7 +293,7 @@ def partial_pass() -> bool:
 
 def _finish_leaf(leaf: Tensor, grad: Tensor, wanted: dict[int, Tensor], captured: dict[int, Tensor],
                  accumulate: bool, claimed: weakref.WeakSet[Storage]) -> None:
-    for hook in leaf._hooks or ():
+    for hook in leaf.grad_hooks:
         new = hook(grad)
         if new is not None:
             grad = new
@@ -302,7 +304,7 @@ def _finish_leaf(leaf: Tensor, grad: Tensor, wanted: dict[int, Tensor], captured
         if not accumulate:
             return
     _accumulate_grad(leaf, grad, claimed)
-    for post in leaf._post_hooks or ():
+    for post in leaf.post_accumulate_grad_hooks:
         post(leaf)
 
 
@@ -325,7 +327,7 @@ def _run_node(node: Node, slot: list[Any], buffer: dict[int, list[Any]], retain_
             kept = node.retained[i]()
             if kept is not None:
                 kept.grad = g.clone() if kept.grad is None else kept.grad + g
-                claimed.add(kept.grad._storage)
+                claimed.add(kept.grad.storage)
         if by_node_output:
             t = by_node_output.get((id(node), i))
             if t is not None:

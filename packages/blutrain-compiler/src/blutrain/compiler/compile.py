@@ -45,6 +45,7 @@ from blutrain.compiler.passes import DEFAULT_PIPELINE
 from blutrain.compiler.registry import passes as pass_registry
 from blutrain.compiler.target import Executor, compile_target
 from blutrain.compiler.trace import TraceArray, Tracer, tracing
+from blutrain.tensor import capture
 from blutrain.tensor.tensor import Tensor
 
 log = logging.getLogger("blutrain.compiler")
@@ -183,23 +184,18 @@ class CompiledGraph:
         if self.replayable(leaves):
             for host_work, _, _ in self.per_calls:
                 host_work()
-            results = self._execute({}, [t._data for t in tensors])
+            results = self._execute({}, [t.array for t in tensors])
             self.replays += 1
             by_vid = dict(zip(self.program_output_vids(), results, strict=True))
-            final = [Tensor._make(by_vid[v], *meta) if isinstance(v, int) else meta
+            final = [Tensor.from_array(by_vid[v], *meta) if isinstance(v, int) else meta
                      for v, meta in zip(self.out_leaves, self.out_meta, strict=True)]
             return _unflatten(self.out_spec, final)
         probe = Tracer("probe", self.tracer)
-        saved = [t._data for t in tensors]
-        for t, vid in zip(tensors, self.tracer.inputs, strict=True):
-            # no data but the call's own input, for host-side argument checks
-            t._data = TraceArray(self.tracer.values[vid], host=t._data)
-        try:
-            with tracing(probe):
-                out = self.owner.fn(*self.owner_args(leaves))
-        finally:
-            for t, data in zip(tensors, saved, strict=True):
-                t._data = data
+        # no data but the call's own input, for host-side argument checks
+        proxies = [TraceArray(self.tracer.values[vid], host=t.array)
+                   for t, vid in zip(tensors, self.tracer.inputs, strict=True)]
+        with capture.substitute_arrays(tensors, proxies), tracing(probe):
+            out = self.owner.fn(*self.owner_args(leaves))
         if probe.cursor != len(self.tracer.events):
             raise GraphBreakError(f"this call ran {probe.cursor} ops, the traced call {len(self.tracer.events)}; the "
                                   "compiled function must take the same path on every call")
@@ -208,7 +204,7 @@ class CompiledGraph:
         # steps of the same objects)
         self.host_args = _host_args(leaves, self.tensor_positions)
         self.per_calls = probe.per_calls
-        return self._outputs(out, self._execute(probe.changed, [t._data for t in tensors]))
+        return self._outputs(out, self._execute(probe.changed, [t.array for t in tensors]))
 
     def _execute(self, changed: dict[int, tuple[Any, ...]], inputs: list[Any]) -> list[Any]:
         """Run the compiled program on ``inputs``, with the scalars a probe found ``changed``."""
@@ -233,8 +229,8 @@ class CompiledGraph:
         by_vid = dict(zip(self.program_output_vids(), results, strict=True))
         final: list[Any] = []
         for x in leaves:
-            if isinstance(x, Tensor) and isinstance(x._data, TraceArray):
-                final.append(Tensor._make(by_vid[x._data.vid], x.dtype, x.device))
+            if isinstance(x, Tensor) and isinstance(x.array, TraceArray):
+                final.append(Tensor.from_array(by_vid[x.array.vid], x.dtype, x.device))
             else:
                 final.append(x)
         return _unflatten(self.out_spec, final)
@@ -321,25 +317,19 @@ class CompiledFunction:
         log.debug("blutrain.compiler: tracing %s for signature %s", getattr(self.fn, "__name__", "fn"), sig)
         tracer = Tracer()
         positions = [i for i, x in enumerate(leaves) if isinstance(x, Tensor)]
-        saved = [leaves[i]._data for i in positions]
-        try:
-            with tracing(tracer):
-                for i in positions:
-                    leaves[i]._data = tracer.add_input(leaves[i]._data)
-                out = self.fn(*_unflatten(self.arg_spec, leaves))
-        finally:
-            for i, data in zip(positions, saved, strict=True):
-                leaves[i]._data = data
+        inputs = [leaves[i] for i in positions]
+        with tracing(tracer), capture.substitute_arrays(inputs, [tracer.add_input(t.array) for t in inputs]):
+            out = self.fn(*_unflatten(self.arg_spec, leaves))
         out_leaves: list[Any] = []
         out_spec = _flatten(out, out_leaves)
         markers: list[Any] = []
         vids: list[int] = []
         real: list[Any] = []
         for x in out_leaves:
-            if isinstance(x, Tensor) and isinstance(x._data, TraceArray):
-                markers.append(x._data.vid)
-                vids.append(x._data.vid)
-                real.append(Tensor._make(x._data.concrete.copy(), x.dtype, x.device))
+            if isinstance(x, Tensor) and isinstance(x.array, TraceArray):
+                markers.append(x.array.vid)
+                vids.append(x.array.vid)
+                real.append(Tensor.from_array(x.array.concrete.copy(), x.dtype, x.device))
             elif isinstance(x, Tensor):
                 raise TracingError("compile: the function returned a tensor it did not compute (an input or a "
                                    "parameter); return computed tensors only")

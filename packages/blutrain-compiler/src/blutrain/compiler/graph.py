@@ -26,15 +26,15 @@ def trace_module(fn: Any, *arrays: Any) -> ModuleOp:
     ``fn`` takes tensors and returns a tensor or a tuple of them."""
     import blutrain.tensor as bt
     from blutrain.compiler.trace import tracing
+    from blutrain.tensor import capture
 
     tracer = Tracer()
     with tracing(tracer):
         tensors = [bt.from_numpy(a) for a in arrays]
-        for t in tensors:
-            t._data = tracer.add_input(t._data)
-        out = fn(*tensors)
+        with capture.substitute_arrays(tensors, [tracer.add_input(t.array) for t in tensors]):
+            out = fn(*tensors)
     outs = out if isinstance(out, tuple) else (out,)
-    return build_module(tracer, [o._data.vid for o in outs])
+    return build_module(tracer, [o.array.vid for o in outs])
 
 
 def build_module(tracer: Tracer, outputs: list[int], dynamic: frozenset[int] = frozenset()) -> ModuleOp:

@@ -2,8 +2,8 @@
 
 Every op of ``blutrain.tensor`` ends in one call of a kernel found in the flat table
 :data:`blutrain.tensor.dispatch.TABLE` — forward ops, autograd's derivative rules and the optimizers'
-multi-tensor kernels alike. While a :class:`Tracer` is active, that table holds a recording wrapper
-for every registered kernel, so nothing is missed and no op module is patched. Arrays computed during
+multi-tensor kernels alike. While a :class:`Tracer` is active, dispatch's interceptor puts a recording
+wrapper around every kernel it looks up, so nothing is missed and no op module is patched. Arrays computed during
 the trace are :class:`TraceArray` proxies around the real result (the trace executes the step, so
 its first call returns real values); operations that ops perform on arrays outside kernels (views,
 ``astype``, ``a[key] = v``) go through the proxy and are recorded too. A proxy refuses to be read
@@ -58,7 +58,7 @@ from blutrain.compiler.errors import DataDependentError, GraphBreakError, Tracin
 from blutrain.tensor import capture, dispatch
 from blutrain.tensor.backend import ARRAY_DEVICES, ARRAY_MODULES
 from blutrain.tensor.dtype import DType, from_numpy_dtype
-from blutrain.tensor.kernel import Kernel, kernels
+from blutrain.tensor.kernel import Kernel
 from blutrain.tensor.tensor import Tensor
 
 
@@ -808,25 +808,22 @@ class Tracer:
                                       "the same collectives on every call")
             for i, n in ev.bumps:
                 for _ in range(n):
-                    tensors[i]._bump_version()
+                    tensors[i].bump_version()
             return
         for t in tensors:
             self._check_device(t.device.type)
         before = [c.copy() for c in concrete]
         self._check_host_writes(what, operands, before)
-        versions = {id(t._storage): (i, t.version) for i, t in reversed(list(enumerate(tensors)))}
-        swapped = [(t, t._data) for t in tensors if isinstance(t._data, TraceArray)]
-        for t, data in swapped:
-            t._data = data.concrete
+        versions = {id(t.storage): (i, t.version) for i, t in reversed(list(enumerate(tensors)))}
+        swapped = [t for t in tensors if isinstance(t.array, TraceArray)]
         _local.tracer = None
         previous = capture.set_active(None)
         try:
-            fn(*args)
+            with capture.substitute_arrays(swapped, [t.array.concrete for t in swapped]):
+                fn(*args)
         finally:
             capture.set_active(previous)
             _local.tracer = self
-            for t, data in swapped:
-                t._data = data
         writes = tuple(i for i, (b, c) in enumerate(zip(before, concrete, strict=True)) if not _arrays_equal(b, c))
         del before
         written = {self.values[operands[i]].root for i in writes}
@@ -840,7 +837,7 @@ class Tracer:
         metas = [(t.dtype, t.device) for t in tensors]
 
         def issue(real: list[Any]) -> None:
-            made = [Tensor._make(a, dt, dev) for a, (dt, dev) in zip(real, metas, strict=True)]
+            made = [Tensor.from_array(a, dt, dev) for a, (dt, dev) in zip(real, metas, strict=True)]
             fn(*_substitute(template, made))
 
         dtype = tensors[0].dtype.name if tensors else ""
@@ -870,7 +867,7 @@ def _tensor_arrays(args: Any, tensors: list[Tensor]) -> Any:
     """``args`` with each tensor replaced by its array, the tensors appended to ``tensors`` in order."""
     if isinstance(args, Tensor):
         tensors.append(args)
-        return args._data
+        return args.array
     if isinstance(args, tuple):
         return tuple(_tensor_arrays(a, tensors) for a in args)
     if isinstance(args, list):
@@ -907,7 +904,8 @@ def _rebuild(ret: Any, proxies: list[TraceArray]) -> Any:
     return ret
 
 
-def _wrap_kernel(key: tuple[str, str, DType], fn: Kernel) -> Kernel:
+def _wrap_kernel(key: dispatch.KernelKey, fn: Kernel) -> Kernel:
+    """The tracer's dispatch interceptor: ``fn`` recorded by this thread's tracer, run as is elsewhere."""
     def traced_kernel(*args: Any) -> Any:
         tr = _local.tracer
         if tr is None:
@@ -919,31 +917,30 @@ def _wrap_kernel(key: tuple[str, str, DType], fn: Kernel) -> Kernel:
 
 
 _install_lock = threading.Lock()
-# the wrapped table of the current kernel registry, built once (id of the registry → (size, table))
-_wrapped: dict[int, tuple[int, dict[tuple[str, str, DType], Kernel]]] = {}
+_tracing_threads = 0  # threads inside tracing(); the first installs the interceptor, the last restores the previous
+_previous_interceptor: dispatch.Interceptor | None = None
 
 
 @contextmanager
 def tracing(tracer: Tracer) -> Iterator[Tracer]:
     """Make ``tracer`` this thread's tracer and route every kernel of the table through it.
 
-    Other threads keep running their kernels untouched (the wrappers pass through when their
-    thread has no tracer); the table is emptied afterwards and refills lazily, as after a plugin
-    change. The cyclic garbage collector is off meanwhile: a finalizer it ran here (of an object
-    the function never saw) would have its ops recorded into this function's graph, or be refused
-    as the function's own data-dependent line.
+    The route is dispatch's interceptor (:func:`blutrain.tensor.dispatch.set_interceptor`): each kernel
+    looked up meanwhile is the registered one in a recording wrapper. It stands in for any other
+    interceptor (the debug mode's checks: a compiled function's kernels are the bare ones), which is back
+    once no thread traces. Other threads keep running their kernels untouched (the wrappers pass through
+    when their thread has no tracer). The cyclic garbage collector is off meanwhile: a finalizer it ran
+    here (of an object the function never saw) would have its ops recorded into this function's graph, or
+    be refused as the function's own data-dependent line.
     """
+    global _tracing_threads, _previous_interceptor
     if _local.tracer is not None:
         raise TracingError("a compiled function was called while another one is being traced; nested "
                            "compilation is not supported")
     with _install_lock:
-        registry = kernels()
-        cached = _wrapped.get(id(registry))
-        if cached is None or cached[0] != len(registry):
-            wrapped = {key: _wrap_kernel(key, entry.fn) for key, entry in registry.entries().items()}
-            _wrapped.clear()
-            _wrapped[id(registry)] = cached = (len(registry), wrapped)
-        dispatch.TABLE.update(cached[1])
+        if _tracing_threads == 0:
+            _previous_interceptor = dispatch.set_interceptor(_wrap_kernel)
+        _tracing_threads += 1
     _local.tracer = tracer
     previous = capture.set_active(tracer)
     collecting = gc.isenabled()
@@ -956,7 +953,10 @@ def tracing(tracer: Tracer) -> Iterator[Tracer]:
         _local.tracer = None
         capture.set_active(previous)
         with _install_lock:
-            dispatch.TABLE.clear()
+            _tracing_threads -= 1
+            if _tracing_threads == 0:
+                dispatch.set_interceptor(_previous_interceptor)
+                _previous_interceptor = None
 
 
 __all__ = ["Event", "TraceArray", "Tracer", "Value", "active", "tracing", "user_frame"]

@@ -1,6 +1,6 @@
 """blutrain.tensor: the typed tensor, op dispatch, the plugin system and the NumPy CPU backend."""
 
-from blutrain.tensor import plugins
+from blutrain.tensor import capture, dispatch, plugins
 from blutrain.tensor.autocast import autocast, get_autocast_dtype
 from blutrain.tensor.backend import (
     Backend,
@@ -199,12 +199,14 @@ __all__ = [
     "bmm",
     "bool",
     "bool_",
+    "capture",
     "cat",
     "clamp",
     "cos",
     "cross_entropy",
     "debug_mode",
     "device",
+    "dispatch",
     "div",
     "double",
     "dropout",

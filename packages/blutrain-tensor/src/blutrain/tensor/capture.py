@@ -20,8 +20,14 @@ scalars it writes into device memory (learning rate, bias corrections) — goes 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
-from typing import Any, NoReturn, Protocol, TypeVar
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
+
+from blutrain.tensor.errors import TensorValueError
+
+if TYPE_CHECKING:
+    from blutrain.tensor.tensor import Tensor
 
 T = TypeVar("T")
 
@@ -93,4 +99,27 @@ def per_call(fn: Callable[[], T], guard: Callable[[], Hashable] = _unguarded, va
     return result
 
 
-__all__ = ["Capture", "active", "per_call", "set_active"]
+@contextmanager
+def substitute_arrays(tensors: Sequence[Tensor], arrays: Sequence[Any]) -> Iterator[None]:
+    """Inside the block each of ``tensors`` views the matching one of ``arrays`` in place of its own array;
+    after it (even on error) each views its own again. Dtype, device, storage, version counter and autograd
+    state stay as they are, so the substitute must have the tensor's shape and dtype.
+
+    This is how a capture runs a function on its own arrays: the compiler's tracer hands the function's
+    input tensors proxies that record what is done with them (and the real arrays back to a collective it
+    runs for real), without new tensors that the function's callers would not see.
+    """
+    if len(tensors) != len(arrays):
+        raise TensorValueError(f"substitute_arrays: {len(tensors)} tensors and {len(arrays)} arrays; give one array "
+                         "per tensor")
+    own = [t._data for t in tensors]
+    try:
+        for t, a in zip(tensors, arrays, strict=True):
+            t._data = a
+        yield
+    finally:
+        for t, a in zip(tensors, own, strict=True):
+            t._data = a
+
+
+__all__ = ["Capture", "active", "per_call", "set_active", "substitute_arrays"]

@@ -2,10 +2,11 @@
 
 With the mode off, :data:`blutrain.tensor.dispatch.TABLE` holds the registered kernels themselves,
 so the per-op path stays a dict lookup and a call with no flag to read. Switching the mode empties
-the table (as a plugin change does) and installs :func:`checking_kernel` as dispatch's checker: each
-key refills on its next lookup, wrapped in the checks of its op while the mode is on, bare again
-once it is off. ``debug_mode(True)`` switches for the rest of the process, ``with debug_mode():``
-for a block; ``BLUTRAIN_DEBUG=1`` in the environment switches it on at import.
+the table (as a plugin change does) and installs :func:`checking_kernel` as dispatch's interceptor
+(:func:`blutrain.tensor.dispatch.set_interceptor`): each key refills on its next lookup, wrapped in the
+checks of its op while the mode is on, bare again once it is off. ``debug_mode(True)`` switches for the
+rest of the process, ``with debug_mode():`` for a block; ``BLUTRAIN_DEBUG=1`` in the environment switches it
+on at import.
 
 The checks run on backend arrays with the array module of their inputs, so they are the same on
 every device; on an accelerator each reads a value back to the host and so synchronizes — the price
@@ -150,14 +151,24 @@ def checking_kernel(op: str, fn: Kernel) -> Kernel:
     return checked
 
 
+def _intercept(key: dispatch.KernelKey, fn: Kernel) -> Kernel:
+    """The debug mode's dispatch interceptor: each kernel behind the checks of its op."""
+    return checking_kernel(key[0], fn)
+
+
+_enabled = False  # the mode as switched (while the compiler traces, its tracer holds the interceptor slot)
+
+
 def is_debug_mode() -> bool:
     """Whether the debug mode is on."""
-    return dispatch.checker is not None
+    return _enabled
 
 
 def _switch(enabled: bool) -> None:
-    if enabled != is_debug_mode():
-        dispatch.set_checker(checking_kernel if enabled else None)
+    global _enabled
+    if enabled != _enabled:
+        _enabled = enabled
+        dispatch.set_interceptor(_intercept if enabled else None)
 
 
 class DebugMode:

@@ -68,8 +68,7 @@ class Tensor(ViewMethods, TensorBase):
         "_base",
         "_data",
         "_hooks",
-        "_output_nr",
-        "_post_hooks",
+                "_post_hooks",
         "_retains_grad",
         "_rg",
         "_storage",
@@ -77,6 +76,7 @@ class Tensor(ViewMethods, TensorBase):
         "dtype",
         "grad",
         "grad_fn",
+        "output_nr",
     )
 
     _data: Any
@@ -87,7 +87,7 @@ class Tensor(ViewMethods, TensorBase):
     _rg: bool
     grad: Tensor | None
     grad_fn: Any
-    _output_nr: int
+    output_nr: int
     _hooks: list[Callable[[Tensor], Tensor | None]] | None
     _post_hooks: list[Callable[[Tensor], None]] | None
     _retains_grad: bool
@@ -95,10 +95,19 @@ class Tensor(ViewMethods, TensorBase):
     __array_priority__ = 1000  # make NumPy defer to Tensor's reflected operators
 
     def __init__(self, data: Any, *, dtype: DType | str | None = None, device: str | Device | None = None,
-                 requires_grad: _bool = False) -> None:
-        """``Tensor(data)`` copies ``data`` (nested lists, scalars, NumPy arrays) like ``tensor()``."""
-        t = as_tensor_data(data, dtype=dtype, device=device)
-        self._init(t._data, t.dtype, t.device, Storage(t._data, t.device), None)
+                 requires_grad: _bool = False, copy: _bool = True) -> None:
+        """``Tensor(data)`` copies ``data`` (nested lists, scalars, NumPy arrays) like ``tensor()``.
+
+        With ``copy=False`` a ``data`` that is a Tensor already of the asked dtype and device is not copied:
+        the new tensor shares its storage and version counter (as ``detach()`` does, and as a subclass
+        such as ``blutrain.nn.Parameter`` wraps a tensor); anything else is converted as with ``copy=True``.
+        """
+        if not copy and isinstance(data, Tensor) and (dtype is None or as_dtype(dtype) is data.dtype) and (
+                device is None or globals()["device"](device) is data.device):
+            self._init(data._data, data.dtype, data.device, data._storage, data._base)
+        else:
+            t = as_tensor_data(data, dtype=dtype, device=device)
+            self._init(t._data, t.dtype, t.device, Storage(t._data, t.device), None)
         if requires_grad:
             self.requires_grad_(True)
 
@@ -112,31 +121,58 @@ class Tensor(ViewMethods, TensorBase):
         self._rg = False
         self.grad = None
         self.grad_fn = None
-        self._output_nr = 0
+        self.output_nr = 0
         self._hooks = None
         self._post_hooks = None
         self._retains_grad = False
 
     @staticmethod
-    def _make(data: Any, dtype: DType, dev: Device) -> Tensor:
-        """Wrap a fresh backend array (a kernel's output) in a Tensor with its own storage.
+    def from_array(array: Any, dtype: DType, device: Device) -> Tensor:
+        """Wrap a backend array (NumPy on the CPU; what a kernel returns) as a new Tensor of ``dtype`` on
+        ``device``, with its own storage; no copy, no check: the array must hold ``dtype``'s values on
+        ``device``, and nothing else may keep writing it.
+        :func:`blutrain.tensor.dispatch.call` wraps a kernel's outputs this way.
 
         Called once per op: plain attribute stores, no __init__ (Tensor.__init__ copies its input).
         """
         t: Tensor = _new_object(Tensor)
-        t._data = data
+        t._data = array
         t.dtype = dtype
-        t.device = dev
-        t._storage = Storage(data, dev)
+        t.device = device
+        t._storage = Storage(array, device)
         t._base = None
         t._rg = False
         t.grad = None
         t.grad_fn = None
-        t._output_nr = 0
+        t.output_nr = 0
         t._hooks = None
         t._post_hooks = None
         t._retains_grad = False
         return t
+
+    _make = from_array  # the name the op modules call (blutrain.tensor.base)
+
+    @property
+    def array(self) -> Any:
+        """The backend array this tensor views (a NumPy array on the CPU): its shape, strides and memory.
+
+        Read-only as an attribute. It is the array a kernel takes (:func:`blutrain.tensor.dispatch.call`
+        passes it); reading it copies nothing. A write into it goes around the ops, so the writer must call
+        :meth:`bump_version` after it (autograd relies on the version counter) and, under
+        ``blutrain.compiler``, must be a kernel or go through :mod:`blutrain.tensor.capture`.
+        """
+        return self._data
+
+    @property
+    def storage(self) -> Storage:
+        """The :class:`Storage` shared by this tensor and all its views (``a.storage is b.storage``: the same
+        memory and version counter). Read-only; re-point a tensor with the ``data`` setter."""
+        return self._storage
+
+    @property
+    def base(self) -> Tensor | None:
+        """The tensor this one is a view of, or None when it owns its storage (PyTorch's ``_base``)."""
+        return self._base
 
     def _view(self, data: Any) -> Tensor:
         """A Tensor over ``data``, a view of this tensor's array: same storage, same version counter."""
@@ -149,7 +185,7 @@ class Tensor(ViewMethods, TensorBase):
         t._rg = False
         t.grad = None
         t.grad_fn = None
-        t._output_nr = 0
+        t.output_nr = 0
         t._hooks = None
         t._post_hooks = None
         t._retains_grad = False
@@ -248,7 +284,9 @@ class Tensor(ViewMethods, TensorBase):
         """The storage's version counter: bumped by every in-place write to this tensor or a view."""
         return self._storage.version
 
-    def _bump_version(self) -> None:
+    def bump_version(self) -> None:
+        """Record an in-place write that went around the ops (a collective or a multi-tensor kernel writing
+        :attr:`array`), so that autograd notices a saved tensor it changed."""
         self._storage.version += 1
 
     # -- views (the others are ViewMethods'; t() returns self itself for fewer than 2 dims) ----------------
@@ -425,6 +463,24 @@ class Tensor(ViewMethods, TensorBase):
         _ensure_autograd().backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph,
                                     inputs=inputs)
 
+    def set_grad_fn(self, node: Any, output_nr: _int) -> None:
+        """Make this tensor output ``output_nr`` of the autograd node ``node``: it requires grad from now on and
+        its gradient flows into ``node``. The autograd engine calls it for each floating output of an op it
+        records; ``grad_fn`` and ``output_nr`` read the link back."""
+        self._rg = True
+        self.grad_fn = node
+        self.output_nr = output_nr
+
+    @property
+    def grad_hooks(self) -> Sequence[Callable[[Tensor], Tensor | None]]:
+        """The hooks :meth:`register_hook` added, in order (the autograd engine runs a leaf's on its gradient)."""
+        return self._hooks or ()
+
+    @property
+    def post_accumulate_grad_hooks(self) -> Sequence[Callable[[Tensor], None]]:
+        """The hooks :meth:`register_post_accumulate_grad_hook` added, in order."""
+        return self._post_hooks or ()
+
     def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> Callable[[], None]:
         """Call ``hook(grad)`` when this tensor's gradient is computed; it may return a new grad."""
         if not self._rg:
@@ -433,14 +489,14 @@ class Tensor(ViewMethods, TensorBase):
             self._hooks = []
         self._hooks.append(hook)
         if self.grad_fn is not None:
-            self.grad_fn.add_tensor_hook(self._output_nr, hook)
+            self.grad_fn.add_tensor_hook(self.output_nr, hook)
         hooks = self._hooks
 
         def remove() -> None:
             if hook in hooks:
                 hooks.remove(hook)
             if self.grad_fn is not None:
-                self.grad_fn.remove_tensor_hook(self._output_nr, hook)
+                self.grad_fn.remove_tensor_hook(self.output_nr, hook)
         return remove
 
     def register_post_accumulate_grad_hook(self, hook: Callable[[Tensor], None]) -> Callable[[], None]:
@@ -462,7 +518,7 @@ class Tensor(ViewMethods, TensorBase):
         if self.grad_fn is None or self._retains_grad:
             return
         self._retains_grad = True
-        self.grad_fn.retain_output_grad(self._output_nr, self)
+        self.grad_fn.retain_output_grad(self.output_nr, self)
 
     @property
     def retains_grad(self) -> _bool:

@@ -373,15 +373,15 @@ class Module:
         with no_grad():
             for p in self.parameters():
                 new = convert(p)
-                if new._storage is not p._storage:
-                    p._replace_data(new)
+                if new.storage is not p.storage:
+                    p.data = new  # keeps the parameter's identity, requires_grad and hooks
                 if p.grad is not None:
                     p.grad = convert(p.grad)
             for m in self.modules():
                 for name, b in list(m._buffers.items()):
                     if b is not None:
                         new_b = convert(b)
-                        if new_b._storage is not b._storage:
+                        if new_b.storage is not b.storage:
                             setattr(m, name, new_b)
         return self
 

@@ -18,18 +18,7 @@ class Parameter(Tensor):
     def __init__(self, data: Tensor, requires_grad: bool = True) -> None:
         if not isinstance(data, Tensor):
             raise TensorTypeError(f"Parameter: data must be a Tensor, got {type(data).__name__}")
-        self._init(data._data, data.dtype, data.device, data._storage, data._base)
-        if requires_grad:
-            self.requires_grad_(True)
-
-    def _replace_data(self, new: Tensor) -> None:
-        """Point this parameter at ``new``'s storage (another device or dtype), keeping its identity,
-        ``requires_grad`` and hooks, so optimizers and autograd hooks holding it stay valid."""
-        self._data = new._data
-        self.dtype = new.dtype
-        self.device = new.device
-        self._storage = new._storage
-        self._base = new._base
+        super().__init__(data, copy=False, requires_grad=requires_grad)
 
     def __repr__(self) -> str:
         return "Parameter(" + super().__repr__() + ")"

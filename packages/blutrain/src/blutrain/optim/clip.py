@@ -52,7 +52,7 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, eps:
         for dtype, same in by_dtype.items():
             if dispatch.has_kernel(NORM, device.type, dtype):
                 data = multi_tensor_apply(NORM, [[g.detach() for g in same]], written=())
-                part = Tensor._make(data, float64 if dtype is float64 else float32, device)
+                part = Tensor.from_array(data, float64 if dtype is float64 else float32, device)
             else:
                 flat = [g.detach().reshape(-1) for g in same]
                 part = norm(cat(flat) if len(flat) > 1 else flat[0])
@@ -66,7 +66,7 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, eps:
                     g.detach().mul_(scale)
                 continue
             # one multi-tensor kernel for all of them (on CUDA one launch, not one multiply per tensor)
-            multi_tensor_apply(SCALE, [same], scale._data, written=(0,))
+            multi_tensor_apply(SCALE, [same], scale.array, written=(0,))
     return total
 
 

@@ -91,10 +91,10 @@ def multi_tensor_apply(op: str, tensor_lists: Sequence[Sequence[Tensor]], *scala
         for lst in tensor_lists:
             starts.append(starts[-1] + len(lst))
         tracing.declare_writes(tuple(j for i in written for j in range(starts[i], starts[i + 1])))
-    out = fn(*[[t._data for t in lst] for lst in tensor_lists], *scalars)
+    out = fn(*[[t.array for t in lst] for lst in tensor_lists], *scalars)
     for i in written:
         for t in tensor_lists[i]:
-            t._bump_version()
+            t.bump_version()
     return out
 
 

@@ -79,7 +79,7 @@ class StagedCheckpoint:
 
 
 def _host_copy(t: Tensor) -> np.ndarray[Any, Any]:
-    data = t.detach()._data
+    data = t.array
     host = t.device.backend.to_host(data)
     if isinstance(data, np.ndarray) and np.may_share_memory(host, data):
         host = np.array(host, copy=True)  # the CPU backend hands out its own buffer: training would mutate it

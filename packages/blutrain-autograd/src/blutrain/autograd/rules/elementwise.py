@@ -42,8 +42,8 @@ def _sub(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
 def _save_mul(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
     a, b = inputs
     # each input's gradient needs only the *other* operand: keep no more than that
-    need_a = isinstance(a, Tensor) and a._rg
-    need_b = isinstance(b, Tensor) and b._rg
+    need_a = isinstance(a, Tensor) and a.requires_grad
+    need_b = isinstance(b, Tensor) and b.requires_grad
     return (b if need_a else None, a if need_b else None, _shape(a), _shape(b))
 
 
@@ -56,7 +56,7 @@ def _mul(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
 
 def _save_div(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
     a, b = inputs
-    need_b = isinstance(b, Tensor) and b._rg
+    need_b = isinstance(b, Tensor) and b.requires_grad
     return (b, outputs[0].detach() if need_b else None, _shape(a), _shape(b))
 
 
@@ -71,7 +71,7 @@ def _div(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
 
 def _save_pow(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
     a, b = inputs
-    need_b = isinstance(b, Tensor) and b._rg
+    need_b = isinstance(b, Tensor) and b.requires_grad
     return (a, b, outputs[0].detach() if need_b else None)
 
 
@@ -222,8 +222,7 @@ def _gelu(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     x = node.saved[0]
     approximate = node.attrs.get("args", ("none",))[0]
     g = grads[0]
-    data = dispatch.kernel("gelu_backward", x.device.type, x.dtype)(g._data, x._data, approximate)
-    return (Tensor._make(data, x.dtype, x.device),)
+    return (dispatch.call("gelu_backward", g, x, approximate, dtype=x.dtype),)
 
 
 def _save_where(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:

@@ -17,7 +17,7 @@ def _index(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     out = factory.zeros(node.attrs["shape"], dtype=g.dtype, device=g.device)
     from blutrain.tensor import dispatch
 
-    dispatch.kernel("index_put", g.device.type, g.dtype)(out._data, node.attrs["key"], g._data, True)
+    dispatch.kernel("index_put", g.device.type, g.dtype)(out.array, node.attrs["key"], g.array, True)  # into out
     return (out,)
 
 

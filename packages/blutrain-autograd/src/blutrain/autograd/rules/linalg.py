@@ -37,32 +37,26 @@ def _matmul(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
 @derivative("linear", save=save_inputs)
 def _linear(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     no_double_backward("linear", create_graph)
-    g: Tensor = grads[0]
     x, w, _ = node.saved
-    gx, gw, gb = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
-        g._data, x._data, w._data, node.needs[0], node.needs[1], node.needs[2])
-    return tuple(None if d is None else Tensor._make(d, x.dtype, x.device) for d in (gx, gw, gb))
+    return dispatch.call_multi("linear_backward", grads[0], x, w, *node.needs, dtype=x.dtype)
 
 
-def _in_operand_dtypes(datas: tuple[Any, ...], dtypes: tuple[Any, ...], wides: tuple[bool, ...],
-                       x: Tensor) -> list[Tensor | None]:
-    """linear_backward's gradients (float32 where ``wide``, else x's dtype) as tensors of their operands'
-    ``dtypes`` (a float32 operand narrowed by autocast gets its gradient in float32)."""
-    out: list[Tensor | None] = []
-    for data, dt, wide in zip(datas, dtypes, wides, strict=True):
-        grad = None if data is None else Tensor._make(data, float32 if wide else x.dtype, x.device)
-        out.append(grad if grad is None or grad.dtype is dt else grad.to(dtype=dt))
-    return out
+def _linear_backward(g: Tensor, x: Tensor, w: Tensor, needs: tuple[bool, bool, bool], wides: tuple[bool, bool, bool],
+                     dtypes: tuple[Any, ...]) -> list[Tensor | None]:
+    """linear_backward's gradients (computed in float32 where ``wides`` says so, else in x's dtype) as tensors
+    of their operands' ``dtypes`` (a float32 operand narrowed by autocast gets its gradient in float32)."""
+    grads = dispatch.call_multi("linear_backward", g, x, w, *needs, *wides[:2], dtype=x.dtype,
+                                out_dtypes=tuple(float32 if wide else x.dtype for wide in wides))
+    return [grad if grad is None or grad.dtype is dt else grad.to(dtype=dt)
+            for grad, dt in zip(grads, dtypes, strict=True)]
 
 
-def _product_grads(g_data: Any, x: Tensor, w: Tensor, need_x: bool, need_w: bool,
+def _product_grads(g: Tensor, x: Tensor, w: Tensor, need_x: bool, need_w: bool,
                    dtypes: tuple[Any, ...]) -> list[Tensor | None]:
-    """The input and weight gradients of ``x Wᵀ`` from the output gradient ``g_data`` (x's dtype), in the
+    """The input and weight gradients of ``x Wᵀ`` from the output gradient ``g`` (x's dtype), in the
     dtypes of the operands before autocast narrowed them (``dtypes``: input's and weight's)."""
-    wides = tuple(d is float32 and d is not x.dtype for d in dtypes)
-    gx, gw, _ = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
-        g_data, x._data, w._data, need_x, need_w, False, *wides)
-    return _in_operand_dtypes((gx, gw), dtypes, wides, x)
+    wide_x, wide_w = (d is float32 and d is not x.dtype for d in dtypes)
+    return _linear_backward(g, x, w, (need_x, need_w, False), (wide_x, wide_w, False), (*dtypes, None))[:2]
 
 
 @derivative("linear_autocast", save=save_nothing)
@@ -74,9 +68,7 @@ def _linear_autocast(node: Any, grads: list[Any], create_graph: bool) -> tuple[A
     x, w = node.attrs["x"], node.attrs["weight"]
     dtypes = node.attrs["dtypes"]
     wide_x, wide_w = (d is float32 and d is not x.dtype for d in dtypes[:2])
-    gx, gw, gb = dispatch.kernel("linear_backward", x.device.type, x.dtype)(
-        g._data, x._data, w._data, node.needs[0], node.needs[1], node.needs[2], wide_x, wide_w)
-    return tuple(_in_operand_dtypes((gx, gw, gb), dtypes, (wide_x, wide_w, wide_w), x))
+    return tuple(_linear_backward(g, x, w, node.needs, (wide_x, wide_w, wide_w), dtypes))
 
 
 @derivative("linear_add", save=save_nothing)
@@ -92,7 +84,7 @@ def _linear_add(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, .
     gx = gw = gb = None
     if need_x or need_w:
         gc = g if g.dtype is x.dtype else g.to(dtype=x.dtype)
-        gx, gw = _product_grads(gc._data, x, w, need_x, need_w, dtypes[1:3])
+        gx, gw = _product_grads(gc, x, w, need_x, need_w, dtypes[1:3])
     if need_b:
         gb = g.reshape(-1, g.shape[-1]).sum(dim=0)
     return (g if need_r else None), gx, gw, gb
@@ -108,16 +100,14 @@ def _linear_gelu(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, 
     x, w, pre = node.attrs["x"], node.attrs["weight"], node.attrs["pre"]
     approximate, dtypes = node.attrs["approximate"], node.attrs["dtypes"]
     need_x, need_w, need_b = node.needs
-    dev = x.device.type
     gb = None
     if need_b:
         zero = zeros(pre.shape[-1], dtype=pre.dtype, device=pre.device)
-        dpre, db = dispatch.kernel("bias_gelu_backward", dev, pre.dtype)(g._data, pre._data, zero._data,
-                                                                         approximate, True)
-        gb = Tensor._make(db, pre.dtype, pre.device)
+        dpre, gb = dispatch.call_multi("bias_gelu_backward", g, pre, zero, approximate, True, dtype=pre.dtype)
+        assert gb is not None  # asked for
         gb = gb if gb.dtype is dtypes[2] else gb.to(dtype=dtypes[2])
     else:
-        dpre = dispatch.kernel("gelu_backward", dev, pre.dtype)(g._data, pre._data, approximate)
+        dpre = dispatch.call("gelu_backward", g, pre, approximate, dtype=pre.dtype)
     gx = gw = None
     if need_x or need_w:
         gx, gw = _product_grads(dpre, x, w, need_x, need_w, dtypes[:2])

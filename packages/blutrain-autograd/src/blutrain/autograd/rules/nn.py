@@ -18,10 +18,6 @@ from blutrain.tensor import dispatch, zeros
 from blutrain.tensor.tensor import Tensor
 
 
-def _wrap(data: Any, like: Tensor) -> Tensor | None:
-    return None if data is None else Tensor._make(data, like.dtype, like.device)
-
-
 def _save_ln(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
     x, w, _ = inputs
     return (x, w, attrs["mean"], attrs["rstd"])
@@ -31,10 +27,9 @@ def _save_ln(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[s
 def _layer_norm(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     no_double_backward("layer_norm", create_graph)
     x, w, mean, rstd = node.saved
-    gx, gw, gb = dispatch.kernel("layer_norm_backward", x.device.type, x.dtype)(
-        grads[0]._data, x._data, None if w is None else w._data, mean._data, rstd._data, node.attrs["k"],
-        node.needs[1], node.needs[2])
-    return (_wrap(gx, x) if node.needs[0] else None, _wrap(gw, x), _wrap(gb, x))
+    gx, gw, gb = dispatch.call_multi("layer_norm_backward", grads[0], x, w, mean, rstd, node.attrs["k"],
+                                     node.needs[1], node.needs[2], dtype=x.dtype)
+    return (gx if node.needs[0] else None, gw, gb)
 
 
 def _save_rms(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
@@ -46,9 +41,9 @@ def _save_rms(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[
 def _rms_norm(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     no_double_backward("rms_norm", create_graph)
     x, w, rstd = node.saved
-    gx, gw = dispatch.kernel("rms_norm_backward", x.device.type, x.dtype)(
-        grads[0]._data, x._data, None if w is None else w._data, rstd._data, node.attrs["k"], node.needs[1])
-    return (_wrap(gx, x) if node.needs[0] else None, _wrap(gw, x))
+    gx, gw = dispatch.call_multi("rms_norm_backward", grads[0], x, w, rstd, node.attrs["k"], node.needs[1],
+                                 dtype=x.dtype)
+    return (gx if node.needs[0] else None, gw)
 
 
 def _save_angles(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
@@ -61,33 +56,28 @@ def _rope(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     gq, gk = grads  # an output no loss reads has no gradient: zero
     like = gq if gq is not None else gk
     shapes = [meta[0] for meta in node.out_meta]
-    gq_data = gq._data if gq is not None else _zeros_like(like, shapes[0])
-    gk_data = gk._data if gk is not None else _zeros_like(like, shapes[1])
-    dq, dk = dispatch.kernel("rope_backward", like.device.type, like.dtype)(
-        gq_data, gk_data, node.attrs["cos"]._data, node.attrs["sin"]._data)
-    return (_wrap(dq, like) if node.needs[0] else None, _wrap(dk, like) if node.needs[1] else None)
-
-
-def _zeros_like(like: Tensor, shape: tuple[int, ...]) -> Any:
-    return zeros(*shape, dtype=like.dtype, device=like.device)._data
+    if gq is None:
+        gq = zeros(*shapes[0], dtype=like.dtype, device=like.device)
+    if gk is None:
+        gk = zeros(*shapes[1], dtype=like.dtype, device=like.device)
+    dq, dk = dispatch.call_multi("rope_backward", gq, gk, node.attrs["cos"], node.attrs["sin"], dtype=like.dtype)
+    return (dq if node.needs[0] else None, dk if node.needs[1] else None)
 
 
 @derivative("swiglu", save=save_inputs)
 def _swiglu(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     no_double_backward("swiglu", create_graph)
     gate, up = node.saved
-    gg, gu = dispatch.kernel("swiglu_backward", gate.device.type, gate.dtype)(
-        grads[0]._data, gate._data, up._data, node.needs[0], node.needs[1])
-    return (_wrap(gg, gate), _wrap(gu, gate))
+    return dispatch.call_multi("swiglu_backward", grads[0], gate, up, node.needs[0], node.needs[1], dtype=gate.dtype)
 
 
 @derivative("bias_gelu", save=save_inputs)
 def _bias_gelu(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     no_double_backward("bias_gelu", create_graph)
     x, b = node.saved
-    gx, gb = dispatch.kernel("bias_gelu_backward", x.device.type, x.dtype)(
-        grads[0]._data, x._data, b._data, node.attrs["approximate"], node.needs[1])
-    return (_wrap(gx, x) if node.needs[0] else None, _wrap(gb, x))
+    gx, gb = dispatch.call_multi("bias_gelu_backward", grads[0], x, b, node.attrs["approximate"], node.needs[1],
+                                 dtype=x.dtype)
+    return (gx if node.needs[0] else None, gb)
 
 
 @derivative("dropout", save=save_nothing)
@@ -105,8 +95,7 @@ def _embedding(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ..
     num = node.attrs.get("num_embeddings")
     if num is None:
         raise AssertionError("embedding node lost its size")
-    data = dispatch.kernel("embedding_backward", g.device.type, g.dtype)(g._data, idx._data, num)
-    return (_wrap(data, g),)
+    return (dispatch.call("embedding_backward", g, idx, num),)
 
 
 @derivative("cross_entropy", save=save_inputs)
@@ -115,10 +104,8 @@ def _cross_entropy(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any
     (logits,) = node.saved
     a = node.attrs
     g: Tensor = grads[0]
-    data = dispatch.kernel("cross_entropy_backward", logits.device.type, logits.dtype)(
-        g._data, logits._data, a["target"]._data, a["lse"]._data, a["ignore_index"], a["label_smoothing"],
-        a["reduction"])
-    return (_wrap(data, logits),)
+    return (dispatch.call("cross_entropy_backward", g, logits, a["target"], a["lse"], a["ignore_index"],
+                          a["label_smoothing"], a["reduction"], dtype=logits.dtype),)
 
 
 @derivative("linear_cross_entropy", save=save_nothing)
@@ -142,9 +129,9 @@ def _sdpa(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     no_double_backward("scaled_dot_product_attention", create_graph)
     q, k, v, out, lse = node.saved
     a = node.attrs
-    dq, dk, dv = dispatch.kernel("sdpa_backward", q.device.type, q.dtype)(
-        grads[0]._data, q._data, k._data, v._data, out._data, lse._data, a["mask"], a["causal"], a["scale"])
-    return tuple(_wrap(d, q) if need else None for d, need in zip((dq, dk, dv), node.needs, strict=True))
+    grads_qkv = dispatch.call_multi("sdpa_backward", grads[0], q, k, v, out, lse, a["mask"], a["causal"], a["scale"],
+                                    dtype=q.dtype)
+    return tuple(d if need else None for d, need in zip(grads_qkv, node.needs, strict=True))
 
 
 def _save_sdpa_packed(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
@@ -156,6 +143,5 @@ def _sdpa_packed(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, 
     no_double_backward("self_attention", create_graph)
     qkv, out, lse = node.saved
     a = node.attrs
-    dqkv = dispatch.kernel("sdpa_packed_backward", qkv.device.type, qkv.dtype)(
-        grads[0]._data, qkv._data, out._data, lse._data, a["n_head"], a["causal"], a["scale"])
-    return (_wrap(dqkv, qkv),)
+    return (dispatch.call("sdpa_packed_backward", grads[0], qkv, out, lse, a["n_head"], a["causal"], a["scale"],
+                          dtype=qkv.dtype),)

@@ -122,14 +122,11 @@ def _logsumexp(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ..
 def _softmax(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     no_double_backward("softmax", create_graph)
     (y,) = node.saved
-    data = dispatch.kernel("softmax_backward", y.device.type, y.dtype)(grads[0]._data, y._data, node.attrs["dim"])
-    return (Tensor._make(data, y.dtype, y.device),)
+    return (dispatch.call("softmax_backward", grads[0], y, node.attrs["dim"], dtype=y.dtype),)
 
 
 @derivative("log_softmax", save=save_output)
 def _log_softmax(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     no_double_backward("log_softmax", create_graph)
     (y,) = node.saved
-    data = dispatch.kernel("log_softmax_backward", y.device.type, y.dtype)(grads[0]._data, y._data,
-                                                                          node.attrs["dim"])
-    return (Tensor._make(data, y.dtype, y.device),)
+    return (dispatch.call("log_softmax_backward", grads[0], y, node.attrs["dim"], dtype=y.dtype),)

@@ -32,7 +32,7 @@ def _expand(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
 def _slice(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
     g: Tensor = grads[0]
     out = factory.zeros(node.attrs["shape"], dtype=g.dtype, device=g.device)
-    out._data[node.attrs["key"]] = g._data
+    out.array[node.attrs["key"]] = g.array  # a fresh tensor: no version to bump
     if create_graph:
         from blutrain.autograd.rules import no_double_backward
 
