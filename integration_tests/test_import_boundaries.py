@@ -7,7 +7,12 @@ The rules:
   multi-rank tests use the MPI comm plugin);
 - no file imports a private name (``_x``), or from a private module, of another distribution;
 - ``cupy`` (and ``cupyx``) is imported only by the CUDA backend plugin, the NCCL plugin, the kernel library's CUDA
-  kernels and blutrain-alloc.
+  kernels and blutrain-alloc;
+- no code outside blutrain-tensor (packages, plugins, integration_tests/, tools/) reads or writes a private member
+  of a tensor (``t._data``, ``Tensor._make``, ...: every ``_name`` of ``Tensor`` and its bases, taken from the
+  class itself): it uses ``blutrain.tensor.dispatch.call`` and the tensor's public members instead. Attribute
+  access is found in the syntax tree, so comments and strings do not count; ``self._name`` inside a class that
+  is not a Tensor is that class's own attribute.
 
 Files that still break a rule while their fix is under way are listed in ``ALLOWED``; a listed file that no longer
 breaks its rule fails the test, so the list only shrinks.
@@ -16,15 +21,20 @@ breaks its rule fails the test, so the list only shrinks.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from blutrain.tensor import Tensor
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ROOT / "packages"
 PLUGINS = ROOT / "plugins"
+INTEGRATION_TESTS = ROOT / "integration_tests"
+TOOLS = ROOT / "tools"
+TENSOR = PACKAGES / "blutrain-tensor"  # the one distribution that may use a tensor's private members
 
 # where `import cupy` belongs: the device backend, CuPy's NCCL binding, the CuPy kernels, the allocator
 CUPY_HOMES = (
@@ -90,8 +100,8 @@ def _dist_of(path: Path) -> Distribution:
     return next(d for d in DISTRIBUTIONS if path.is_relative_to(d.root))
 
 
-def _sources() -> Iterator[Path]:
-    for parent in (PACKAGES, PLUGINS):
+def _sources(parents: Iterable[Path] = (PACKAGES, PLUGINS)) -> Iterator[Path]:
+    for parent in parents:
         for path in sorted(parent.rglob("*.py")):
             if not {".venv", "build", "node_modules"} & set(path.relative_to(parent).parts):
                 yield path
@@ -155,11 +165,61 @@ def _violations(path: Path, source: str | None = None) -> Iterator[tuple[str, st
             yield "private", f"{imp.line}: imports {', '.join(private)} from {imp.module} ({owner.name})"
 
 
+# every private member of a tensor: slots, methods and properties of Tensor and its bases
+TENSOR_PRIVATE = frozenset(name for cls in Tensor.__mro__ if cls is not object for name in vars(cls) if _private(name))
+
+
+def _tensor_rule_sources() -> Iterator[Path]:
+    for path in _sources((PACKAGES, PLUGINS, INTEGRATION_TESTS, TOOLS)):
+        if not path.is_relative_to(TENSOR):
+            yield path
+
+
+def _tensor_classes(trees: Iterable[ast.AST]) -> frozenset[str]:
+    """Names of the classes that derive from Tensor (by the simple names of their bases, transitively)."""
+    bases: dict[str, set[str]] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                named = [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                         if isinstance(b, ast.Name | ast.Attribute)]
+                bases.setdefault(node.name, set()).update(named)
+    found = {"Tensor", "TensorBase"}
+    while True:
+        more = {name for name, of in bases.items() if of & found} - found
+        if not more:
+            return frozenset(found)
+        found |= more
+
+
+def _tensor_private_uses(tree: ast.AST, tensor_classes: frozenset[str]) -> Iterator[str]:
+    """"line: what" for each access of a private tensor member in ``tree``."""
+
+    def visit(node: ast.AST, own_class: str | None) -> Iterator[str]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                yield from visit(child, None if child.name in tensor_classes else child.name)
+                continue
+            if isinstance(child, ast.Attribute) and child.attr in TENSOR_PRIVATE:
+                on_self = isinstance(child.value, ast.Name) and child.value.id in ("self", "cls")
+                if not (on_self and own_class is not None):
+                    yield f"{child.lineno}: uses {ast.unparse(child)}"
+            yield from visit(child, own_class)
+
+    yield from visit(tree, None)
+
+
 def _all_violations() -> dict[tuple[str, str], list[str]]:
     found: dict[tuple[str, str], list[str]] = {}
     for path in _sources():
         for rule, what in _violations(path):
             found.setdefault((rule, path.relative_to(ROOT).as_posix()), []).append(what)
+    trees = {path: ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) for path in _tensor_rule_sources()}
+    tensor_py = TENSOR / "src" / "blutrain" / "tensor" / "tensor.py"
+    tensor_classes = _tensor_classes([*trees.values(), ast.parse(tensor_py.read_text(encoding="utf-8"))])
+    for path, tree in trees.items():
+        for what in _tensor_private_uses(tree, tensor_classes):
+            found.setdefault(("tensor-private", path.relative_to(ROOT).as_posix()), []).append(what)
     return found
 
 
@@ -173,9 +233,12 @@ def test_the_scan_sees_every_distribution_and_its_sources() -> None:
     assert _owner("blutrain.nn") is _owner("blutrain.train")  # the facade owns several sub-packages
     assert _owner("numpy") is None
     assert sum(1 for _ in _sources()) > 200
+    assert {"_data", "_make", "_storage", "_rg", "_hooks"} <= TENSOR_PRIVATE  # read from the class
+    scanned = {p.relative_to(ROOT).parts[0] for p in _tensor_rule_sources()}
+    assert scanned == {"packages", "plugins", "integration_tests", "tools"}
 
 
-@pytest.mark.parametrize("rule", ["plugin", "private", "cupy"])
+@pytest.mark.parametrize("rule", ["plugin", "private", "cupy", "tensor-private"])
 def test_no_file_breaks_an_import_rule_outside_the_allow_list(rule: str) -> None:
     broken = {f"{file}:{what}" for (r, file), whats in VIOLATIONS.items() if r == rule and (r, file) not in ALLOWED
               for what in whats}
@@ -217,3 +280,29 @@ def test_checker_catches_cupy_outside_its_homes() -> None:
 
 def test_checker_accepts_public_api() -> None:
     assert _rules(CP, "from blutrain.dist import all_reduce\nimport numpy\nfrom . import layout\n") == []
+
+
+def _tensor_rule(source: str) -> list[str]:
+    tree = ast.parse(source)
+    return list(_tensor_private_uses(tree, _tensor_classes([tree])))
+
+
+def test_checker_catches_a_private_tensor_member_outside_blutrain_tensor() -> None:
+    assert _tensor_rule("y = x._data\n") == ["1: uses x._data"]
+    assert _tensor_rule("t = Tensor._make(a, dt, dev)\n") == ["1: uses Tensor._make"]
+    assert _tensor_rule("def f(t):\n    t._view(a)\n    t.grad._storage.version += 1\n") == [
+        "2: uses t._view", "3: uses t.grad._storage"]
+
+
+def test_checker_reads_the_syntax_tree_not_the_text() -> None:
+    assert _tensor_rule("# x._data is private\ndoc = 'use t._make'\ny = x.array\n") == []
+
+
+def test_checker_lets_a_class_that_is_no_tensor_use_its_own_attributes() -> None:
+    store = ("class Store:\n    def __init__(self):\n        self._data = {}\n"
+             "    def get(self, t):\n        return t._data\n")
+    assert _tensor_rule(store) == ["5: uses t._data"]
+    subclass = "class Parameter(Tensor):\n    def __init__(self, data):\n        self._init(data)\n"
+    assert _tensor_rule(subclass) == ["3: uses self._init"]
+    grandchild = subclass + "class Buffer(Parameter):\n    def f(self):\n        return self._rg\n"
+    assert _tensor_rule(grandchild)[-1] == "6: uses self._rg"
