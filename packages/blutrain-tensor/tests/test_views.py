@@ -50,7 +50,7 @@ def test_a_view_shares_storage_and_version_with_its_base(make: Callable[[Tensor]
     base = grid(2, 3, 4)
     view = make(base)
     np.testing.assert_array_equal(view.numpy(), make(grid(2, 3, 4)).numpy())
-    assert view._storage is base._storage
+    assert view.storage is base.storage
     assert np.shares_memory(view.numpy(), base.numpy())
     base.add_(1)
     assert view.version == base.version == 1
@@ -67,17 +67,17 @@ def test_writing_through_a_view_changes_the_base_and_bumps_the_shared_version() 
 
 def test_reshape_copies_only_when_the_strides_force_it() -> None:
     x = grid(3, 4)
-    assert x.reshape(12)._storage is x._storage
+    assert x.reshape(12).storage is x.storage
     transposed = x.t()
     flat = transposed.reshape(12)
-    assert flat._storage is not x._storage
+    assert flat.storage is not x.storage
     np.testing.assert_array_equal(flat.numpy(), x.numpy().T.reshape(12))
 
 
 def test_view_of_a_compatible_non_contiguous_tensor_needs_no_copy() -> None:
     x = grid(4, 6)[:, ::2]  # strides (6, 2): the last two dims can be split, not merged
     v = x.view(4, 3, 1)
-    assert v._storage is x._storage
+    assert v.storage is x.storage
     np.testing.assert_array_equal(v.numpy(), x.numpy().reshape(4, 3, 1))
 
 
@@ -102,7 +102,7 @@ def test_view_succeeds_exactly_when_numpy_can_reshape_without_copying(shape: lis
         numpy_can = False
     if numpy_can:
         v = y.view(target)
-        assert v._storage is x._storage
+        assert v.storage is x.storage
         np.testing.assert_array_equal(v.numpy(), as_numpy)
     else:
         with pytest.raises(ShapeError):
@@ -124,7 +124,7 @@ def test_contiguous_returns_self_when_already_contiguous_and_a_copy_otherwise() 
     t = x.t()
     assert not t.is_contiguous()
     c = t.contiguous()
-    assert c.is_contiguous() and c._storage is not x._storage
+    assert c.is_contiguous() and c.storage is not x.storage
     np.testing.assert_array_equal(c.numpy(), x.numpy().T)
 
 

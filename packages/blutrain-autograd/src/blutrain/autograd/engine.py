@@ -128,14 +128,21 @@ def record(op: str, inputs: tuple[Any, ...], outputs: Tensor | tuple[Tensor, ...
     if True not in needs:
         return
     node = Node(op, rule, edges, attrs, tuple(needs))
-    outs = outputs if isinstance(outputs, tuple) else (outputs,)
+    single = not isinstance(outputs, tuple)
+    outs = (outputs,) if single else outputs
     saved = rule.save(inputs, outs, attrs)
     node.saved = saved
-    versions = [(s, s.version) for s in saved if isinstance(s, Tensor)] if saved else []
+    versions = [(s, s.storage.version) for s in saved if isinstance(s, Tensor)] if saved else []
     if attrs:
-        versions.extend((v, v.version) for v in attrs.values() if isinstance(v, Tensor))
+        versions.extend((v, v.storage.version) for v in attrs.values() if isinstance(v, Tensor))
     if versions:
         node.versions = tuple(versions)
+    if single:  # most ops: no loop
+        dtype = outputs.dtype  # type: ignore[union-attr]
+        node.out_meta.append((outputs.shape, dtype, outputs.device))  # type: ignore[union-attr]
+        if dtype.is_floating:
+            outputs.set_grad_fn(node, 0)  # type: ignore[union-attr]
+        return
     meta = node.out_meta
     for i, o in enumerate(outs):
         meta.append((o.shape, o.dtype, o.device))

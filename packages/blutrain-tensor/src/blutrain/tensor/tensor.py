@@ -71,16 +71,19 @@ class Tensor(ViewMethods, TensorBase):
                 "_post_hooks",
         "_retains_grad",
         "_rg",
-        "_storage",
         "device",
         "dtype",
         "grad",
         "grad_fn",
         "output_nr",
+        "storage",
     )
 
     _data: Any
-    _storage: Storage
+    # The Storage shared by this tensor and all its views (``a.storage is b.storage``: the same memory and
+    # version counter). A plain slot, read on autograd's per-op path; never assigned outside this class (the
+    # ``data`` setter re-points a tensor).
+    storage: Storage
     _base: Tensor | None
     dtype: DType
     device: Device
@@ -104,7 +107,7 @@ class Tensor(ViewMethods, TensorBase):
         """
         if not copy and isinstance(data, Tensor) and (dtype is None or as_dtype(dtype) is data.dtype) and (
                 device is None or globals()["device"](device) is data.device):
-            self._init(data._data, data.dtype, data.device, data._storage, data._base)
+            self._init(data._data, data.dtype, data.device, data.storage, data._base)
         else:
             t = as_tensor_data(data, dtype=dtype, device=device)
             self._init(t._data, t.dtype, t.device, Storage(t._data, t.device), None)
@@ -116,7 +119,7 @@ class Tensor(ViewMethods, TensorBase):
         self._data = data
         self.dtype = dtype
         self.device = dev
-        self._storage = storage
+        self.storage = storage
         self._base = base
         self._rg = False
         self.grad = None
@@ -139,7 +142,7 @@ class Tensor(ViewMethods, TensorBase):
         t._data = array
         t.dtype = dtype
         t.device = device
-        t._storage = Storage(array, device)
+        t.storage = Storage(array, device)
         t._base = None
         t._rg = False
         t.grad = None
@@ -164,12 +167,6 @@ class Tensor(ViewMethods, TensorBase):
         return self._data
 
     @property
-    def storage(self) -> Storage:
-        """The :class:`Storage` shared by this tensor and all its views (``a.storage is b.storage``: the same
-        memory and version counter). Read-only; re-point a tensor with the ``data`` setter."""
-        return self._storage
-
-    @property
     def base(self) -> Tensor | None:
         """The tensor this one is a view of, or None when it owns its storage (PyTorch's ``_base``)."""
         return self._base
@@ -180,7 +177,7 @@ class Tensor(ViewMethods, TensorBase):
         t._data = data
         t.dtype = self.dtype
         t.device = self.device
-        t._storage = self._storage
+        t.storage = self.storage
         t._base = self._base if self._base is not None else self
         t._rg = False
         t.grad = None
@@ -238,7 +235,7 @@ class Tensor(ViewMethods, TensorBase):
     def storage_offset(self) -> _int:
         """Offset of the first element from the start of the storage, in elements."""
         backend = self.device.backend
-        offset: _int = backend.data_ptr(self._data) - backend.data_ptr(self._storage.array)
+        offset: _int = backend.data_ptr(self._data) - backend.data_ptr(self.storage.array)
         return offset // self.dtype.itemsize
 
     def data_ptr(self) -> _int:
@@ -282,12 +279,12 @@ class Tensor(ViewMethods, TensorBase):
     @property
     def version(self) -> _int:
         """The storage's version counter: bumped by every in-place write to this tensor or a view."""
-        return self._storage.version
+        return self.storage.version
 
     def bump_version(self) -> None:
         """Record an in-place write that went around the ops (a collective or a multi-tensor kernel writing
         :attr:`array`), so that autograd notices a saved tensor it changed."""
-        self._storage.version += 1
+        self.storage.version += 1
 
     # -- views (the others are ViewMethods'; t() returns self itself for fewer than 2 dims) ----------------
     def t(self) -> Tensor:
@@ -333,7 +330,7 @@ class Tensor(ViewMethods, TensorBase):
         self._data = value._data
         self.dtype = value.dtype
         self.device = value.device
-        self._storage = value._storage
+        self.storage = value.storage
         self._base = value._base
 
     def to(self, *args: Any, dtype: DType | str | None = None, device: str | Device | None = None,
@@ -834,7 +831,7 @@ def as_tensor_data(data: Any, *, dtype: DType | str | None = None, device: str |
     dt = as_dtype(dtype) if dtype is not None else None
     if isinstance(data, Tensor):
         out = data.detach().to(device=dev, dtype=dt)
-        return out.clone() if out._storage is data._storage else out
+        return out.clone() if out.storage is data.storage else out
     from blutrain.tensor.dtype import get_default_dtype
 
     if isinstance(data, np.ndarray):

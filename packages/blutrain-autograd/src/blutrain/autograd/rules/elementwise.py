@@ -42,8 +42,8 @@ def _sub(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
 def _save_mul(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
     a, b = inputs
     # each input's gradient needs only the *other* operand: keep no more than that
-    need_a = isinstance(a, Tensor) and a.requires_grad
-    need_b = isinstance(b, Tensor) and b.requires_grad
+    need_a = isinstance(a, Tensor) and (a.grad_fn is not None or a.requires_grad)  # an op's output requires grad
+    need_b = isinstance(b, Tensor) and (b.grad_fn is not None or b.requires_grad)
     return (b if need_a else None, a if need_b else None, _shape(a), _shape(b))
 
 
@@ -56,7 +56,7 @@ def _mul(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, ...]:
 
 def _save_div(inputs: tuple[Any, ...], outputs: tuple[Tensor, ...], attrs: dict[str, Any]) -> tuple[Any, ...]:
     a, b = inputs
-    need_b = isinstance(b, Tensor) and b.requires_grad
+    need_b = isinstance(b, Tensor) and (b.grad_fn is not None or b.requires_grad)
     return (b, outputs[0].detach() if need_b else None, _shape(a), _shape(b))
 
 

@@ -254,7 +254,7 @@ def _write(op: str, target: Tensor, value: Any) -> Tensor:
         target._data[...] = value
     else:  # a trace records the write, whichever array it goes to (state included)
         found.write(target._data, value)
-    target._storage.version += 1
+    target.storage.version += 1
     return target
 
 
@@ -541,7 +541,7 @@ def uniform_(x: Tensor, a: float, b: float) -> Tensor:
     check_writable("uniform_", x)
     sample = x.device.backend.generator(x.device.index).uniform(x.shape, x.dtype)
     x._data[...] = sample * (b - a) + a
-    x._storage.version += 1
+    x.storage.version += 1
     return x
 
 
@@ -551,5 +551,5 @@ def normal_(x: Tensor, mean: float, std: float) -> Tensor:
     check_writable("normal_", x)
     sample = x.device.backend.generator(x.device.index).normal(x.shape, x.dtype)
     x._data[...] = sample * std + mean
-    x._storage.version += 1
+    x.storage.version += 1
     return x

@@ -97,7 +97,7 @@ def setitem(x: Tensor, key: Any, value: Tensor | Scalar) -> None:
     except ValueError as exc:
         raise ShapeError(f"setitem: value of shape {list(getattr(value, 'shape', ()))} does not fit the "
                          f"indexed region of a tensor of shape {list(x.shape)}: {exc}") from None
-    x._storage.version += 1
+    x.storage.version += 1
 
 
 def index_put_(x: Tensor, indices: tuple[Tensor, ...], values: Tensor, accumulate: bool = False) -> Tensor:
@@ -110,7 +110,7 @@ def index_put_(x: Tensor, indices: tuple[Tensor, ...], values: Tensor, accumulat
         raise DeviceMismatchError(f"index_put_: values are on {values.device}, target on {x.device}")
     items, _ = _parse_key(x, tuple(indices))
     _kernel("index_put", x.device.type, x.dtype)(x._data, items, values._data.astype(x.dtype.np), accumulate)
-    x._storage.version += 1
+    x.storage.version += 1
     return x
 
 

@@ -66,4 +66,4 @@ def repeat(x: Tensor, sizes: tuple[int, ...]) -> Tensor:
     for axis, times in enumerate(sizes):
         if times != 1:
             out = cat([out] * times, axis) if times > 0 else out.narrow(axis, 0, 0)
-    return out.clone() if out._storage is x._storage else out
+    return out.clone() if out.storage is x.storage else out
