@@ -128,8 +128,12 @@ def record(op: str, inputs: tuple[Any, ...], outputs: Tensor | tuple[Tensor, ...
     if True not in needs:
         return
     node = Node(op, rule, edges, attrs, tuple(needs))
-    single = not isinstance(outputs, tuple)
-    outs = (outputs,) if single else outputs
+    single: Tensor | None = None
+    if isinstance(outputs, tuple):
+        outs = outputs
+    else:
+        single = outputs
+        outs = (outputs,)
     saved = rule.save(inputs, outs, attrs)
     node.saved = saved
     versions = [(s, s.storage.version) for s in saved if isinstance(s, Tensor)] if saved else []
@@ -137,11 +141,11 @@ def record(op: str, inputs: tuple[Any, ...], outputs: Tensor | tuple[Tensor, ...
         versions.extend((v, v.storage.version) for v in attrs.values() if isinstance(v, Tensor))
     if versions:
         node.versions = tuple(versions)
-    if single:  # most ops: no loop
-        dtype = outputs.dtype  # type: ignore[union-attr]
-        node.out_meta.append((outputs.shape, dtype, outputs.device))  # type: ignore[union-attr]
+    if single is not None:  # most ops: no loop
+        dtype = single.dtype
+        node.out_meta.append((single.shape, dtype, single.device))
         if dtype.is_floating:
-            outputs.set_grad_fn(node, 0)  # type: ignore[union-attr]
+            single.set_grad_fn(node, 0)
         return
     meta = node.out_meta
     for i, o in enumerate(outs):

@@ -41,7 +41,7 @@ class TensorBase:
         def item(self) -> Scalar: ...
 
     @staticmethod
-    def _make(data: Any, dtype: DType, dev: Device) -> Tensor:
+    def _make(array: Any, dtype: DType, device: Device) -> Tensor:
         """Wrap a fresh backend array (a kernel's output) in a Tensor with its own storage."""
         raise NotImplementedError("need _make")
 

@@ -103,8 +103,9 @@ def _linear_gelu(node: Any, grads: list[Any], create_graph: bool) -> tuple[Any, 
     gb = None
     if need_b:
         zero = zeros(pre.shape[-1], dtype=pre.dtype, device=pre.device)
-        dpre, gb = dispatch.call_multi("bias_gelu_backward", g, pre, zero, approximate, True, dtype=pre.dtype)
-        assert gb is not None  # asked for
+        dpre_or_none, gb = dispatch.call_multi("bias_gelu_backward", g, pre, zero, approximate, True, dtype=pre.dtype)
+        assert dpre_or_none is not None and gb is not None  # the kernel returns both when asked for the bias's
+        dpre = dpre_or_none
         gb = gb if gb.dtype is dtypes[2] else gb.to(dtype=dtypes[2])
     else:
         dpre = dispatch.call("gelu_backward", g, pre, approximate, dtype=pre.dtype)
