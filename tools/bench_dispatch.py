@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -37,6 +38,8 @@ from bench.dispatch_timing import CupyClock, DeviceTimer, TorchClock, host_time
 from blutrain.tensor import BluTrainError
 
 FRAMEWORKS = ("blutrain", "torch")
+# what sets the threads of NumPy's BLAS and PyTorch's CPU kernels (recorded: they change CPU timings)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -165,11 +168,19 @@ def _fmt(x: float | None, width: int, digits: int = 1) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:>{width}.{digits}f}"
 
 
+def _with_min(row: dict[str, Any] | None, width: int) -> str:
+    """``median (min)`` µs of a row, or "-"."""
+    if not row or row["host_us"] is None:
+        return f"{'-':>{width}}"
+    return f"{row['host_us']:.1f} ({row['host_min_us']:.1f})".rjust(width)
+
+
 def table(rows: list[dict[str, Any]], device: str) -> str:
-    """Per case: BluTrain and PyTorch host µs, their ratio, and on cuda the device µs of each."""
+    """Per case: BluTrain and PyTorch host µs (median, and min over batches), the ratio of the medians, and on
+    cuda the device µs of each."""
     by = {(r["size"], r["case"], r["framework"]): r for r in rows}
     keys = list(dict.fromkeys((r["size"], r["case"]) for r in rows))
-    head = f"{'size':<6} {'case':<24} {'shape':<28} {'blutrain µs':>11} {'torch µs':>9} {'bt/torch':>8}"
+    head = f"{'size':<6} {'case':<24} {'shape':<28} {'blutrain µs (min)':>17} {'torch µs (min)':>15} {'bt/torch':>8}"
     if device == "cuda":
         head += f" {'bt dev µs':>9} {'torch dev µs':>12}"
     lines = [head]
@@ -178,7 +189,8 @@ def table(rows: list[dict[str, Any]], device: str) -> str:
         shape = next((r["shape"] for r in (bt, th) if r and r["shape"]), "")
         bt_us, th_us = (bt or {}).get("host_us"), (th or {}).get("host_us")
         ratio = bt_us / th_us if bt_us and th_us else None
-        line = f"{size:<6} {case:<24} {shape:<28} {_fmt(bt_us, 11)} {_fmt(th_us, 9)} {_fmt(ratio, 8, 2)}"
+        line = (f"{size:<6} {case:<24} {shape:<28} {_with_min(bt, 17)} {_with_min(th, 15)} "
+                f"{_fmt(ratio, 8, 2)}")
         if device == "cuda":
             line += f" {_fmt((bt or {}).get('device_us'), 9)} {_fmt((th or {}).get('device_us'), 12)}"
         errors = [f"{r['framework']}: {r['error']}" for r in (bt, th) if r and r["error"]]
@@ -208,7 +220,7 @@ def plot(rows: list[dict[str, Any]], breakdowns: list[dict[str, Any]], path: Pat
     except ImportError:
         return "matplotlib is not installed: no PNG written"
     sizes = list(dict.fromkeys(r["size"] for r in rows))
-    fig, axes = plt.subplots(len(sizes), 2, figsize=(15, 0.32 * len(rows) / max(len(sizes), 1) + 2.5),
+    fig, axes = plt.subplots(len(sizes), 2, figsize=(15, len(sizes) * (0.1 * len(rows) / len(sizes) + 1.5)),
                              squeeze=False)
     for i, size in enumerate(sizes):
         ax, bx = axes[i]
@@ -220,7 +232,8 @@ def plot(rows: list[dict[str, Any]], breakdowns: list[dict[str, Any]], path: Pat
                         label=fw)
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel("host µs per call")
+        ax.set_xscale("log")
+        ax.set_xlabel("host µs per call (log scale)")
         ax.set_title(f"{size}: host µs per call")
         ax.legend(fontsize=7)
         mine = [b for b in breakdowns if b["size"] == size]
@@ -236,7 +249,7 @@ def plot(rows: list[dict[str, Any]], breakdowns: list[dict[str, Any]], path: Pat
         bx.set_title(f"{size}: where BluTrain's host time goes")
         bx.legend(fontsize=6, ncol=2)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -263,8 +276,6 @@ def _cpu_name() -> str:
 
 
 def meta(args: argparse.Namespace, fws: list[Framework], notes: list[str]) -> dict[str, Any]:
-    import os
-
     import numpy as np
 
     info: dict[str, Any] = {
@@ -275,6 +286,7 @@ def meta(args: argparse.Namespace, fws: list[Framework], notes: list[str]) -> di
         "device_calls": args.device_calls, "profile_calls": args.profile_calls,
         "command": " ".join(["python", *sys.argv]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "loop_us": host_time(lambda: None, args.calls, args.batches, 0, lambda: None).median_us,
+        "threads_env": {k: os.environ[k] for k in THREAD_VARIABLES if k in os.environ},
         "categories": CATEGORIES, "notes": notes,
     }
     if "torch" in info["frameworks"]:
