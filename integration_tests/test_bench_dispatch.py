@@ -159,3 +159,20 @@ def test_out_naming_a_directory_is_refused(tmp_path: Path, capsys: pytest.Captur
     with pytest.raises(SystemExit):
         tool.parse_args(["--out", str(tmp_path)])
     assert "--out must be a file path" in capsys.readouterr().err
+
+
+def test_cuda_where_the_cuda_backend_cannot_run_is_one_error_line(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import blutrain.tensor as bt
+
+    try:
+        usable = bt.device("cuda").backend.is_available()
+    except bt.BluTrainError:  # no cuda backend installed at all: the same one-line path
+        usable = False
+    if usable:
+        pytest.skip("a GPU is here: the cuda run is the GPU machine's to make")
+    out = tmp_path / "dispatch.json"
+    assert tool.main(["--device", "cuda", *TINY, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench_dispatch: error:") and "cuda" in err[0]
+    assert not out.exists()  # nothing written for a run that did not happen
