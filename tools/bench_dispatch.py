@@ -184,7 +184,7 @@ def table(rows: list[dict[str, Any]], device: str) -> str:
     cuda the device µs of each."""
     by = {(r["size"], r["case"], r["framework"]): r for r in rows}
     keys = list(dict.fromkeys((r["size"], r["case"]) for r in rows))
-    head = f"{'size':<6} {'case':<24} {'shape':<28} {'blutrain µs (min)':>17} {'torch µs (min)':>15} {'bt/torch':>8}"
+    head = f"{'size':<6} {'case':<24} {'shape':<28} {'blutrain µs (min)':>19} {'torch µs (min)':>19} {'bt/torch':>8}"
     if device == "cuda":
         head += f" {'bt dev µs':>9} {'torch dev µs':>12}"
     lines = [head]
@@ -193,7 +193,7 @@ def table(rows: list[dict[str, Any]], device: str) -> str:
         shape = next((r["shape"] for r in (bt, th) if r and r["shape"]), "")
         bt_us, th_us = (bt or {}).get("host_us"), (th or {}).get("host_us")
         ratio = bt_us / th_us if bt_us and th_us else None
-        line = (f"{size:<6} {case:<24} {shape:<28} {_with_min(bt, 17)} {_with_min(th, 15)} "
+        line = (f"{size:<6} {case:<24} {shape:<28} {_with_min(bt, 19)} {_with_min(th, 19)} "
                 f"{_fmt(ratio, 8, 2)}")
         if device == "cuda":
             line += f" {_fmt((bt or {}).get('device_us'), 9)} {_fmt((th or {}).get('device_us'), 12)}"
