@@ -176,3 +176,13 @@ def test_cuda_where_the_cuda_backend_cannot_run_is_one_error_line(tmp_path: Path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench_dispatch: error:") and "cuda" in err[0]
     assert not out.exists()  # nothing written for a run that did not happen
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="PyTorch is installed here")
+def test_asking_only_for_pytorch_where_it_is_missing_is_one_error_line(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "dispatch.json"
+    assert tool.main(["--frameworks", "torch", *TINY, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--frameworks torch" in err[0] and "install PyTorch" in err[0]
+    assert not out.exists()

@@ -103,7 +103,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def frameworks(names: Sequence[str], device: str, dtype: str, notes: list[str]) -> list[Framework]:
     """The frameworks asked for that can run here; one that cannot is a note, not an error (PyTorch is optional)."""
-    found = [blutrain_framework(device, dtype)]
+    found = [blutrain_framework(device, dtype)] if "blutrain" in names else []
     if "torch" in names:
         try:
             torch = importlib.import_module("torch")
@@ -114,8 +114,6 @@ def frameworks(names: Sequence[str], device: str, dtype: str, notes: list[str]) 
                 notes.append(f"PyTorch {torch.__version__} sees no CUDA device: BluTrain rows only")
             else:
                 found.append(torch_framework(device, dtype))
-    if "blutrain" not in names:
-        found = found[1:]
     return found
 
 
@@ -310,6 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         fws, rows, breakdowns = run(args, notes)
     except BluTrainError as e:  # e.g. --device cuda where the cuda backend cannot run
         print(f"bench_dispatch: error: {e}", file=sys.stderr)
+        return 2
+    if not fws:
+        print(f"bench_dispatch: error: none of --frameworks {','.join(args.frameworks)} can run here "
+              f"({'; '.join(notes)}); add blutrain or install PyTorch", file=sys.stderr)
         return 2
     info = meta(args, fws, notes)
     title = (f"bench_dispatch on {args.device} ({info.get('gpu') or info['cpu']}), {args.dtype}, "
