@@ -12,7 +12,9 @@ The rules:
   of a tensor (``t._data``, ``Tensor._make``, ...: every ``_name`` of ``Tensor`` and its bases, taken from the
   class itself): it uses ``blutrain.tensor.dispatch.call`` and the tensor's public members instead. Attribute
   access is found in the syntax tree, so comments and strings do not count; ``self._name`` inside a class that
-  is not a Tensor is that class's own attribute.
+  is not a Tensor is that class's own attribute;
+- no code outside blutrain-tensor touches ``blutrain.tensor.dispatch.TABLE`` (it looks kernels up with
+  ``dispatch.kernel`` and intercepts them with ``dispatch.set_interceptor``).
 
 Files that still break a rule while their fix is under way are listed in ``ALLOWED``; a listed file that no longer
 breaks its rule fails the test, so the list only shrinks.
@@ -209,6 +211,19 @@ def _tensor_private_uses(tree: ast.AST, tensor_classes: frozenset[str]) -> Itera
     yield from visit(tree, None)
 
 
+def _dispatch_table_uses(tree: ast.AST) -> Iterator[str]:
+    """"line: what" for each use of dispatch's kernel table in ``tree``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "TABLE":
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "dispatch") or (
+                    isinstance(owner, ast.Attribute) and owner.attr == "dispatch"):
+                yield f"{node.lineno}: uses {ast.unparse(node)}"
+        elif (isinstance(node, ast.ImportFrom) and node.module == "blutrain.tensor.dispatch"
+              and any(alias.name == "TABLE" for alias in node.names)):
+            yield f"{node.lineno}: imports TABLE from blutrain.tensor.dispatch"
+
+
 def _all_violations() -> dict[tuple[str, str], list[str]]:
     found: dict[tuple[str, str], list[str]] = {}
     for path in _sources():
@@ -220,6 +235,8 @@ def _all_violations() -> dict[tuple[str, str], list[str]]:
     for path, tree in trees.items():
         for what in _tensor_private_uses(tree, tensor_classes):
             found.setdefault(("tensor-private", path.relative_to(ROOT).as_posix()), []).append(what)
+        for what in _dispatch_table_uses(tree):
+            found.setdefault(("dispatch-table", path.relative_to(ROOT).as_posix()), []).append(what)
     return found
 
 
@@ -238,7 +255,7 @@ def test_the_scan_sees_every_distribution_and_its_sources() -> None:
     assert scanned == {"packages", "plugins", "integration_tests", "tools"}
 
 
-@pytest.mark.parametrize("rule", ["plugin", "private", "cupy", "tensor-private"])
+@pytest.mark.parametrize("rule", ["plugin", "private", "cupy", "tensor-private", "dispatch-table"])
 def test_no_file_breaks_an_import_rule_outside_the_allow_list(rule: str) -> None:
     broken = {f"{file}:{what}" for (r, file), whats in VIOLATIONS.items() if r == rule and (r, file) not in ALLOWED
               for what in whats}
@@ -306,3 +323,11 @@ def test_checker_lets_a_class_that_is_no_tensor_use_its_own_attributes() -> None
     assert _tensor_rule(subclass) == ["3: uses self._init"]
     grandchild = subclass + "class Buffer(Parameter):\n    def f(self):\n        return self._rg\n"
     assert _tensor_rule(grandchild)[-1] == "6: uses self._rg"
+
+
+def test_checker_catches_a_use_of_the_dispatch_table() -> None:
+    found = sorted(_dispatch_table_uses(ast.parse(
+        "dispatch.TABLE.update(w)\nbt.dispatch.TABLE.clear()\nfrom blutrain.tensor.dispatch import TABLE\n"
+        "from blutrain.tensor.cpu import TABLE as CPU\nfn = dispatch.kernel('add', 'cpu', dt)\n")))
+    assert found == ["1: uses dispatch.TABLE", "2: uses bt.dispatch.TABLE",
+                     "3: imports TABLE from blutrain.tensor.dispatch"]
