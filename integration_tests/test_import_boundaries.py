@@ -250,7 +250,7 @@ def test_the_scan_sees_every_distribution_and_its_sources() -> None:
     assert _owner("blutrain.nn") is _owner("blutrain.train")  # the facade owns several sub-packages
     assert _owner("numpy") is None
     assert sum(1 for _ in _sources()) > 200
-    assert {"_data", "_make", "_rg", "_hooks"} <= TENSOR_PRIVATE  # read from the class
+    assert {"_data", "_make", "_rg", "_base"} <= TENSOR_PRIVATE  # read from the class
     scanned = {p.relative_to(ROOT).parts[0] for p in _tensor_rule_sources()}
     assert scanned == {"packages", "plugins", "integration_tests", "tools"}
 

@@ -172,9 +172,9 @@ def _linear_backward(g: Tensor, x: Tensor, weight: Tensor, need_x: bool, need_w:
                      wide_x: bool, wide_w: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """``linear``'s own backward kernel: (dx, dW, db) of ``y = x Wᵀ + b``, in x's dtype, or float32 for dx
     with ``wide_x`` and for dW, db with ``wide_w`` (from the GEMMs' float32 accumulators)."""
+    wide = (float32 if wide_x else x.dtype, float32 if wide_w else x.dtype)
     gx, gw, gb = dispatch.call_multi("linear_backward", g, x, weight, need_x, need_w, need_b, wide_x, wide_w,
-                                     dtype=x.dtype, out_dtypes=tuple(float32 if wide else x.dtype
-                                                                     for wide in (wide_x, wide_w, wide_w)))
+                                     dtype=x.dtype, out_dtypes=(wide[0], wide[1], wide[1]))
     return gx, gw, gb
 
 

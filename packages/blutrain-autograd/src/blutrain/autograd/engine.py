@@ -159,11 +159,11 @@ dispatch.set_recorder(record)
 
 def _check_versions(node: Node) -> None:
     for t, version in node.versions:
-        if t.version != version:
+        if t.storage.version != version:
             raise AutogradError(
                 f"one of the tensors needed for gradient computation has been modified by an in-place "
                 f"operation: a tensor of shape {list(t.shape)} saved by {node.name()} is at version "
-                f"{t.version}; expected version {version}. Make the in-place op out-of-place, or "
+                f"{t.storage.version}; expected version {version}. Make the in-place op out-of-place, or "
                 "clone the tensor before modifying it.")
 
 

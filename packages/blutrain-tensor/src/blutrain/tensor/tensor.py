@@ -67,15 +67,15 @@ class Tensor(ViewMethods, TensorBase):
         "__weakref__",
         "_base",
         "_data",
-        "_hooks",
-                "_post_hooks",
         "_retains_grad",
         "_rg",
         "device",
         "dtype",
         "grad",
         "grad_fn",
+        "grad_hooks",
         "output_nr",
+        "post_accumulate_grad_hooks",
         "storage",
     )
 
@@ -91,8 +91,10 @@ class Tensor(ViewMethods, TensorBase):
     grad: Tensor | None
     grad_fn: Any
     output_nr: int
-    _hooks: list[Callable[[Tensor], Tensor | None]] | None
-    _post_hooks: list[Callable[[Tensor], None]] | None
+    # The hooks register_hook / register_post_accumulate_grad_hook added, in order: () until the first one. Plain
+    # slots that the autograd engine reads for every leaf; added to only through those two methods.
+    grad_hooks: Sequence[Callable[[Tensor], Tensor | None]]
+    post_accumulate_grad_hooks: Sequence[Callable[[Tensor], None]]
     _retains_grad: bool
 
     __array_priority__ = 1000  # make NumPy defer to Tensor's reflected operators
@@ -125,8 +127,8 @@ class Tensor(ViewMethods, TensorBase):
         self.grad = None
         self.grad_fn = None
         self.output_nr = 0
-        self._hooks = None
-        self._post_hooks = None
+        self.grad_hooks = ()
+        self.post_accumulate_grad_hooks = ()
         self._retains_grad = False
 
     @staticmethod
@@ -148,8 +150,8 @@ class Tensor(ViewMethods, TensorBase):
         t.grad = None
         t.grad_fn = None
         t.output_nr = 0
-        t._hooks = None
-        t._post_hooks = None
+        t.grad_hooks = ()
+        t.post_accumulate_grad_hooks = ()
         t._retains_grad = False
         return t
 
@@ -183,8 +185,8 @@ class Tensor(ViewMethods, TensorBase):
         t.grad = None
         t.grad_fn = None
         t.output_nr = 0
-        t._hooks = None
-        t._post_hooks = None
+        t.grad_hooks = ()
+        t.post_accumulate_grad_hooks = ()
         t._retains_grad = False
         return t
 
@@ -468,26 +470,15 @@ class Tensor(ViewMethods, TensorBase):
         self.grad_fn = node
         self.output_nr = output_nr
 
-    @property
-    def grad_hooks(self) -> Sequence[Callable[[Tensor], Tensor | None]]:
-        """The hooks :meth:`register_hook` added, in order (the autograd engine runs a leaf's on its gradient)."""
-        return self._hooks or ()
-
-    @property
-    def post_accumulate_grad_hooks(self) -> Sequence[Callable[[Tensor], None]]:
-        """The hooks :meth:`register_post_accumulate_grad_hook` added, in order."""
-        return self._post_hooks or ()
-
     def register_hook(self, hook: Callable[[Tensor], Tensor | None]) -> Callable[[], None]:
         """Call ``hook(grad)`` when this tensor's gradient is computed; it may return a new grad."""
         if not self._rg:
             raise AutogradError("register_hook: the tensor does not require grad")
-        if self._hooks is None:
-            self._hooks = []
-        self._hooks.append(hook)
+        hooks = self.grad_hooks if isinstance(self.grad_hooks, list) else []
+        hooks.append(hook)
+        self.grad_hooks = hooks
         if self.grad_fn is not None:
             self.grad_fn.add_tensor_hook(self.output_nr, hook)
-        hooks = self._hooks
 
         def remove() -> None:
             if hook in hooks:
@@ -502,10 +493,9 @@ class Tensor(ViewMethods, TensorBase):
             raise AutogradError("register_post_accumulate_grad_hook: only leaf tensors have this hook")
         if not self._rg:
             raise AutogradError("register_post_accumulate_grad_hook: the tensor does not require grad")
-        if self._post_hooks is None:
-            self._post_hooks = []
-        self._post_hooks.append(hook)
-        hooks = self._post_hooks
+        hooks = self.post_accumulate_grad_hooks if isinstance(self.post_accumulate_grad_hooks, list) else []
+        hooks.append(hook)
+        self.post_accumulate_grad_hooks = hooks
         return lambda: hooks.remove(hook) if hook in hooks else None
 
     def retain_grad(self) -> None:

@@ -46,7 +46,7 @@ def _linear_backward(g: Tensor, x: Tensor, w: Tensor, needs: tuple[bool, bool, b
     """linear_backward's gradients (computed in float32 where ``wides`` says so, else in x's dtype) as tensors
     of their operands' ``dtypes`` (a float32 operand narrowed by autocast gets its gradient in float32)."""
     grads = dispatch.call_multi("linear_backward", g, x, w, *needs, *wides[:2], dtype=x.dtype,
-                                out_dtypes=tuple(float32 if wide else x.dtype for wide in wides))
+                                out_dtypes=[float32 if wide else x.dtype for wide in wides])
     return [grad if grad is None or grad.dtype is dt else grad.to(dtype=dt)
             for grad, dt in zip(grads, dtypes, strict=True)]
 
