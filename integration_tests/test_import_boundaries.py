@@ -9,10 +9,11 @@ The rules:
 - ``cupy`` (and ``cupyx``) is imported only by the CUDA backend plugin, the NCCL plugin, the kernel library's CUDA
   kernels and blutrain-alloc;
 - no code outside blutrain-tensor (packages, plugins, integration_tests/, tools/) reads or writes a private member
-  of a tensor (``t._data``, ``Tensor._make``, ...: every ``_name`` of ``Tensor`` and its bases, taken from the
+  of a tensor (``t._rg``, ``Tensor._make``, ...: every ``_name`` of ``Tensor`` and its bases, taken from the
   class itself): it uses ``blutrain.tensor.dispatch.call`` and the tensor's public members instead. Attribute
   access is found in the syntax tree, so comments and strings do not count; ``self._name`` inside a class that
-  is not a Tensor is that class's own attribute;
+  is not a Tensor is that class's own attribute. Nor does it assign the public attributes that are read-only by
+  contract (``array``, ``storage``, ``output_nr``, the hook lists: ``TENSOR_READ_ONLY``);
 - no code outside blutrain-tensor touches ``blutrain.tensor.dispatch.TABLE`` (it looks kernels up with
   ``dispatch.kernel`` and intercepts them with ``dispatch.set_interceptor``).
 
@@ -171,6 +172,10 @@ def _violations(path: Path, source: str | None = None) -> Iterator[tuple[str, st
 TENSOR_PRIVATE = frozenset(name for cls in Tensor.__mro__ if cls is not object for name in vars(cls) if _private(name))
 
 
+# public slots of a tensor that only blutrain-tensor assigns (plain slots for speed, read-only by contract)
+TENSOR_READ_ONLY = frozenset({"array", "storage", "output_nr", "grad_hooks", "post_accumulate_grad_hooks"})
+
+
 def _tensor_rule_sources() -> Iterator[Path]:
     for path in _sources((PACKAGES, PLUGINS, INTEGRATION_TESTS, TOOLS)):
         if not path.is_relative_to(TENSOR):
@@ -202,10 +207,14 @@ def _tensor_private_uses(tree: ast.AST, tensor_classes: frozenset[str]) -> Itera
             if isinstance(child, ast.ClassDef):
                 yield from visit(child, None if child.name in tensor_classes else child.name)
                 continue
-            if isinstance(child, ast.Attribute) and child.attr in TENSOR_PRIVATE:
+            if isinstance(child, ast.Attribute):
                 on_self = isinstance(child.value, ast.Name) and child.value.id in ("self", "cls")
-                if not (on_self and own_class is not None):
+                own = on_self and own_class is not None
+                if child.attr in TENSOR_PRIVATE and not own:
                     yield f"{child.lineno}: uses {ast.unparse(child)}"
+                elif (child.attr in TENSOR_READ_ONLY and isinstance(child.ctx, ast.Store | ast.Del)
+                      and not own):
+                    yield f"{child.lineno}: assigns {ast.unparse(child)}"
             yield from visit(child, own_class)
 
     yield from visit(tree, None)
@@ -250,7 +259,7 @@ def test_the_scan_sees_every_distribution_and_its_sources() -> None:
     assert _owner("blutrain.nn") is _owner("blutrain.train")  # the facade owns several sub-packages
     assert _owner("numpy") is None
     assert sum(1 for _ in _sources()) > 200
-    assert {"_data", "_make", "_rg", "_base"} <= TENSOR_PRIVATE  # read from the class
+    assert {"_make", "_rg", "_base", "_view"} <= TENSOR_PRIVATE  # read from the class
     scanned = {p.relative_to(ROOT).parts[0] for p in _tensor_rule_sources()}
     assert scanned == {"packages", "plugins", "integration_tests", "tools"}
 
@@ -305,20 +314,26 @@ def _tensor_rule(source: str) -> list[str]:
 
 
 def test_checker_catches_a_private_tensor_member_outside_blutrain_tensor() -> None:
-    assert _tensor_rule("y = x._data\n") == ["1: uses x._data"]
+    assert _tensor_rule("y = x._rg\n") == ["1: uses x._rg"]
     assert _tensor_rule("t = Tensor._make(a, dt, dev)\n") == ["1: uses Tensor._make"]
-    assert _tensor_rule("def f(t):\n    t._view(a)\n    t.grad._data[0] = 1\n") == [
-        "2: uses t._view", "3: uses t.grad._data"]
+    assert _tensor_rule("def f(t):\n    t._view(a)\n    t.grad._base.array[0] = 1\n") == [
+        "2: uses t._view", "3: uses t.grad._base"]
+
+
+def test_checker_catches_an_assignment_to_a_read_only_tensor_attribute() -> None:
+    assert _tensor_rule("t.array = proxy\nt.storage.version += 1\ndel t.output_nr\nt.array[0] = 1\n") == [
+        "1: assigns t.array", "3: assigns t.output_nr"]  # writing into the array or the storage is not assigning
+    assert _tensor_rule("class Store:\n    def put(self, a):\n        self.array = a\n") == []
 
 
 def test_checker_reads_the_syntax_tree_not_the_text() -> None:
-    assert _tensor_rule("# x._data is private\ndoc = 'use t._make'\ny = x.array\n") == []
+    assert _tensor_rule("# x._rg is private\ndoc = 'use t._make'\ny = x.array\n") == []
 
 
 def test_checker_lets_a_class_that_is_no_tensor_use_its_own_attributes() -> None:
-    store = ("class Store:\n    def __init__(self):\n        self._data = {}\n"
-             "    def get(self, t):\n        return t._data\n")
-    assert _tensor_rule(store) == ["5: uses t._data"]
+    store = ("class Store:\n    def __init__(self):\n        self._base = {}\n"
+             "    def get(self, t):\n        return t._base\n")
+    assert _tensor_rule(store) == ["5: uses t._base"]
     subclass = "class Parameter(Tensor):\n    def __init__(self, data):\n        self._init(data)\n"
     assert _tensor_rule(subclass) == ["3: uses self._init"]
     grandchild = subclass + "class Buffer(Parameter):\n    def f(self):\n        return self._rg\n"

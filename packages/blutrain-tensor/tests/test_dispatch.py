@@ -91,6 +91,6 @@ def test_blocking_the_built_in_kernels_leaves_ops_without_a_kernel() -> None:
 
 
 def test_every_cpu_kernel_returns_arrays_never_numpy_scalars() -> None:
-    assert type((bt.ones(()) + 1)._data) is np.ndarray
-    assert type(bt.ones(3).sum()._data) is np.ndarray
-    assert type(bt.ones(3)[0]._data) is np.ndarray
+    assert type((bt.ones(()) + 1).array) is np.ndarray
+    assert type(bt.ones(3).sum().array) is np.ndarray
+    assert type(bt.ones(3)[0].array) is np.ndarray

@@ -143,13 +143,13 @@ def record(op: str, inputs: tuple[Any, ...], outputs: Tensor | tuple[Tensor, ...
         node.versions = tuple(versions)
     if single is not None:  # most ops: no loop
         dtype = single.dtype
-        node.out_meta.append((single.shape, dtype, single.device))
+        node.out_meta.append((single.array.shape, dtype, single.device))
         if dtype.is_floating:
             single.set_grad_fn(node, 0)
         return
     meta = node.out_meta
     for i, o in enumerate(outs):
-        meta.append((o.shape, o.dtype, o.device))
+        meta.append((o.array.shape, o.dtype, o.device))
         if o.dtype.is_floating:
             o.set_grad_fn(node, i)
 

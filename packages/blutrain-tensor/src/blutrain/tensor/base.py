@@ -30,7 +30,7 @@ class TensorBase:
     __slots__ = ()
 
     if TYPE_CHECKING:  # what the op modules read of a value they only know passed isinstance(value, TensorBase)
-        _data: Any
+        array: Any
         _rg: bool
         dtype: DType
         device: Device

@@ -112,14 +112,14 @@ def substitute_arrays(tensors: Sequence[Tensor], arrays: Sequence[Any]) -> Itera
     if len(tensors) != len(arrays):
         raise TensorValueError(f"substitute_arrays: {len(tensors)} tensors and {len(arrays)} arrays; give one array "
                          "per tensor")
-    own = [t._data for t in tensors]
+    own = [t.array for t in tensors]
     try:
         for t, a in zip(tensors, arrays, strict=True):
-            t._data = a
+            t.array = a
         yield
     finally:
         for t, a in zip(tensors, own, strict=True):
-            t._data = a
+            t.array = a
 
 
 __all__ = ["Capture", "active", "per_call", "set_active", "substitute_arrays"]

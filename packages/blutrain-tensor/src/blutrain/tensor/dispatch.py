@@ -83,7 +83,7 @@ def _arrays(op: str, args: tuple[Any, ...]) -> tuple[list[Any], TensorBase]:
             elif a.device is not host.device:
                 raise DeviceMismatchError(f"{op}: tensor arguments are on {host.device} and {a.device}; move them "
                                           "to one device first")
-            arrays[i] = a._data
+            arrays[i] = a.array
     if host is None:
         raise TensorTypeError(f"{op}: dispatch.call needs at least one Tensor argument (it picks the device), got "
                               f"{', '.join(type(a).__name__ for a in args) or 'none'}")

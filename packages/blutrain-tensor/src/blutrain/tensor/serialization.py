@@ -316,7 +316,7 @@ def save_file(tensors: Mapping[str, Tensor], path: str | os.PathLike[str],
     for name, t in tensors.items():
         if not isinstance(t, Tensor):
             raise _fail(Path(path), f"tensor {name!r} is a {type(t).__name__}, not a Tensor")
-        arrays[name] = np.asarray(t.device.backend.to_host(t.detach()._data))
+        arrays[name] = np.asarray(t.device.backend.to_host(t.detach().array))
     write_safetensors(path, arrays, metadata)
 
 

@@ -1,6 +1,6 @@
 """The Tensor: a view (shape, strides, offset) of a storage, with a dtype, a device and autograd state.
 
-The backend array held in ``_data`` *is* the view: NumPy and CuPy arrays already carry shape,
+The backend array held in ``array`` *is* the view: NumPy and CuPy arrays already carry shape,
 strides and offset over a shared buffer, so a view op is the array module's own view plus a new
 Tensor that shares the :class:`Storage` (and with it the version counter). The view methods are
 :class:`~blutrain.tensor.views.ViewMethods` (mixed in; they need ``_view_op`` from this class); arithmetic,
@@ -66,9 +66,9 @@ class Tensor(ViewMethods, TensorBase):
     __slots__ = (
         "__weakref__",
         "_base",
-        "_data",
         "_retains_grad",
         "_rg",
+        "array",
         "device",
         "dtype",
         "grad",
@@ -79,7 +79,11 @@ class Tensor(ViewMethods, TensorBase):
         "storage",
     )
 
-    _data: Any
+    # The backend array this tensor views (a NumPy array on the CPU): its shape, strides and memory; the array a
+    # kernel takes (blutrain.tensor.dispatch.call passes it). A plain slot, read on every op; read-only by contract
+    # (capture.substitute_arrays swaps it for a tracer). Writing *into* it goes around the ops: the writer calls
+    # bump_version() after it, and under blutrain.compiler the write must be a kernel or go through capture.
+    array: Any
     # The Storage shared by this tensor and all its views (``a.storage is b.storage``: the same memory and
     # version counter). A plain slot, read on autograd's per-op path; never assigned outside this class (the
     # ``data`` setter re-points a tensor).
@@ -109,16 +113,16 @@ class Tensor(ViewMethods, TensorBase):
         """
         if not copy and isinstance(data, Tensor) and (dtype is None or as_dtype(dtype) is data.dtype) and (
                 device is None or globals()["device"](device) is data.device):
-            self._init(data._data, data.dtype, data.device, data.storage, data._base)
+            self._init(data.array, data.dtype, data.device, data.storage, data._base)
         else:
             t = as_tensor_data(data, dtype=dtype, device=device)
-            self._init(t._data, t.dtype, t.device, Storage(t._data, t.device), None)
+            self._init(t.array, t.dtype, t.device, Storage(t.array, t.device), None)
         if requires_grad:
             self.requires_grad_(True)
 
     # -- construction -------------------------------------------------------------------------
     def _init(self, data: Any, dtype: DType, dev: Device, storage: Storage, base: Tensor | None) -> None:
-        self._data = data
+        self.array = data
         self.dtype = dtype
         self.device = dev
         self.storage = storage
@@ -141,7 +145,7 @@ class Tensor(ViewMethods, TensorBase):
         Called once per op: plain attribute stores, no __init__ (Tensor.__init__ copies its input).
         """
         t: Tensor = _new_object(Tensor)
-        t._data = array
+        t.array = array
         t.dtype = dtype
         t.device = device
         t.storage = Storage(array, device)
@@ -158,17 +162,6 @@ class Tensor(ViewMethods, TensorBase):
     _make = from_array  # the name the op modules call (blutrain.tensor.base)
 
     @property
-    def array(self) -> Any:
-        """The backend array this tensor views (a NumPy array on the CPU): its shape, strides and memory.
-
-        Read-only as an attribute. It is the array a kernel takes (:func:`blutrain.tensor.dispatch.call`
-        passes it); reading it copies nothing. A write into it goes around the ops, so the writer must call
-        :meth:`bump_version` after it (autograd relies on the version counter) and, under
-        ``blutrain.compiler``, must be a kernel or go through :mod:`blutrain.tensor.capture`.
-        """
-        return self._data
-
-    @property
     def base(self) -> Tensor | None:
         """The tensor this one is a view of, or None when it owns its storage (PyTorch's ``_base``)."""
         return self._base
@@ -176,7 +169,7 @@ class Tensor(ViewMethods, TensorBase):
     def _view(self, data: Any) -> Tensor:
         """A Tensor over ``data``, a view of this tensor's array: same storage, same version counter."""
         t = Tensor.__new__(Tensor)
-        t._data = data
+        t.array = data
         t.dtype = self.dtype
         t.device = self.device
         t.storage = self.storage
@@ -199,22 +192,22 @@ class Tensor(ViewMethods, TensorBase):
     # -- metadata ------------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[_int, ...]:
-        return self._data.shape  # type: ignore[no-any-return]
+        return self.array.shape  # type: ignore[no-any-return]
 
     def size(self, dim: _int | None = None) -> tuple[_int, ...] | _int:
         if dim is None:
-            return self._data.shape  # type: ignore[no-any-return]
-        return self._data.shape[_normalize_dim(dim, self.ndim)]  # type: ignore[no-any-return]
+            return self.array.shape  # type: ignore[no-any-return]
+        return self.array.shape[_normalize_dim(dim, self.ndim)]  # type: ignore[no-any-return]
 
     @property
     def ndim(self) -> _int:
-        return self._data.ndim  # type: ignore[no-any-return]
+        return self.array.ndim  # type: ignore[no-any-return]
 
     def dim(self) -> _int:
-        return self._data.ndim  # type: ignore[no-any-return]
+        return self.array.ndim  # type: ignore[no-any-return]
 
     def numel(self) -> _int:
-        return self._data.size  # type: ignore[no-any-return]
+        return self.array.size  # type: ignore[no-any-return]
 
     def element_size(self) -> _int:
         return self.dtype.itemsize
@@ -229,7 +222,7 @@ class Tensor(ViewMethods, TensorBase):
 
     def stride(self, dim: _int | None = None) -> tuple[_int, ...] | _int:
         """Strides in elements, as PyTorch reports them."""
-        strides: tuple[_int, ...] = tuple(s // self.dtype.itemsize for s in self._data.strides)
+        strides: tuple[_int, ...] = tuple(s // self.dtype.itemsize for s in self.array.strides)
         if dim is None:
             return strides
         return strides[_normalize_dim(dim, self.ndim)]
@@ -237,14 +230,14 @@ class Tensor(ViewMethods, TensorBase):
     def storage_offset(self) -> _int:
         """Offset of the first element from the start of the storage, in elements."""
         backend = self.device.backend
-        offset: _int = backend.data_ptr(self._data) - backend.data_ptr(self.storage.array)
+        offset: _int = backend.data_ptr(self.array) - backend.data_ptr(self.storage.array)
         return offset // self.dtype.itemsize
 
     def data_ptr(self) -> _int:
-        return self.device.backend.data_ptr(self._data)
+        return self.device.backend.data_ptr(self.array)
 
     def is_contiguous(self) -> _bool:
-        return bool(self._data.flags.c_contiguous)
+        return bool(self.array.flags.c_contiguous)
 
     @property
     def is_leaf(self) -> _bool:
@@ -299,7 +292,7 @@ class Tensor(ViewMethods, TensorBase):
 
     # -- copies and conversions ----------------------------------------------------------------
     def contiguous(self) -> Tensor:
-        return self if self._data.flags.c_contiguous else _ew.copy(self)
+        return self if self.array.flags.c_contiguous else _ew.copy(self)
 
     clone = _ew.copy
 
@@ -310,7 +303,7 @@ class Tensor(ViewMethods, TensorBase):
         and a saved tensor referring to the output that refers to the node would be a cycle that
         only the garbage collector could free.
         """
-        out = self._view(self._data)
+        out = self._view(self.array)
         out._base = self._base
         return out
 
@@ -329,7 +322,7 @@ class Tensor(ViewMethods, TensorBase):
         autograd state (requires_grad, .grad, hooks), as ``p.data = ...`` does in PyTorch."""
         if not isinstance(value, Tensor):
             raise TensorTypeError(f"data: expected a Tensor, got {type(value).__name__}")
-        self._data = value._data
+        self.array = value.array
         self.dtype = value.dtype
         self.device = value.device
         self.storage = value.storage
@@ -396,20 +389,20 @@ class Tensor(ViewMethods, TensorBase):
             raise TensorTypeError(f"numpy: tensor is on {self.device}; call .cpu() first")
         if self._rg:
             raise AutogradError("numpy: tensor requires grad; call .detach().numpy()")
-        return self._data  # type: ignore[no-any-return]
+        return self.array  # type: ignore[no-any-return]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
-        host = self.device.backend.to_host(self._data)
+        host = self.device.backend.to_host(self.array)
         return host if dtype is None else host.astype(dtype)
 
     def item(self) -> Scalar:
         if self.numel() != 1:
             raise TensorValueError(
                 f"item: only a one-element tensor converts to a scalar, got shape {list(self.shape)}")
-        return self.device.backend.to_host(self._data).reshape(()).item()  # type: ignore[no-any-return]
+        return self.device.backend.to_host(self.array).reshape(()).item()  # type: ignore[no-any-return]
 
     def tolist(self) -> Any:
-        return self.device.backend.to_host(self._data).tolist()
+        return self.device.backend.to_host(self.array).tolist()
 
     def __float__(self) -> _float:
         return float(self.item())
@@ -430,16 +423,16 @@ class Tensor(ViewMethods, TensorBase):
         if self._rg:
             raise AutogradError("__dlpack__: tensor requires grad; export .detach() instead")
         try:
-            return self._data.__dlpack__(*args, **kwargs)
+            return self.array.__dlpack__(*args, **kwargs)
         except BufferError as exc:
             raise TensorTypeError(f"__dlpack__: a {self.dtype.name} tensor on {self.device} cannot be exported "
                                   f"({exc}); convert it first, e.g. .float()") from None
 
     def __dlpack_device__(self) -> tuple[_int, _int]:
-        return self._data.__dlpack_device__()  # type: ignore[no-any-return]
+        return self.array.__dlpack_device__()  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
-        host = self.device.backend.to_host(self._data)
+        host = self.device.backend.to_host(self.array)
         if self.dtype.name == "bfloat16":
             host = host.astype(np.float32)
         body = np.array2string(host, separator=", ", precision=4, prefix="tensor(")

@@ -27,7 +27,7 @@ class ViewMethods:
     __slots__ = ()
 
     if TYPE_CHECKING:  # provided by the host class
-        _data: Any
+        array: Any
 
         @property
         def shape(self) -> tuple[int, ...]: ...
@@ -48,7 +48,7 @@ class ViewMethods:
         if len(shape) == 1 and isinstance(shape[0], DType | str):
             raise TensorTypeError("view(dtype) is not supported; use to(dtype)")
         sh = infer_shape(_shape_arg(shape, "shape"), self.numel(), "view")
-        new = try_view(self._data, sh)
+        new = try_view(self.array, sh)
         if new is None:
             raise ShapeError(
                 f"view: shape {list(sh)} is not compatible with the strides {list(self.stride())} of a "  # type: ignore[arg-type]
@@ -58,7 +58,7 @@ class ViewMethods:
     def reshape(self, *shape: Any) -> Tensor:
         """A view when the strides allow it, otherwise a contiguous copy."""
         sh = infer_shape(_shape_arg(shape, "shape"), self.numel(), "reshape")
-        new = try_view(self._data, sh)
+        new = try_view(self.array, sh)
         if new is None:
             return self.contiguous().view(sh)
         return self._view_op("view", new, {"shape": self.shape})
@@ -80,10 +80,10 @@ class ViewMethods:
     def transpose(self, dim0: int, dim1: int) -> Tensor:
         d0, d1 = _normalize_dim(dim0, self.ndim, "dim0"), _normalize_dim(dim1, self.ndim, "dim1")
         if d0 == d1:
-            return self._view_op("view", self._data, {"shape": self.shape})
+            return self._view_op("view", self.array, {"shape": self.shape})
         perm = list(range(self.ndim))
         perm[d0], perm[d1] = perm[d1], perm[d0]
-        return self._view_op("permute", self._data.transpose(perm), {"dims": tuple(perm)})
+        return self._view_op("permute", self.array.transpose(perm), {"dims": tuple(perm)})
 
     swapaxes = transpose
 
@@ -94,7 +94,7 @@ class ViewMethods:
         perm = tuple(_normalize_dim(d, self.ndim, "dims") for d in ds)
         if sorted(perm) != list(range(self.ndim)):
             raise TensorValueError(f"permute: dims {list(ds)} is not a permutation of 0..{self.ndim - 1}")
-        return self._view_op("permute", self._data.transpose(perm), {"dims": perm})
+        return self._view_op("permute", self.array.transpose(perm), {"dims": perm})
 
     @property
     def T(self) -> Tensor:
@@ -126,8 +126,8 @@ class ViewMethods:
                 raise ShapeError(f"expand: cannot expand shape {list(self.shape)} to {list(sz)}")
         if any(s < 0 for s in target):
             raise ShapeError(f"expand: -1 is not allowed for a new leading dim, got {list(sz)}")
-        xp = array_module(self._data)  # the array's own module: the compiler's tracer registers one
-        return self._view_op("expand", xp.broadcast_to(self._data, target), {"shape": self.shape})
+        xp = array_module(self.array)  # the array's own module: the compiler's tracer registers one
+        return self._view_op("expand", xp.broadcast_to(self.array, target), {"shape": self.shape})
 
     def expand_as(self, other: Tensor) -> Tensor:
         return self.expand(other.shape)
@@ -142,12 +142,12 @@ class ViewMethods:
             dims = (dim,) if isinstance(dim, int) else tuple(dim)
             nd = {_normalize_dim(d, self.ndim) for d in dims}
             new_shape = tuple(s for i, s in enumerate(self.shape) if not (i in nd and s == 1))
-        return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
+        return self._view_op("view", self.array.reshape(new_shape), {"shape": self.shape})
 
     def unsqueeze(self, dim: int) -> Tensor:
         d = _normalize_dim(dim, self.ndim + 1)
         new_shape = (*self.shape[:d], 1, *self.shape[d:])
-        return self._view_op("view", self._data.reshape(new_shape), {"shape": self.shape})
+        return self._view_op("view", self.array.reshape(new_shape), {"shape": self.shape})
 
     def narrow(self, dim: int, start: int, length: int) -> Tensor:
         d = _normalize_dim(dim, self.ndim)
@@ -158,7 +158,7 @@ class ViewMethods:
             raise TensorValueError(
                 f"narrow: start {start} and length {length} are out of range for dim {dim} of size {size}")
         key = (slice(None),) * d + (slice(start, start + length),)
-        return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
+        return self._view_op("slice", self.array[key], {"shape": self.shape, "key": key})
 
     def select(self, dim: int, index: int) -> Tensor:
         d = _normalize_dim(dim, self.ndim)
@@ -167,7 +167,7 @@ class ViewMethods:
             raise TensorIndexError(f"select: index {index} is out of range for dim {dim} of size {size}")
         # the trailing Ellipsis makes NumPy return a 0-d view, not a scalar copy, for 1-d tensors
         key = (slice(None),) * d + (index % size, Ellipsis)
-        return self._view_op("slice", self._data[key], {"shape": self.shape, "key": key})
+        return self._view_op("slice", self.array[key], {"shape": self.shape, "key": key})
 
     def split(self, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
         d = _normalize_dim(dim, self.ndim)

@@ -131,7 +131,7 @@ def _binary_dtype(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> tuple[DTyp
 
 def _operand(x: Tensor | Scalar, dt: DType) -> Any:
     if isinstance(x, TensorBase):
-        return x._data if x.dtype is dt else x._data.astype(dt.np)
+        return x.array if x.dtype is dt else x.array.astype(dt.np)
     return x
 
 
@@ -154,7 +154,7 @@ def _special_dtype(op: str, dt: DType, b: Tensor | Scalar) -> DType:
 
 def _negative(b: Tensor | Scalar) -> bool:
     if isinstance(b, TensorBase):  # a host-side check only where reading the values is free
-        return b.device.type == "cpu" and b.numel() > 0 and bool((b._data < 0).any())
+        return b.device.type == "cpu" and b.numel() > 0 and bool((b.array < 0).any())
     return isinstance(b, int) and b < 0
 
 
@@ -172,13 +172,13 @@ def binary(op: str, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     needs_grad = False
     # _binary_dtype has checked that a or b is a tensor: `host` (whose _make wraps the result) is set below
     if isinstance(a, TensorBase):
-        xa = a._data if a.dtype is dt else a._data.astype(dt.np)
+        xa = a.array if a.dtype is dt else a.array.astype(dt.np)
         needs_grad = a._rg
         host = a
     else:
         xa = a
     if isinstance(b, TensorBase):
-        xb = b._data if b.dtype is dt else b._data.astype(dt.np)
+        xb = b.array if b.dtype is dt else b.array.astype(dt.np)
         needs_grad = needs_grad or b._rg
         host = b
         if isinstance(a, TensorBase) and xa.shape != xb.shape:
@@ -207,7 +207,7 @@ def unary(op: str, x: Tensor, *args: Any) -> Tensor:
     if not isinstance(x, TensorBase):
         raise TensorTypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
     dt = x.dtype
-    data = x._data
+    data = x.array
     if op in _FLOAT_UNARY and not dt.is_floating:
         dt = get_default_dtype()
         data = data.astype(dt.np)
@@ -241,7 +241,7 @@ def _check_inplace(op: str, target: Tensor, *others: Any) -> None:
 
 def check_writable(op: str, target: Tensor) -> None:
     """In-place writes need memory of their own: an expanded view repeats one element many times."""
-    if not is_writeable(target._data):
+    if not is_writeable(target.array):
         raise TensorValueError(
             f"{op}: the target of shape {list(target.shape)} and strides {list(target.stride())} cannot be "  # type: ignore[arg-type]
             "written in place (an expanded view, or a read-only array); clone() it first")
@@ -251,9 +251,9 @@ def _write(op: str, target: Tensor, value: Any) -> Tensor:
     check_writable(op, target)
     found = capture.active()
     if found is None:
-        target._data[...] = value
+        target.array[...] = value
     else:  # a trace records the write, whichever array it goes to (state included)
-        found.write(target._data, value)
+        found.write(target.array, value)
     target.storage.version += 1
     return target
 
@@ -288,7 +288,7 @@ def assign(target: Tensor, src: Tensor, op: str = "copy_") -> Tensor:
         shape = broadcast_shapes(target.shape, src.shape, op)
         if shape != target.shape:
             raise ShapeError(f"{op}: src of shape {list(src.shape)} does not broadcast to {list(target.shape)}")
-    return _write(op, target, src._data if src.dtype is target.dtype else src._data.astype(target.dtype.np))
+    return _write(op, target, src.array if src.dtype is target.dtype else src.array.astype(target.dtype.np))
 
 
 def fill_(target: Tensor, value: Scalar | Tensor, op: str = "fill_") -> Tensor:
@@ -307,7 +307,7 @@ def fill_(target: Tensor, value: Scalar | Tensor, op: str = "fill_") -> Tensor:
 
 def copy(x: Tensor) -> Tensor:
     """A contiguous copy that autograd sees as identity."""
-    out = x._make(_kernel("copy", x.device.type, x.dtype)(x._data), x.dtype, x.device)
+    out = x._make(_kernel("copy", x.device.type, x.dtype)(x.array), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("copy", (x,), out, {})
     return out
@@ -315,7 +315,7 @@ def copy(x: Tensor) -> Tensor:
 
 def cast(x: Tensor, dtype: DType | str) -> Tensor:
     dt = as_dtype(dtype)
-    out = x._make(_kernel("cast", x.device.type, x.dtype)(x._data, dt.np), dt, x.device)
+    out = x._make(_kernel("cast", x.device.type, x.dtype)(x.array, dt.np), dt, x.device)
     if x._rg and dt.is_floating and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("cast", (x,), out, {"dtype": x.dtype})
     return out
@@ -323,8 +323,8 @@ def cast(x: Tensor, dtype: DType | str) -> Tensor:
 
 def to_device(x: Tensor, dev: Device) -> Tensor:
     src_backend, dst_backend = x.device.backend, dev.backend
-    host = src_backend.to_host(x._data)
-    data = dst_backend.from_host(host, dev.index) if dev.type != "cpu" else host.copy() if host is x._data else host
+    host = src_backend.to_host(x.array)
+    data = dst_backend.from_host(host, dev.index) if dev.type != "cpu" else host.copy() if host is x.array else host
     out = x._make(data, x.dtype, dev)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("to_device", (x,), out, {"device": x.device})
@@ -346,7 +346,7 @@ def where(condition: Tensor, input: Tensor | Scalar, other: Tensor | Scalar) -> 
     shape = shapes[0]
     for s in shapes[1:]:
         shape = broadcast_shapes(shape, s, "where")
-    out = _kernel("where", dev.type, dt)(condition._data, _operand(input, dt), _operand(other, dt))
+    out = _kernel("where", dev.type, dt)(condition.array, _operand(input, dt), _operand(other, dt))
     res = condition._make(out, dt, dev)
     if (_grad_mode.enabled and dispatch.recorder is not None
             and any(isinstance(o, TensorBase) and o._rg for o in (input, other))):
@@ -371,8 +371,8 @@ def masked_fill(x: Tensor, mask: Tensor, value: Scalar | Tensor) -> Tensor:
         raise TensorTypeError(f"masked_fill: cannot fill a tensor of dtype {x.dtype.name} with the float {value}")
     if broadcast_shapes(x.shape, mask.shape, "masked_fill") != x.shape:
         raise ShapeError(f"masked_fill: mask of shape {list(mask.shape)} does not broadcast to {list(x.shape)}")
-    fill = x._data.dtype.type(value)  # a value of x's dtype: the result keeps x's dtype
-    out = x._make(_kernel("where", x.device.type, x.dtype)(mask._data, fill, x._data), x.dtype, x.device)
+    fill = x.array.dtype.type(value)  # a value of x's dtype: the result keeps x's dtype
+    out = x._make(_kernel("where", x.device.type, x.dtype)(mask.array, fill, x.array), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("where", (value, x), out, {"condition": mask})
     return out
@@ -540,7 +540,7 @@ def uniform_(x: Tensor, a: float, b: float) -> Tensor:
     _check_inplace("uniform_", x)
     check_writable("uniform_", x)
     sample = x.device.backend.generator(x.device.index).uniform(x.shape, x.dtype)
-    x._data[...] = sample * (b - a) + a
+    x.array[...] = sample * (b - a) + a
     x.storage.version += 1
     return x
 
@@ -550,6 +550,6 @@ def normal_(x: Tensor, mean: float, std: float) -> Tensor:
     _check_inplace("normal_", x)
     check_writable("normal_", x)
     sample = x.device.backend.generator(x.device.index).normal(x.shape, x.dtype)
-    x._data[...] = sample * std + mean
+    x.array[...] = sample * std + mean
     x.storage.version += 1
     return x

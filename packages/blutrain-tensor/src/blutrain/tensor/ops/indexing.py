@@ -43,7 +43,7 @@ def _parse_key(x: Tensor, key: Any) -> tuple[tuple[Any, ...], bool]:
             if item.ndim == 0 and item.dtype is not bool_:
                 out.append(int(item.item()))
                 continue
-            out.append(item._data)
+            out.append(item.array)
             advanced = True
         elif isinstance(item, (list, np.ndarray)):
             arr = np.asarray(item)
@@ -72,8 +72,8 @@ def getitem(x: Tensor, key: Any) -> Tensor:
     if not advanced:
         if Ellipsis not in items:
             items += (Ellipsis,)  # NumPy returns a scalar copy, not a 0-d view, for a full integer key
-        return x._view_op("slice", x._data[items], {"shape": x.shape, "key": items})
-    out = x._make(_kernel("index", x.device.type, x.dtype)(x._data, items), x.dtype, x.device)
+        return x._view_op("slice", x.array[items], {"shape": x.shape, "key": items})
+    out = x._make(_kernel("index", x.device.type, x.dtype)(x.array, items), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("index", (x,), out, {"shape": x.shape, "key": items})
     return out
@@ -87,13 +87,13 @@ def setitem(x: Tensor, key: Any, value: Tensor | Scalar) -> None:
     if isinstance(value, TensorBase):
         if value.device is not x.device:
             raise DeviceMismatchError(f"setitem: value is on {value.device}, target on {x.device}")
-        v: Any = value._data if value.dtype is x.dtype else value._data.astype(x.dtype.np)
+        v: Any = value.array if value.dtype is x.dtype else value.array.astype(x.dtype.np)
     elif isinstance(value, (bool, int, float)):
         v = value
     else:
         raise TensorTypeError(f"setitem: value must be a Tensor or a Python scalar, got {type(value).__name__}")
     try:
-        _kernel("index_put", x.device.type, x.dtype)(x._data, items, v, False)
+        _kernel("index_put", x.device.type, x.dtype)(x.array, items, v, False)
     except ValueError as exc:
         raise ShapeError(f"setitem: value of shape {list(getattr(value, 'shape', ()))} does not fit the "
                          f"indexed region of a tensor of shape {list(x.shape)}: {exc}") from None
@@ -109,7 +109,7 @@ def index_put_(x: Tensor, indices: tuple[Tensor, ...], values: Tensor, accumulat
     if values.device is not x.device:
         raise DeviceMismatchError(f"index_put_: values are on {values.device}, target on {x.device}")
     items, _ = _parse_key(x, tuple(indices))
-    _kernel("index_put", x.device.type, x.dtype)(x._data, items, values._data.astype(x.dtype.np), accumulate)
+    _kernel("index_put", x.device.type, x.dtype)(x.array, items, values.array.astype(x.dtype.np), accumulate)
     x.storage.version += 1
     return x
 
@@ -126,7 +126,7 @@ def _check_bounds(op: str, index: Tensor, size: int, dim: int | None, of: str = 
                   argument: str = "index") -> None:
     """Index values in range, read on the CPU only (elsewhere the debug mode checks them)."""
     if index.device.type == "cpu":
-        check_index_range(op, argument, index._data, size, dim, of)
+        check_index_range(op, argument, index.array, size, dim, of)
 
 
 def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
@@ -135,7 +135,7 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
         raise ShapeError(f"index_select: index must be 1-D, got shape {list(index.shape)}")
     d = _normalize_dim(dim, x.ndim)
     _check_bounds("index_select", index, x.shape[d] if x.ndim else 1, d)
-    out = x._make(_kernel("index_select", x.device.type, x.dtype)(x._data, d, index._data), x.dtype, x.device)
+    out = x._make(_kernel("index_select", x.device.type, x.dtype)(x.array, d, index.array), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("index_select", (x,), out, {"dim": d, "index": index, "shape": x.shape})
     return out
@@ -150,7 +150,7 @@ def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
         if i != d and si > sx:
             raise ShapeError(f"gather: index shape {list(index.shape)} exceeds input shape {list(x.shape)} at dim {i}")
     _check_bounds("gather", index, x.shape[d], d)
-    out = x._make(_kernel("gather", x.device.type, x.dtype)(x._data, d, index._data), x.dtype, x.device)
+    out = x._make(_kernel("gather", x.device.type, x.dtype)(x.array, d, index.array), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder("gather", (x,), out, {"dim": d, "index": index, "shape": x.shape})
     return out
@@ -165,8 +165,8 @@ def scatter_add(x: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
                          f"shape, with as many dims as input {list(x.shape)}")
     _check_bounds("scatter_add", index, x.shape[d], d)
     dt = x.dtype
-    out = x._make(_kernel("scatter_add", x.device.type, dt)(x._data, d, index._data,
-                                                                 src._data.astype(dt.np)), dt, x.device)
+    out = x._make(_kernel("scatter_add", x.device.type, dt)(x.array, d, index.array,
+                                                                 src.array.astype(dt.np)), dt, x.device)
     if _grad_mode.enabled and (x._rg or src._rg) and dispatch.recorder is not None:
         dispatch.recorder("scatter_add", (x, src), out, {"dim": d, "index": index})
     return out
@@ -182,8 +182,8 @@ def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: Scal
     _check_bounds("index_add", index, x.shape[d], d)
     if alpha != 1:
         source = source * alpha
-    out = x._make(_kernel("index_add", x.device.type, x.dtype)(x._data, d, index._data,
-                                                                    source._data.astype(x.dtype.np)),
+    out = x._make(_kernel("index_add", x.device.type, x.dtype)(x.array, d, index.array,
+                                                                    source.array.astype(x.dtype.np)),
                        x.dtype, x.device)
     if _grad_mode.enabled and (x._rg or source._rg) and dispatch.recorder is not None:
         dispatch.recorder("index_add", (x, source), out, {"dim": d, "index": index})
@@ -193,7 +193,7 @@ def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: Scal
 def _tri(op: str, x: Tensor, diagonal: int) -> Tensor:
     if x.ndim < 2:
         raise ShapeError(f"{op}: expects at least 2 dims, got shape {list(x.shape)}")
-    out = x._make(_kernel(op, x.device.type, x.dtype)(x._data, diagonal), x.dtype, x.device)
+    out = x._make(_kernel(op, x.device.type, x.dtype)(x.array, diagonal), x.dtype, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
         dispatch.recorder(op, (x,), out, {"diagonal": diagonal})
     return out

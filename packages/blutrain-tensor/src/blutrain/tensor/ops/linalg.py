@@ -81,7 +81,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         from blutrain.tensor.ops.elementwise import broadcast_shapes
 
         broadcast_shapes(a.shape[:-2], b.shape[:-2], "matmul (batch dims)")
-    out = a._make(_kernel("matmul", a.device.type, a.dtype)(a._data, b._data), a.dtype, a.device)
+    out = a._make(_kernel("matmul", a.device.type, a.dtype)(a.array, b.array), a.dtype, a.device)
     if _grad_mode.enabled and (a._rg or b._rg) and dispatch.recorder is not None:
         dispatch.recorder("matmul", (a, b), out, {})
     return out
@@ -105,8 +105,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """
     originals = (x, weight, bias)
     narrowed, x, weight, bias = _linear_operands("linear", x, weight, bias)
-    out_data = _kernel("linear", x.device.type, x.dtype)(x._data, weight._data,
-                                                          None if bias is None else bias._data)
+    out_data = _kernel("linear", x.device.type, x.dtype)(x.array, weight.array,
+                                                          None if bias is None else bias.array)
     out = x._make(out_data, x.dtype, x.device)
     if not _grad_mode.enabled or dispatch.recorder is None:
         return out
@@ -137,7 +137,7 @@ def linear_gelu(input: Tensor, weight: Tensor, bias: Tensor | None = None, appro
     if not input.dtype.is_floating:
         raise TensorTypeError(f"linear_gelu: input must be floating, got {input.dtype.name}")
     out_data, pre_data = _kernel("linear_gelu", input.device.type, input.dtype)(
-        input._data, weight._data, None if bias is None else bias._data, approximate)
+        input.array, weight.array, None if bias is None else bias.array, approximate)
     out = input._make(out_data, input.dtype, input.device)
     if (_grad_mode.enabled and dispatch.recorder is not None
             and any(t is not None and t._rg for t in originals)):
@@ -190,7 +190,7 @@ def linear_add(residual: Tensor, input: Tensor, weight: Tensor, bias: Tensor | N
                                   f"{bias.dtype.name}")
         _check_bias("linear_add", weight, bias)
     out_data = _kernel("linear_add", input.device.type, input.dtype)(
-        residual._data, input._data, weight._data, None if bias is None else bias._data)
+        residual.array, input.array, weight.array, None if bias is None else bias.array)
     out = input._make(out_data, residual.dtype, input.device)
     if (_grad_mode.enabled and dispatch.recorder is not None
             and any(t is not None and t._rg for t in originals)):
@@ -205,4 +205,4 @@ def _narrow(t: Tensor) -> Tensor:
     dt = _autocast.dtype
     if dt is None or not isinstance(t, TensorBase) or not t.dtype.is_floating or t.dtype is dt:
         return t
-    return t._make(_kernel("cast", t.device.type, t.dtype)(t._data, dt.np), dt, t.device)
+    return t._make(_kernel("cast", t.device.type, t.dtype)(t.array, dt.np), dt, t.device)

@@ -80,7 +80,7 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor 
     _same("layer_norm", x, "weight", weight, ns)
     _same("layer_norm", x, "bias", bias, ns)
     out, mean, rstd = _kernel("layer_norm", x.device.type, x.dtype)(
-        x._data, None if weight is None else weight._data, None if bias is None else bias._data, eps, k)
+        x.array, None if weight is None else weight.array, None if bias is None else bias.array, eps, k)
     res = x._make(out, x.dtype, x.device)
     if _needs_grad(x, weight, bias):
         m, r = _statistic(mean, x), _statistic(rstd, x)
@@ -105,7 +105,7 @@ def rms_norm(x: Tensor, normalized_shape: Sequence[int] | int, weight: Tensor | 
 
         eps = float(np.finfo(x.dtype.np).eps) if x.dtype.name != "bfloat16" else 0.0078125
     out, rstd = _kernel("rms_norm", x.device.type, x.dtype)(
-        x._data, None if weight is None else weight._data, eps, k)
+        x.array, None if weight is None else weight.array, eps, k)
     res = x._make(out, x.dtype, x.device)
     if _needs_grad(x, weight):
         r = _statistic(rstd, x)
@@ -129,7 +129,7 @@ def bias_gelu(input: Tensor, bias: Tensor, approximate: str = "tanh") -> Tensor:
     if not isinstance(bias, TensorBase):
         raise TensorTypeError(f"bias_gelu: bias must be a Tensor, got {type(bias).__name__}")
     _same("bias_gelu", input, "bias", bias, (input.shape[-1],))
-    out = _kernel("bias_gelu", input.device.type, input.dtype)(input._data, bias._data, approximate)
+    out = _kernel("bias_gelu", input.device.type, input.dtype)(input.array, bias.array, approximate)
     res = input._make(out, input.dtype, input.device)
     if _needs_grad(input, bias):
         dispatch.recorder("bias_gelu", (input, bias), res, {"approximate": approximate})  # type: ignore[misc]
@@ -156,7 +156,7 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor
         if t.dtype is not q.dtype and not (t.dtype is float32 and q.dtype.itemsize == 2):
             raise TensorTypeError(f"rope: {name} must have q's dtype {q.dtype.name} (or float32 for half q), got "
                                   f"{t.dtype.name}")
-    qd, kd = _kernel("rope", q.device.type, q.dtype)(q._data, k._data, cos._data, sin._data)
+    qd, kd = _kernel("rope", q.device.type, q.dtype)(q.array, k.array, cos.array, sin.array)
     out = (q._make(qd, q.dtype, q.device), k._make(kd, k.dtype, k.device))
     if _needs_grad(q, k):
         dispatch.recorder("rope", (q, k), out, {"cos": cos.detach(), "sin": sin.detach()})  # type: ignore[misc]
@@ -171,7 +171,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         gate, up = lower(gate), lower(up)
     _floating("swiglu", gate, "gate")
     _same("swiglu", gate, "up", up, tuple(gate.shape), "gate")
-    out = gate._make(_kernel("swiglu", gate.device.type, gate.dtype)(gate._data, up._data), gate.dtype, gate.device)
+    out = gate._make(_kernel("swiglu", gate.device.type, gate.dtype)(gate.array, up.array), gate.dtype, gate.device)
     if _needs_grad(gate, up):
         dispatch.recorder("swiglu", (gate, up), out, {})  # type: ignore[misc]
     return out
@@ -185,7 +185,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, generator: Generat
     if not training or p == 0.0:
         return x
     gen = generator if generator is not None else x.device.backend.generator(x.device.index)
-    out, mask = _kernel("dropout", x.device.type, x.dtype)(x._data, float(p), gen)
+    out, mask = _kernel("dropout", x.device.type, x.dtype)(x.array, float(p), gen)
     res = x._make(out, x.dtype, x.device)
     if _needs_grad(x):
         dispatch.recorder("dropout", (x,), res, {"mask": x._make(mask, bool_, x.device), "p": p})  # type: ignore[misc]
@@ -198,7 +198,7 @@ def embedding(input: Tensor, weight: Tensor) -> Tensor:
     if weight.ndim != 2:
         raise ShapeError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {list(weight.shape)}")
     _check_bounds("embedding", input, weight.shape[0], 0, "weight", "input")
-    out = weight._make(_kernel("embedding", weight.device.type, weight.dtype)(weight._data, input._data),
+    out = weight._make(_kernel("embedding", weight.device.type, weight.dtype)(weight.array, input.array),
                        weight.dtype, weight.device)
     if _needs_grad(weight):
         dispatch.recorder("embedding", (weight,), out, {"index": input, "num_embeddings": weight.shape[0]})  # type: ignore[misc]
@@ -241,9 +241,9 @@ def cross_entropy(input: Tensor, target: Tensor, *, ignore_index: int = -100, re
         tgt = target.reshape(-1)
     num_classes = logits.shape[1]
     if tgt.device.type == "cpu":  # elsewhere the debug mode checks the targets
-        check_class_targets("cross_entropy", tgt._data, num_classes, ignore_index)
+        check_class_targets("cross_entropy", tgt.array, num_classes, ignore_index)
     loss, lse = _kernel("cross_entropy", input.device.type, input.dtype)(
-        logits._data, tgt._data, ignore_index, float(label_smoothing), reduction)
+        logits.array, tgt.array, ignore_index, float(label_smoothing), reduction)
     res = input._make(loss, input.dtype, input.device)
     if _needs_grad(logits):
         dispatch.recorder("cross_entropy", (logits,), res, {  # type: ignore[misc]
@@ -315,8 +315,8 @@ def linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor, *, ignor
                          f"{list(input.shape)} (expected {list(input.shape[:-1])})")
     n_rows = math.prod(input.shape[:-1])
     # the arrays reshaped, not the tensors: the op records itself against input and target as given
-    rows = input._data.reshape(n_rows, input.shape[-1])
-    tgt = target._data.reshape(n_rows)
+    rows = input.array.reshape(n_rows, input.shape[-1])
+    tgt = target.array.reshape(n_rows)
     vocab = weight.shape[0]
     compute = _autocast.dtype or input.dtype
     if chunk_size is None:
@@ -328,7 +328,7 @@ def linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor, *, ignor
     loss_dtype = float32 if _autocast.dtype is not None else input.dtype
     need_x, need_w = _needs_grad(input), _needs_grad(weight)
     loss, scale, dx, dw = _kernel("linear_cross_entropy", input.device.type, input.dtype)(
-        rows, weight._data, tgt, ignore_index, float(label_smoothing), reduction == "mean",
+        rows, weight.array, tgt, ignore_index, float(label_smoothing), reduction == "mean",
         compute.name, loss_dtype.name, need_x, need_w, min(chunk_size, max(1, n_rows)))
     res = input._make(loss, loss_dtype, input.device)
     if need_x or need_w:
@@ -374,9 +374,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         if broadcast_shapes(scores_shape, attn_mask.shape, "scaled_dot_product_attention") != scores_shape:
             raise ShapeError(f"scaled_dot_product_attention: attn_mask {list(attn_mask.shape)} does not broadcast "
                              f"to the scores' shape {list(scores_shape)}")
-        mask_data = attn_mask._data if attn_mask.dtype is bool_ else attn_mask._data.astype(query.dtype.np)
+        mask_data = attn_mask.array if attn_mask.dtype is bool_ else attn_mask.array.astype(query.dtype.np)
     sc = float(scale) if scale is not None else query.shape[-1] ** -0.5
-    out, lse = _kernel("sdpa", query.device.type, query.dtype)(query._data, key._data, value._data, mask_data,
+    out, lse = _kernel("sdpa", query.device.type, query.dtype)(query.array, key.array, value.array, mask_data,
                                                                 bool(is_causal), sc)
     res = query._make(out, query.dtype, query.device)
     if _needs_grad(query, key, value):
@@ -403,7 +403,7 @@ def self_attention(qkv: Tensor, n_head: int, is_causal: bool = False, scale: flo
         raise ShapeError(f"self_attention: qkv must be (B, T, 3·C) with C a multiple of n_head ({n_head}), "
                          f"got {list(qkv.shape)}")
     sc = float(scale) if scale is not None else (qkv.shape[2] // (3 * n_head)) ** -0.5
-    out, lse = _kernel("sdpa_packed", qkv.device.type, qkv.dtype)(qkv._data, n_head, bool(is_causal), sc)
+    out, lse = _kernel("sdpa_packed", qkv.device.type, qkv.dtype)(qkv.array, n_head, bool(is_causal), sc)
     res = qkv._make(out, qkv.dtype, qkv.device)
     if _needs_grad(qkv):
         dispatch.recorder("sdpa_packed", (qkv,), res, {  # type: ignore[misc]

@@ -62,7 +62,7 @@ def sum(x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False
         dtype: DType | str | None = None) -> Tensor:
     dims = normalize_dims(dim, x.ndim, "sum")
     dt = as_dtype(dtype) if dtype is not None else (x.dtype if x.dtype.is_floating else int64)
-    data = x._data if dt is x.dtype else x._data.astype(dt.np)
+    data = x.array if dt is x.dtype else x.array.astype(dt.np)
     out = x._make(_kernel("sum", x.device.type, dt)(data, dims, keepdim), dt, x.device)
     return _record("sum", x, out, {"dims": dims, "keepdim": keepdim, "shape": x.shape})
 
@@ -70,7 +70,7 @@ def sum(x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False
 def mean(x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     _float_input(x, "mean")
     dims = normalize_dims(dim, x.ndim, "mean")
-    out = x._make(_kernel("mean", x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
+    out = x._make(_kernel("mean", x.device.type, x.dtype)(x.array, dims, keepdim), x.dtype, x.device)
     return _record("mean", x, out, {"dims": dims, "keepdim": keepdim, "shape": x.shape})
 
 
@@ -78,7 +78,7 @@ def _extreme(op: str, x: Tensor, dim: int | Sequence[int] | None, keepdim: bool)
     dims = normalize_dims(dim, x.ndim, op)
     if x.numel() == 0 and (dims is None or builtins.any(x.shape[d] == 0 for d in dims)):
         raise TensorValueError(f"{op}: cannot reduce an empty dimension of a tensor of shape {list(x.shape)}")
-    out = x._make(_kernel(op, x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
+    out = x._make(_kernel(op, x.device.type, x.dtype)(x.array, dims, keepdim), x.dtype, x.device)
     return _record(op, x, out, {"dims": dims, "keepdim": keepdim})
 
 
@@ -97,7 +97,7 @@ def _extreme_dim(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor |
     axis = dims[0] if dims else 0
     if x.ndim and x.shape[axis] == 0:
         raise TensorValueError(f"{op[:3]}: cannot reduce the empty dim {dim} of shape {list(x.shape)}")
-    values, indices = _kernel(op, x.device.type, x.dtype)(x._data, axis if x.ndim else None, keepdim)
+    values, indices = _kernel(op, x.device.type, x.dtype)(x.array, axis if x.ndim else None, keepdim)
     v = x._make(values, x.dtype, x.device)
     i = x._make(indices, int64, x.device)
     if x._rg and _grad_mode.enabled and dispatch.recorder is not None:
@@ -130,7 +130,7 @@ def _arg(op: str, x: Tensor, dim: int | None, keepdim: bool) -> Tensor:
     if (x.numel() == 0 and axis is None) or (axis is not None and x.shape[axis] == 0):
         raise TensorValueError(f"{op}: cannot reduce an empty {'tensor' if axis is None else f'dim {dim}'} of "
                                f"shape {list(x.shape)}")
-    return x._make(_kernel(op, x.device.type, x.dtype)(x._data, axis, keepdim), int64, x.device)
+    return x._make(_kernel(op, x.device.type, x.dtype)(x.array, axis, keepdim), int64, x.device)
 
 
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
@@ -152,7 +152,7 @@ def var(x: Tensor, dim: int | Sequence[int] | None = None, *, correction: int = 
     _float_input(x, "var")
     dims = normalize_dims(dim, x.ndim, "var")
     c = _correction(correction, unbiased)
-    out = x._make(_kernel("var", x.device.type, x.dtype)(x._data, dims, c, keepdim), x.dtype, x.device)
+    out = x._make(_kernel("var", x.device.type, x.dtype)(x.array, dims, c, keepdim), x.dtype, x.device)
     return _record("var", x, out, {"dims": dims, "correction": c, "keepdim": keepdim})
 
 
@@ -169,14 +169,14 @@ def norm(x: Tensor, p: float = 2.0, dim: int | Sequence[int] | None = None, keep
     if not isinstance(p, (int, float)) or p <= 0:
         raise TensorValueError(f"norm: p must be a positive number or inf, got {p!r}")
     dims = normalize_dims(dim, x.ndim, "norm")
-    out = x._make(_kernel("norm", x.device.type, x.dtype)(x._data, float(p), dims, keepdim), x.dtype, x.device)
+    out = x._make(_kernel("norm", x.device.type, x.dtype)(x.array, float(p), dims, keepdim), x.dtype, x.device)
     return _record("norm", x, out, {"p": float(p), "dims": dims, "keepdim": keepdim})
 
 
 def logsumexp(x: Tensor, dim: int | Sequence[int], keepdim: bool = False) -> Tensor:
     _float_input(x, "logsumexp")
     dims = normalize_dims(dim, x.ndim, "logsumexp")
-    out = x._make(_kernel("logsumexp", x.device.type, x.dtype)(x._data, dims, keepdim), x.dtype, x.device)
+    out = x._make(_kernel("logsumexp", x.device.type, x.dtype)(x.array, dims, keepdim), x.dtype, x.device)
     return _record("logsumexp", x, out, {"dims": dims, "keepdim": keepdim})
 
 
@@ -188,7 +188,7 @@ def _softmax_like(op: str, x: Tensor, dim: int, dtype: DType | str | None) -> Te
     _float_input(x, op)
     dims = normalize_dims(dim, x.ndim, op)
     axis = dims[0] if dims else -1
-    out = x._make(_kernel(op, x.device.type, x.dtype)(x._data, axis), x.dtype, x.device)
+    out = x._make(_kernel(op, x.device.type, x.dtype)(x.array, axis), x.dtype, x.device)
     return _record(op, x, out, {"dim": axis})
 
 
@@ -201,8 +201,8 @@ def log_softmax(x: Tensor, dim: int, dtype: DType | str | None = None) -> Tensor
 
 
 def all(x: Tensor) -> Tensor:
-    return x._make(_kernel("all", x.device.type, bool_)(x._data.astype(bool)), bool_, x.device)
+    return x._make(_kernel("all", x.device.type, bool_)(x.array.astype(bool)), bool_, x.device)
 
 
 def any(x: Tensor) -> Tensor:
-    return x._make(_kernel("any", x.device.type, bool_)(x._data.astype(bool)), bool_, x.device)
+    return x._make(_kernel("any", x.device.type, bool_)(x.array.astype(bool)), bool_, x.device)

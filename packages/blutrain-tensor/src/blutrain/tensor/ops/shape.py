@@ -39,7 +39,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
             raise ShapeError(f"cat: tensor {i} has shape {list(t.shape)}, which does not match "
                              f"{list(ref.shape)} outside dim {d}")
     dt = result_type(*parts)
-    arrays = [t._data if t.dtype is dt else t._data.astype(dt.np) for t in parts]
+    arrays = [t.array if t.dtype is dt else t.array.astype(dt.np) for t in parts]
     out = ref._make(_kernel("cat", ref.device.type, dt)(arrays, d), dt, ref.device)
     if _grad_mode.enabled and any(t._rg for t in parts) and dispatch.recorder is not None:
         dispatch.recorder("cat", tuple(parts), out, {"dim": d, "sizes": [t.shape[d] for t in parts]})
