@@ -66,6 +66,23 @@ def test_call_multi_refuses_a_wrong_number_of_out_dtypes() -> None:
         dispatch.call_multi("sdpa", q, q, q, None, True, 0.5, out_dtypes=(q.dtype,))
 
 
+class _ScaleFirst:
+    """A plugin kernel whose first argument is a Python number, not an array."""
+
+    @bt.hookimpl
+    def blutrain_register_kernels(self, registry: Any) -> None:
+        registry.register("test_scale_first", "cpu", "float64", lambda scale, x: x * scale)
+
+
+def test_call_runs_on_the_first_tensor_argument_wherever_it_is() -> None:
+    bt.plugins.register(_ScaleFirst(), "test-scale-first")
+    try:
+        out = dispatch.call("test_scale_first", 3.0, bt.tensor([1.0, 2.0], dtype="float64"))
+    finally:
+        bt.plugins.unregister("test-scale-first")
+    assert out.dtype is bt.float64 and out.tolist() == [3.0, 6.0]
+
+
 def test_call_without_a_tensor_argument_names_the_op() -> None:
     with pytest.raises(bt.TensorTypeError, match=r"exp: dispatch\.call needs at least one Tensor argument"):
         dispatch.call("exp", np.ones(2))

@@ -230,8 +230,8 @@ def _accumulate_grad(t: Tensor, grad: Tensor, claimed: weakref.WeakSet[Storage])
     old = t.grad
     if old is None:
         t.grad = _owned(grad, claimed)
-    elif (not _grad_mode.enabled and not old.requires_grad and old.shape == grad.shape and old.dtype is grad.dtype
-          and is_writeable(old.array)):
+    elif (not _grad_mode.enabled and old.dtype is grad.dtype and old.array.shape == grad.array.shape
+          and not old.requires_grad and is_writeable(old.array)):
         old.add_(grad)
     else:
         t.grad = old + grad

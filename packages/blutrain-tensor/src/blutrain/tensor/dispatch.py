@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from blutrain.tensor import plugins
 from blutrain.tensor.base import TensorBase
 from blutrain.tensor.dtype import DType, from_numpy_dtype
-from blutrain.tensor.errors import DeviceMismatchError, TensorTypeError
+from blutrain.tensor.errors import TensorTypeError
 from blutrain.tensor.kernel import Kernel, kernels
 
 if TYPE_CHECKING:
@@ -72,22 +72,13 @@ def kernel(op: str, device_type: str, dtype: DType) -> Kernel:
     return fn
 
 
-def _arrays(op: str, args: tuple[Any, ...]) -> tuple[list[Any], TensorBase]:
-    """``args`` with each Tensor replaced by its array, and the first Tensor (whose device runs the kernel)."""
-    host: TensorBase | None = None
-    arrays = list(args)
-    for i, a in enumerate(args):  # stores by index: no method call per argument (derivative rules pass ~8)
+def _first_tensor(op: str, args: tuple[Any, ...]) -> TensorBase:
+    """The first Tensor of ``args`` (the one whose device runs the kernel), when it is not ``args[0]``."""
+    for a in args:
         if isinstance(a, TensorBase):
-            if host is None:
-                host = a
-            elif a.device is not host.device:
-                raise DeviceMismatchError(f"{op}: tensor arguments are on {host.device} and {a.device}; move them "
-                                          "to one device first")
-            arrays[i] = a.array
-    if host is None:
-        raise TensorTypeError(f"{op}: dispatch.call needs at least one Tensor argument (it picks the device), got "
-                              f"{', '.join(type(a).__name__ for a in args) or 'none'}")
-    return arrays, host
+            return a
+    raise TensorTypeError(f"{op}: dispatch.call needs at least one Tensor argument (it picks the device), got "
+                          f"{', '.join(type(a).__name__ for a in args) or 'none'}")
 
 
 def call(op: str, *args: Any, dtype: DType | None = None, out_dtype: DType | None = None) -> Tensor:
@@ -101,10 +92,13 @@ def call(op: str, *args: Any, dtype: DType | None = None, out_dtype: DType | Non
 
         dx = dispatch.call("gelu_backward", grad, x, "tanh")
 
-    Raises ``KernelNotFoundError`` when no plugin registered the key, ``DeviceMismatchError`` for tensors
-    on two devices, ``TensorTypeError`` when no argument is a Tensor.
+    Every Tensor argument must be on the first one's device (as the op functions have checked for their
+    inputs; the kernel's array module refuses another device's arrays). Raises ``KernelNotFoundError`` when no
+    plugin registered the key, ``TensorTypeError`` when no argument is a Tensor.
     """
-    arrays, host = _arrays(op, args)
+    # one comprehension, inline: derivative rules call this per backward op with ~8 arguments
+    arrays = [a.array if isinstance(a, TensorBase) else a for a in args]
+    host = args[0] if args and isinstance(args[0], TensorBase) else _first_tensor(op, args)
     dt = host.dtype if dtype is None else dtype
     fn = TABLE.get((op, host.device.type, dt))
     if fn is None:
@@ -122,7 +116,8 @@ def call_multi(op: str, *args: Any, dtype: DType | None = None,
 
         out, lse = dispatch.call_multi("sdpa", q, k, v, None, True, scale, out_dtypes=(q.dtype, None))
     """
-    arrays, host = _arrays(op, args)
+    arrays = [a.array if isinstance(a, TensorBase) else a for a in args]  # as in call
+    host = args[0] if args and isinstance(args[0], TensorBase) else _first_tensor(op, args)
     dt = host.dtype if dtype is None else dtype
     dev = host.device
     fn = TABLE.get((op, dev.type, dt))
