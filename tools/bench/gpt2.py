@@ -695,13 +695,13 @@ def compile_pipeline(replacements: list[str]) -> tuple[str, ...] | None:
     """The compiler's default pipeline with each ``OLD=NEW`` of ``--compile-replace`` applied; None for none."""
     if not replacements:
         return None
-    from blutrain.compiler import DEFAULT_PIPELINE
+    from blutrain.compiler import default_pipeline
 
-    pipeline = list(DEFAULT_PIPELINE)
+    pipeline = list(default_pipeline())
     for spec in replacements:
         old, sep, new = spec.partition("=")
         if not sep or old not in pipeline or not new:
-            raise SystemExit(f"--compile-replace: expected OLD=NEW with OLD one of {', '.join(DEFAULT_PIPELINE)}, "
+            raise SystemExit(f"--compile-replace: expected OLD=NEW with OLD one of {', '.join(pipeline)}, "
                              f"got {spec!r}")
         pipeline[pipeline.index(old)] = new
     return tuple(pipeline)
