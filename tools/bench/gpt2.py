@@ -724,9 +724,7 @@ def set_precision(precision: str, device: str, have_torch: bool) -> None:
         torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     import blutrain.tensor as bt
 
-    set_tf32 = getattr(bt.device(device).backend, "set_tf32", None)
-    if set_tf32 is not None:
-        set_tf32(precision == "tf32")
+    bt.device(device).backend.set_tf32(precision == "tf32")  # a backend without TF32 computes float32 either way
 
 
 # ``--data stdlib``: the corpus `blutrain train` uses by default (real text, so a loss that falls steadily)

@@ -164,7 +164,8 @@ class Trainer:
         self.rank: int = self.group.rank if self.group is not None else 0
         self.world: int = self.group.size if self.group is not None else 1
         self.mesh: Any = None
-        # the data-parallel rank and size: the ranks of a tp or cp group train on the same rows
+        # the data-parallel rank and size: ranks that differ only along the mesh's other dimensions train on the
+        # same rows
         self.dp_rank, self.dp_size = self.rank, self.world
         if self.plan is not None and self.plan.mesh:
             from blutrain.dist import DeviceMesh
@@ -325,7 +326,7 @@ class Trainer:
         return modes
 
     def _configured(self, wrap: Any, target: Any) -> Any:
-        """``wrap(target)``, a mode's refusal (e.g. heads not divisible by tp) reported as a ConfigError."""
+        """``wrap(target)``, a mode's refusal (e.g. heads not divisible by its group) reported as a ConfigError."""
         from blutrain.dist import DistArgumentError
 
         try:
@@ -393,7 +394,7 @@ class Trainer:
 
     def _write(self, path: Path, loader_state: dict[str, Any] | None = None,
                rng_state: dict[str, Any] | None = None) -> Path:
-        """Write a checkpoint now: every rank holding a part its shard (zero, tp), else rank 0 the whole
+        """Write a checkpoint now: every rank holding a part its shard (a mode that shards state), else rank 0 the whole
         state; returns once every rank's part is written."""
         if self.sharded:
             if self._writes_a_file():
