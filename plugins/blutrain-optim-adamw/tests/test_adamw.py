@@ -207,7 +207,6 @@ def test_adamw_declares_nanogpts_betas_for_the_trainer() -> None:
 
 def test_the_plugin_places_its_compiler_pass_first_in_the_default_pipeline() -> None:
     from blutrain.compiler import CORE_PIPELINE, default_pipeline, passes
-
     from blutrain_optim_adamw import AdamWGradScale
 
     assert passes().get("adamw-grad-scale") is AdamWGradScale

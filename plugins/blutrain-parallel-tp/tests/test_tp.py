@@ -163,7 +163,7 @@ def test_tp_declares_every_capability_the_trainer_reads() -> None:
 
 def test_the_modes_norm_and_state_are_its_wrapped_models(group) -> None:  # type: ignore[no-untyped-def]
     mode = TP(group)
-    with pytest.raises(DistArgumentError, match="TP.full_state_dict: call wrap_model first"):
+    with pytest.raises(DistArgumentError, match=r"TP\.full_state_dict: call wrap_model first"):
         mode.full_state_dict()
     ref = tiny()
     model = mode.wrap_model(tiny())

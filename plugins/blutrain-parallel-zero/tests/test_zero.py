@@ -134,5 +134,5 @@ def test_the_modes_norm_and_state_are_its_optimizers_and_models(group, stage: in
 
 
 def test_the_modes_capabilities_need_the_wrapped_model_and_optimizer(group) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(DistArgumentError, match="ZeRO.grad_norm: call wrap_model and wrap_optimizer first"):
+    with pytest.raises(DistArgumentError, match=r"ZeRO\.grad_norm: call wrap_model and wrap_optimizer first"):
         ZeRO(group).grad_norm()
