@@ -178,7 +178,7 @@ class CupyBackend:
     def is_available(self) -> bool:
         return self._count > 0
 
-    # DeviceProperties: the trainer's MFU and peak-memory reports
+    # the trainer's MFU and peak-memory reports (blutrain.tensor.DeviceProperties, part of Backend)
     def device_name(self, index: int) -> str:
         cp = self._check(index)
         name = cp.cuda.runtime.getDeviceProperties(index)["name"]

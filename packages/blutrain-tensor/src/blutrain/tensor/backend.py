@@ -35,7 +35,22 @@ class Generator(Protocol):
 
 
 @runtime_checkable
-class Backend(Protocol):
+class DeviceProperties(Protocol):
+    """What a backend tells about its devices for the trainer's reports (MFU, peak memory): part of
+    :class:`Backend`. A device whose name has no known peak, or whose memory is not tracked (the CPU), gets no
+    MFU or no peak memory."""
+
+    def device_name(self, index: int) -> str:
+        """The device's product name, e.g. "NVIDIA H100 80GB HBM3" (the MFU peak is looked up by it)."""
+        ...
+
+    def max_memory_allocated(self, index: int) -> int | None:
+        """The most bytes that were allocated at once on the device so far, or None where not tracked."""
+        ...
+
+
+@runtime_checkable
+class Backend(DeviceProperties, Protocol):
     """A device type. ``xp`` is the array module (NumPy-compatible) its generic kernels call.
 
     Every member is required (the registry refuses a backend that lacks one): what the trainer, the generic
@@ -73,20 +88,6 @@ class Backend(Protocol):
     def erf(self, array: Array) -> Array:
         """The error function, elementwise, on one of this backend's arrays, in its dtype: the generic kernels
         (erf, exact GELU) take it from here because NumPy and CuPy have none in their array modules."""
-        ...
-
-
-@runtime_checkable
-class DeviceProperties(Protocol):
-    """What a backend may declare about its devices for the trainer's reports (MFU, peak memory); a
-    backend that does not (the CPU) gets neither."""
-
-    def device_name(self, index: int) -> str:
-        """The device's product name, e.g. "NVIDIA H100 80GB HBM3" (the MFU peak is looked up by it)."""
-        ...
-
-    def max_memory_allocated(self, index: int) -> int | None:
-        """The most bytes that were allocated at once on the device so far, or None where not tracked."""
         ...
 
 
@@ -142,7 +143,8 @@ class BackendRegistry(Registry[Backend]):
         assert isinstance(name, str)
         missing = [a for a in ("xp", "array_type", "empty", "from_host", "to_host", "data_ptr", "synchronize",
                                "generator", "manual_seed", "is_available", "device_count", "set_tf32",
-                               "set_deterministic", "erf") if not hasattr(obj, a)]
+                               "set_deterministic", "erf", "device_name", "max_memory_allocated")
+                   if not hasattr(obj, a)]
         if missing:
             raise PluginError(f"{self.current_provider.plugin}: backend {name!r} lacks {', '.join(missing)} of the "
                               "blutrain.tensor.Backend protocol")

@@ -109,6 +109,12 @@ class NumpyBackend:
     def set_deterministic(self, enabled: bool) -> None:
         """Nothing to choose: the CPU kernels reduce in a fixed order and the embedding backward sorts its ids."""
 
+    def device_name(self, index: int) -> str:
+        return "cpu"  # no peak FLOP/s is listed for it: no MFU
+
+    def max_memory_allocated(self, index: int) -> int | None:
+        return None  # NumPy allocates through malloc, which keeps no peak
+
     def erf(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         # NumPy has no erf; math.erf is exact to double precision, which the float64 reference needs.
         return np.vectorize(math.erf, otypes=[np.float64])(array).astype(array.dtype, copy=False)  # type: ignore[no-any-return]
