@@ -459,7 +459,7 @@ def test_a_spent_budget_skips_every_configuration_without_launching(tmp_path: Pa
 def test_ranks_skip_together_the_configurations_that_would_start_past_the_deadline(tmp_path: Path) -> None:
     configs = [config(impl="eager", mode=m, gpus=2, precision="fp32", batch_size=2, seq_len=32)
                for m in ("ddp", "zero1")]
-    job = {"framework": "blutrain", "gpus": 2, "device": "cpu", "preset": "tiny", "data": None,
+    job = {"framework": "blutrain", "gpus": 2, "device": "cpu", "model": "gpt2", "preset": "tiny", "data": None,
            "train_pattern": "unused", "vocab_size": 256, "seed": 0, "configs": [vars(c) for c in configs],
            "overrides": {}, "deadline": 1.0, "nsys_prefix": None}  # 1970: long past
     (tmp_path / "job.json").write_text(json.dumps(job))
