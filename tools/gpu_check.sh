@@ -110,10 +110,10 @@ print(":".join(srcs))
 PYEOF
 )
 # blutrain-alloc's native core: build it in place of its source tree (best effort; skipped with --quick, and
-# then its tests are left out and BluTrain runs on CuPy's pool). Built with TESTS too when a benchmark
-# runs, so that the benchmarks measure the allocator BluTrain uses by default.
+# then its tests are left out and BluTrain runs on CuPy's pool, which keeps no peak and gives no
+# out-of-memory report). Built with TESTS too: a fresh clone has it, and what runs here should be what users run.
 ALLOC=""
-if [[ $QUICK == 0 && ( -z "${TESTS:-}" || $BENCH_GPT2 != 0 || ${BENCH_ALLOC:-0} == 1 || ${BENCH_DIST:-0} != 0 ) ]]; then
+if [[ $QUICK == 0 ]]; then
     if timeout -k 5 120 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/blutrain-alloc \
             packages/blutrain-alloc >"$OUT/alloc_build.log" 2>&1; then
         ALLOC=/tmp/blutrain-alloc

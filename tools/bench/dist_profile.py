@@ -112,13 +112,17 @@ def main_device(kernels: Sequence[Kernel]) -> list[Kernel]:
 
 # -- Nsight Systems -------------------------------------------------------------------------------------
 def nsys_path() -> str | None:
-    """nsys on PATH, else where CUDA toolkits and Nsight Systems installers put it (the newest)."""
+    """nsys on PATH, else where CUDA toolkits and Nsight Systems installers put it (the newest), else the copy
+    that Nsight Compute carries in its host folder (the lent machines have only that one)."""
     found = shutil.which("nsys")
     if found:
         return found
-    candidates = [*Path("/usr/local/cuda/bin").glob("nsys"), *Path("/opt/nvidia/nsight-systems").glob("*/bin/nsys"),
-                  *Path("/usr/local").glob("cuda-*/bin/nsys")]
-    return str(sorted(candidates)[-1]) if candidates else None
+    for pattern in ("/usr/local/cuda/bin/nsys", "/opt/nvidia/nsight-systems/*/bin/nsys", "/usr/local/cuda-*/bin/nsys",
+                    "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys"):
+        candidates = sorted(Path("/").glob(pattern.lstrip("/")))
+        if candidates:
+            return str(candidates[-1])
+    return None
 
 
 def nsys_graph_node_tracing(nsys: str) -> bool:

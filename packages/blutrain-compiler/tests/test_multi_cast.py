@@ -240,7 +240,6 @@ def test_on_cuda_the_compiled_autocast_step_casts_once_and_matches_the_pass_free
     registry = bt.backends()
     if "cuda" not in registry.names() or not registry.get("cuda").is_available():
         pytest.skip("no CUDA device")
-    from blutrain.compiler.executor import CUDAGraphExecutor
     from blutrain.models.gpt2 import GPT2, GPT2Config
     from blutrain.optim import create
 
@@ -257,8 +256,8 @@ def test_on_cuda_the_compiled_autocast_step_casts_once_and_matches_the_pass_free
     ir = fn.ir()
     assert ir.count(f'op = "{MULTI}"') == 1
     assert f'op = "{MULTI}"' not in fn_without.ir()
-    assert isinstance(fn.last.executor, CUDAGraphExecutor) and not fn.last.executor.eager, \
-        fn.last.executor.capture_error
+    executor = fn.last.executor  # the cuda compile target's: one captured graph, not the eager fallback
+    assert executor.captures >= 1 and not executor.eager, executor.capture_error
     for a, b in zip(without, with_pass, strict=True):
         np.testing.assert_array_equal(np.asarray(b).reshape(-1).view(np.uint8),  # 0-d losses: reshape first
                                       np.asarray(a).reshape(-1).view(np.uint8))

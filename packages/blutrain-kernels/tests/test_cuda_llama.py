@@ -45,6 +45,11 @@ def test_rms_norm_forward_and_backward(dtype: Any, rows: int, C: int, residual: 
     rng = np.random.default_rng(rows * C)
     x, w = rng.standard_normal((rows, C)).astype(dtype), (1 + 0.1 * rng.standard_normal(C)).astype(dtype)
     r = (rng.standard_normal((rows, C)) * 2).astype(np.float32) if residual else None
+    if residual and dtype != np.float32:
+        # the fused residual form takes float32 weights (the compiler's layernorm-residual pass keeps the
+        # float32 masters); bf16 weights are declined, left to the generic kernel
+        assert llama.rms_norm(_dev(x), _dev(w), 1e-6, 1, None, _dev(r)) is None
+        w = w.astype(np.float32)
     out = llama.rms_norm(_dev(x), _dev(w), 1e-6, 1, None, _dev(r))
     assert out is not None
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
