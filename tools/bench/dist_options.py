@@ -14,6 +14,8 @@ from typing import Any
 
 from bench.dist_report import FRAMEWORKS, IMPLS, MODES, STAGES, TORCH_MODES
 
+from blutrain.models import DEFAULT_MODEL
+
 ROOT = Path(__file__).resolve().parents[2]
 # The GPU defaults of the default family (GPT-2 124M: issue 21's shape). Another family names its --preset; its
 # micro-batch defaults to OTHER_BATCH × min(block_size, OTHER_SEQ_LEN) tokens per GPU.
@@ -107,7 +109,7 @@ def parser(description: str) -> argparse.ArgumentParser:
                          "SHARD_GRAD_OP/FULL_SHARD, fsdp2 = fully_shard per block and the root, bf16 through "
                          "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), compiled per block "
                          "before sharding: BluTrain zero3's counterpart)")
-    ap.add_argument("--model", default="gpt2", help="a registered BluTrain model family (default gpt2; see "
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="a registered BluTrain model family (default gpt2; see "
                                                     "`blutrain plugins`); PyTorch trains tools/bench/gpt2.py's "
                                                     "implementation of the same family")
     ap.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="default bf16 (cuda), fp32 (cpu)")
@@ -151,7 +153,7 @@ def parse_args(argv: list[str] | None = None, gpus_found: Callable[[], int] | No
     a.warmup = a.warmup if a.warmup is not None else 3
     a.equiv_steps = a.equiv_steps or (4 if cpu else 50)
     a.budget = (0 if cpu else 480) if a.budget is None else a.budget
-    a.config_timeout = a.config_timeout or (180 if not cpu and a.model == "gpt2" else 300)
+    a.config_timeout = a.config_timeout or (180 if not cpu and a.model == DEFAULT_MODEL else 300)
     a.out = a.out or (str(Path(os.environ["OUT"]) / "bench_dist") if os.environ.get("OUT") else
                       str(ROOT / "tools" / "results" / "bench_dist"))
     shape(ap, a, family)
@@ -190,7 +192,7 @@ def model_family(ap: argparse.ArgumentParser, a: argparse.Namespace) -> Any:
 
 def shape(ap: argparse.ArgumentParser, a: argparse.Namespace, family: Any) -> None:
     """``--preset``, ``--seq-len`` and ``--batch-size`` of the family, checked against its presets."""
-    cpu, default_family = a.device == "cpu", a.model == "gpt2"
+    cpu, default_family = a.device == "cpu", a.model == DEFAULT_MODEL
     if a.preset is None:
         if not cpu and not default_family:
             ap.error(f"--preset: give the preset of {a.model} to run on the GPUs, one of {', '.join(family.presets)}")
