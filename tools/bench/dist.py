@@ -523,6 +523,9 @@ class Bench:
             self.save()
         self.note("step: wall time of a whole step including its host read of the loss, slowest rank, median; "
                   "efficiency against the same framework and implementation on 1 GPU")
+        if "torch" in a.frameworks and "fsdp2" in a.torch_modes and "compiled" in a.impls:
+            self.note("torch compiled fsdp2 compiles each transformer block before sharding it (embedding, head and "
+                      "loss run eagerly); its 1-GPU baseline, like the DDP rows, compiles the whole model")
         self.save()
         why = chart(self.rows, self.result["meta"], self.out / "bench_dist.png")
         if why:
