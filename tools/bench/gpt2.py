@@ -37,8 +37,9 @@ How it is measured
 - Precisions run one after another; within a precision every implementation is built and warmed up, then
   they take turns step by step (the first of each round rotates), so clock and thermal drift hit all alike.
   ``--turns sequential`` (auto on cuda when the implementations' float32 weights, gradients and AdamW moments
-  would fill more than half the GPU together, as a 1B-parameter model's do): each implementation is built,
-  warmed up, timed and freed before the next, compiled ones first.
+  would fill more than a third of the GPU together, as a 1B-parameter model's do): each implementation is built,
+  warmed up, timed and freed before the next, compiled ones before eager ones (under auto, after the first,
+  which is built to count the parameters).
 - Step time: CUDA events around the whole step (zero_grad, forward, backward, clip, optimizer) on each
   framework's current stream, synchronised after each step; the median of ``--steps`` (>= 20) timed steps.
   Host ms is the time until the step's Python call returns (launch cost; equals the step when it blocks).
@@ -864,7 +865,8 @@ class Bench:
             self.non_embedding = non_embedding_params(self.cfg)
             self.fpt = flops_per_token(self.cfg, args.seq_len, self.non_embedding)
             self.flops_formula = "6*N + 12*L*H*Q*T (N without position embedding)"
-        self.sequential: bool | None = None  # the implementations' turns (--turns), fixed at the first build
+        # the implementations' turns: --turns, or for auto chosen at the first build (``choose_turns``)
+        self.sequential: bool | None = None if args.turns == "auto" else args.turns == "sequential"
         self.notes: list[str] = []
         self.rows: list[Row] = []
         self.result: dict[str, Any] = {}
@@ -1013,7 +1015,9 @@ class Bench:
         Returns with nothing of them referenced, so the caller can give their memory back."""
         set_precision(precision, self.device, self.have_torch)
         runners: list[tuple[Runner, list[Any], Row]] = []
-        for impl in self.stage_order():
+        pending = self.stage_order(self.impls)
+        while pending:
+            impl = pending.pop(0)
             if self.sequential and self.out_of_time():
                 self.note(f"{precision} {impl}: skipped, past --time-limit {self.args.time_limit} s")
                 continue
@@ -1025,6 +1029,7 @@ class Bench:
                 continue
             if self.sequential is None:
                 self.sequential = self.choose_turns(ready[0])
+                pending = self.stage_order(pending)
             if self.sequential:
                 self.stamp(f"{precision}: {self.args.steps} timed steps of {impl} alone")
                 self.alternate([(*ready, row)])
@@ -1039,18 +1044,19 @@ class Bench:
         for runner, _, _ in runners:
             _close(runner)
 
-    def stage_order(self) -> list[str]:
-        """The implementations in --impl order, the compiled ones first (the issue's comparison): in sequential
-        turns what --time-limit cuts is the eager rows; alternating, the order of building is all it sets."""
-        return sorted(self.impls, key=lambda impl: not impl.endswith("-compile"))
+    def stage_order(self, impls: list[str]) -> list[str]:
+        """``impls`` in --impl order; in sequential turns the compiled ones first (the issue's comparison), so
+        that what --time-limit cuts is the eager rows (under auto, turns are chosen at the first build: until
+        then the order is --impl's)."""
+        if not self.sequential:
+            return list(impls)
+        return sorted(impls, key=lambda impl: not impl.endswith("-compile"))
 
     def choose_turns(self, runner: Runner) -> bool:
-        """Sequential turns when asked, or (auto, cuda) when every implementation's weights, gradients and AdamW
-        moments together (16 bytes a parameter each) would take more than half the GPU: alternating steps needs
-        them all resident at once, which a 1B-parameter model's four implementations do not fit in 80 GB."""
-        a = self.args
-        if a.turns != "auto":
-            return bool(a.turns == "sequential")
+        """(--turns auto) Sequential turns on cuda when every implementation's weights, gradients and AdamW
+        moments together (16 bytes a parameter each) would take more than a third of the GPU: alternating steps
+        needs them all resident at once, and each one's activations and cached blocks beside them, which a
+        1B-parameter model's four implementations do not fit in 80 GB."""
         if self.device != "cuda":
             return False
         import cupy
@@ -1058,12 +1064,12 @@ class Bench:
         params = sum(int(p.numel()) for p in runner.params)
         resident = resident_training_bytes(params) * len(self.impls)
         total = int(cupy.cuda.Device().mem_info[1])
-        sequential = resident > total // 2
+        sequential = resident > total // 3  # the rest: each one's activations and cached blocks
         if sequential:
             self.note(f"turns: sequential: {len(self.impls)} implementations × {params / 1e9:.2f} B parameters × 16 "
-                      f"bytes = {_gib(resident)} GiB resident between steps, more than half the GPU's "
-                      f"{_gib(total)} GiB; each implementation is built, timed and freed alone (compiled ones "
-                      "first), and --time-limit skips those that would start after it")
+                      f"bytes = {_gib(resident)} GiB resident between steps, more than a third of the GPU's "
+                      f"{_gib(total)} GiB; each implementation is built, timed and freed alone (the compiled ones "
+                      "next), and --time-limit skips those that would start after it")
         return sequential
 
     def prepare(self, row: Row, batches: list[Any]) -> tuple[Runner, list[Any]] | None:
@@ -1726,7 +1732,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="alternate: every implementation built, then timed step by step in turns (drift hits all "
                          "alike); sequential: each built, timed and freed alone, compiled ones first; auto "
                          "(default): sequential on cuda when the implementations' weights, gradients and AdamW "
-                         "moments (16 bytes a parameter each) would fill more than half the GPU, as Llama-1B's do")
+                         "moments (16 bytes a parameter each) would fill more than a third of the GPU, as "
+                         "Llama-1B's do")
     ap.add_argument("--quick", action="store_true", help="a 2-minute subset")
     ap.add_argument("--time-limit", type=float,
                     help="seconds after which remaining stages are skipped; a stage is a precision, and in "
