@@ -1,12 +1,15 @@
 """tools/bench/gpt2.py on the CPU, BluTrain's side only (no PyTorch in the lock): a model family other than
-GPT-2 counts its FLOPs through the model's own declaration, and sequential turns build, time and free each
-implementation alone, compiled ones first. No test here asserts a time."""
+GPT-2 counts its FLOPs through the model's own declaration, sequential turns build, time and free each
+implementation alone, compiled ones first, and --stage-timeout stops an implementation that runs too long. No
+test here asserts a time."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +45,19 @@ def test_sequential_turns_time_each_implementation_alone_compiled_first(tmp_path
     assert "2 timed steps of blutrain-compile alone" in proc.stdout and "alternating" not in proc.stdout
     assert result["meta"]["turns"] == "sequential"
 
+
+
+def test_an_implementation_past_its_stage_timeout_is_stopped_with_an_error_naming_it() -> None:
+    expected = "blutrain-compile's build and warm-up ran past --stage-timeout 0.05 s"
+    with pytest.raises(bench.StageTimeoutError, match=expected), \
+            bench.stage_deadline(0.05, "blutrain-compile's build and warm-up"):
+        while True:  # a compile that never ends
+            time.sleep(0.01)
+
+
+def test_a_stage_within_its_timeout_leaves_no_alarm_behind() -> None:
+    before = signal.getsignal(signal.SIGALRM)
+    with bench.stage_deadline(30.0, "torch's timed steps"):
+        pass
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is before

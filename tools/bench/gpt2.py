@@ -81,9 +81,11 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -115,6 +117,31 @@ PhaseFn = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 def no_phase(name: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
+
+
+class StageTimeoutError(Exception):
+    """An implementation ran past --stage-timeout: its row carries this error, and the bench goes on."""
+
+
+@contextlib.contextmanager
+def stage_deadline(seconds: float, what: str) -> Iterator[None]:
+    """Raise :class:`StageTimeoutError` in the block once it has run ``seconds`` (0: no limit). SIGALRM interrupts
+    Python code (a trace, a compile's passes, the step loop) between bytecodes, so a native call in flight
+    finishes first; the main thread only, where signals are delivered."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise StageTimeoutError(f"{what} ran past --stage-timeout {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass(frozen=True)
@@ -1032,10 +1059,15 @@ class Bench:
                 pending = self.stage_order(pending)
             if self.sequential:
                 self.stamp(f"{precision}: {self.args.steps} timed steps of {impl} alone")
-                self.alternate([(*ready, row)])
+                try:
+                    with stage_deadline(self.args.stage_timeout, f"{impl}'s timed steps"):
+                        self.alternate([(*ready, row)])
+                except StageTimeoutError as exc:  # between two steps, outside alternate()'s own handling
+                    row.error = _error(exc)
                 _close(ready[0])
                 del ready
                 free_device_caches(self.device, compiled=impl == "torch-compile")
+                self.save()  # a call that ends early keeps every implementation timed so far
             else:
                 runners.append((*ready, row))
         if runners:
@@ -1076,21 +1108,24 @@ class Bench:
         """A built runner with its staged batches after warm-up; its memory peaks measured on one more step."""
         a = self.args
         t_build = time.monotonic()
+        meter = self.meter(row.impl)
         try:
-            meter = self.meter(row.impl)
-            row.memory_source = meter.source
-            meter.baseline()
-            runner = build_runner(row.impl, self.cfg, self.device, row.precision, self.hp)
-            if isinstance(runner, BluTrainRunner):
-                self.count_flops(runner.model)
-            self.optimizers[row.impl] = runner.optimizer
-            staged = [runner.stage(x, y) for x, y in batches]
-            for i in range(max(a.warmup, 1)):
-                _finite(runner.loss_value(runner.step(staged[i % len(staged)])), row.impl, i)
-            meter.begin()
-            _finite(runner.loss_value(runner.step(staged[a.warmup % len(staged)])), row.impl, a.warmup)
-            row.peak_allocated, row.peak_reserved = meter.end()
+            with stage_deadline(a.stage_timeout, f"{row.impl}'s build and warm-up"):
+                row.memory_source = meter.source
+                meter.baseline()
+                runner = build_runner(row.impl, self.cfg, self.device, row.precision, self.hp)
+                if isinstance(runner, BluTrainRunner):
+                    self.count_flops(runner.model)
+                self.optimizers[row.impl] = runner.optimizer
+                staged = [runner.stage(x, y) for x, y in batches]
+                for i in range(max(a.warmup, 1)):
+                    _finite(runner.loss_value(runner.step(staged[i % len(staged)])), row.impl, i)
+                meter.begin()
+                _finite(runner.loss_value(runner.step(staged[a.warmup % len(staged)])), row.impl, a.warmup)
+                row.peak_allocated, row.peak_reserved = meter.end()
         except Exception as exc:
+            with contextlib.suppress(Exception):
+                meter.end()  # a memory hook left on would slow every later step
             row.error = _error(exc)
             self.note(f"{row.precision} {row.impl}: failed while building/warming up: {row.error}")
             traceback.print_exc()
@@ -1740,6 +1775,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "sequential turns each implementation too (default 480 on cuda: a 600 s call keeps 120 s "
                          "for the stage that starts last, e.g. Llama-1B's eager PyTorch row; 120 with --quick; "
                          "none on cpu; 0: none)")
+    ap.add_argument("--stage-timeout", type=float,
+                    help="seconds an implementation's build and warm-up may take (compile included), and in "
+                         "sequential turns its timed steps too; past it the implementation is a row with the "
+                         "error and the bench goes on (default 180 on cuda: a 600 s call still reaches the other "
+                         "three of four Llama-1B implementations when one compiles too long; none on cpu; 0: none). "
+                         "The stop is an exception raised wherever the Python code is: one that lands in an import "
+                         "can leave that module half-imported for the implementations after it")
     ap.add_argument("--out", help="output folder (default $OUT when set, else tools/results/bench_gpt2)")
     a = ap.parse_args(argv)
     cpu = a.device == "cpu"
@@ -1755,6 +1797,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.parity_batch_size = a.parity_batch_size or (a.batch_size if cpu else min(a.batch_size, 8))
     if a.time_limit is None:
         a.time_limit = 0 if cpu else (120 if a.quick else 480)
+    if a.stage_timeout is None:
+        a.stage_timeout = 0 if cpu else 180
+    if a.stage_timeout < 0:
+        ap.error(f"--stage-timeout must be >= 0 seconds (0: no limit), got {a.stage_timeout:g}")
     a.out = a.out or os.environ.get("OUT") or str(ROOT / "tools" / "results" / "bench_gpt2")
     for name in ("batch_size", "seq_len", "steps", "parity_batch_size"):
         if getattr(a, name) <= 0:
