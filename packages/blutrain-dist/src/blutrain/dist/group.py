@@ -8,6 +8,9 @@ by rank 0 at ``MASTER_ADDR:MASTER_PORT``; MPI launched by mpirun needs none.
 
 from __future__ import annotations
 
+import inspect
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from blutrain.dist.env import DistEnv, detect
@@ -22,9 +25,22 @@ class _Default:
     store: Store | None = None
     server: StoreServer | None = None
     env: DistEnv | None = None
+    before_destroy: list[weakref.ref[Callable[[], None]]] = []
 
 
 _default = _Default()
+
+
+def before_destroy(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once, before the default group is next destroyed. Held weakly (a bound method through
+    ``weakref.WeakMethod``): registering keeps nothing alive, and a callback whose object is gone is skipped.
+
+    What it is for: NCCL waits, in destroying a communicator, for every CUDA graph that captured one of its
+    collectives, so whatever holds such a graph (a compiled parallel training step) registers its release here,
+    and ``destroy_process_group`` cannot hang on a graph its caller forgot."""
+    ref: weakref.ref[Callable[[], None]] = (weakref.WeakMethod(callback) if inspect.ismethod(callback)
+                                            else weakref.ref(callback))
+    _default.before_destroy.append(ref)
 
 
 def _default_backend() -> str:
@@ -95,7 +111,13 @@ def get_world_size() -> int:
 
 
 def destroy_process_group() -> None:
-    """Release the default group and its store; ``init_process_group`` may be called again."""
+    """Release the default group and its store; ``init_process_group`` may be called again. The callbacks of
+    :func:`before_destroy` run first, in the order they were registered."""
+    callbacks, _default.before_destroy = _default.before_destroy, []
+    for ref in callbacks:
+        callback = ref()
+        if callback is not None:
+            callback()
     group, _default.group = _default.group, None
     if group is not None:
         group.destroy()
@@ -107,5 +129,5 @@ def destroy_process_group() -> None:
         _default.server = None
 
 
-__all__ = ["destroy_process_group", "get_process_group", "get_rank", "get_store", "get_world_size",
+__all__ = ["before_destroy", "destroy_process_group", "get_process_group", "get_rank", "get_store", "get_world_size",
            "init_process_group", "is_initialized"]

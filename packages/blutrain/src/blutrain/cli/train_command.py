@@ -134,8 +134,7 @@ def run_train(args: argparse.Namespace) -> int:
         if trainer.group is not None:
             from blutrain.dist import destroy_process_group
 
-            trainer.release_compiled()  # before the communicator: see Trainer.release_compiled
-            destroy_process_group()
+            destroy_process_group()  # the trainer's compiled step is released first (Trainer.release_compiled)
     if trainer.rank != 0:
         return 0
     if text is not None:

@@ -250,6 +250,10 @@ class Trainer:
             from blutrain.compiler import compile as compile_step
 
             self.compiled_step = compile_step(self._step_body)
+            if self.group is not None:  # its graphs will capture the group's collectives
+                from blutrain.dist import before_destroy
+
+                before_destroy(self.release_compiled)
         self.writer = CheckpointWriter() if cfg.async_checkpoint and self._writes_a_file() else None
         if resume is not None:
             self._resume(cfg.resume or "", resume)
@@ -734,9 +738,10 @@ class Trainer:
         return total / self.cfg.eval_batches
 
     def release_compiled(self) -> None:
-        """Give back the compiled step's graphs and memory. Call it before destroying the process group: NCCL
-        waits, in destroying a communicator, for every CUDA graph that captured one of its collectives (a
-        compiled parallel step's), so a graph still held then hangs the process at exit."""
+        """Give back the compiled step's graphs and memory. A trainer in a process group registers it with
+        ``blutrain.dist.before_destroy``: NCCL waits, in destroying a communicator, for every CUDA graph that
+        captured one of its collectives (a compiled parallel step's), so a graph still held then would hang
+        ``destroy_process_group``."""
         if self.compiled_step is not None:
             self.compiled_step.reset()
 
