@@ -41,10 +41,13 @@ How it is measured
   the same framework and implementation.
 - Memory: peak allocated per rank over build and warm-up, above what the rank held before (blutrain-alloc's
   or CuPy's pool statistics; PyTorch's max_memory_allocated); the largest rank's.
-- ``--profile``: rank 0 runs under ``nsys profile --trace=cuda,nvtx`` (kernels inside CUDA graphs one by one),
-  capturing only ``--profile-steps`` steps after the timed ones; from the SQLite export, per step: comm = ms of
-  NCCL kernels (their union), exposed = the part of it when no other kernel ran (tools/bench/dist_profile.py).
-  A row without a profile shows "-".
+- ``--profile``: rank 0 profiles ``--profile-steps`` steps after the timed ones of every scaling row (1 GPU too:
+  the baseline's kernels), under ``torch.profiler`` (``--profiler torch``, the default where PyTorch is
+  installed: a Chrome trace per configuration) or under ``nsys profile --trace=cuda,nvtx`` (``--profiler nsys``:
+  an SQLite export), kernels inside CUDA graphs one by one. Per step: comm = ms of NCCL kernels (their union),
+  exposed = the part of it when no other kernel ran (tools/bench/dist_profile.py); with torch, a per-kernel
+  table too (the top kernels printed, all in the JSON's ``kernels``, "(idle)" the time no kernel ran). A row
+  without a profile shows "-".
 - ``--budget`` seconds (default 480 on the GPU): configurations that would start after it are skipped, and are
   rows too; one that started before is stopped 90 s after it at the latest. ``--config-timeout`` bounds one
   configuration, build and compile included (a hang is a row).
@@ -83,6 +86,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this fil
 from bench import dist_options as options
 from bench.dist_options import gpu_names
 from bench.dist_profile import (
+    TORCH_TRACE_SUFFIX,
+    costs_from_chrome_traces,
     costs_from_exports,
     export_missing,
     nsys_command,
@@ -103,6 +108,7 @@ from bench.dist_report import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve()
+TOP_KERNELS = 14  # kernel rows printed per profiled configuration (all of them are in the JSON)
 EXIT_GRACE_S = 120.0  # after every configuration reported: time for the ranks to leave (nsys writes reports)
 BUDGET_GRACE_S = 90.0  # a configuration that started before the --budget ran out is stopped this long after it
 
@@ -147,7 +153,7 @@ def plan(a: argparse.Namespace) -> list[Launch]:
                         for mode in (["single"] if n == 1 else a.modes if fw == "blutrain" else a.torch_modes):
                             launch.configs.append(Config(
                                 stage, f"{fw}-{impl}-{mode}-{n}gpu", fw, impl, mode, n, a.precision, steps=a.steps,
-                                warmup=a.warmup, profile_steps=a.profile_steps if a.profile and n > 1 else 0,
+                                warmup=a.warmup, profile_steps=a.profile_steps if a.profile else 0,
                                 **shape))
                 else:  # the global batch of the largest size: 1 GPU accumulates it, N GPUs share it
                     impl = "compiled" if fw == "blutrain" else "eager"
@@ -267,7 +273,8 @@ class Bench:
         self.notes: list[str] = []
         self.result: dict[str, Any] = {}
         self.env = child_env()
-        self.nsys: list[str] | None = None  # the profiled rank's command prefix; None: no profile
+        self.nsys: list[str] | None = None  # the profiled rank's command prefix; None: no nsys profile
+        self.trace = False  # rank 0 profiles under torch.profiler (--profiler torch)
 
     def note(self, text: str) -> None:
         print(f"note: {text}", flush=True)
@@ -299,6 +306,12 @@ class Bench:
         if a.device != "cuda":
             self.note("--profile: kernels are profiled on cuda only; the comm columns stay '-'")
             return
+        kind = a.profiler or ("torch" if importlib.util.find_spec("torch") is not None else "nsys")
+        if kind == "torch":
+            self.trace = True
+            self.note("--profile: rank 0's profiled steps run under torch.profiler (CUPTI: every kernel of the "
+                      "process, those inside CUDA graphs one by one); a Chrome trace per configuration in runs/")
+            return
         nsys = nsys_path()
         if nsys is None:
             self.note("--profile: nsys is not on PATH; the comm columns stay '-'")
@@ -316,7 +329,7 @@ class Bench:
     def run_launch(self, launch: Launch, data: tuple[str | None, str, int], overrides: dict[str, Any]) -> None:
         rows = [Row(c) for c in launch.configs]
         self.rows.extend(rows)
-        pending, attempt, profiled = rows, 0, self.nsys is not None
+        pending, attempt, profiled = rows, 0, self.nsys is not None or self.trace
         while pending:
             if self.over_budget():
                 for row in pending:
@@ -350,14 +363,18 @@ class Bench:
             old.unlink()
         profile_dir = where / "profile"
         nsys_prefix = None
+        traced = profiled and self.trace and any(r.config.profile_steps for r in rows)
         if profiled and self.nsys is not None and any(r.config.profile_steps for r in rows):
             profile_dir.mkdir(exist_ok=True)
             nsys_prefix = [str(profile_dir / f"{launch.name}-rank0") if x == "REPORT" else x for x in self.nsys]
+        if traced:
+            profile_dir.mkdir(exist_ok=True)
         job = {"framework": launch.framework, "gpus": launch.gpus, "device": a.device, "model": a.model,
                "preset": a.preset,
                "data": data[0], "train_pattern": data[1], "vocab_size": data[2], "seed": a.seed,
                "configs": [asdict(r.config) for r in rows], "overrides": overrides,
-               "deadline": self.wall0 + a.budget if a.budget else None, "nsys_prefix": nsys_prefix}
+               "deadline": self.wall0 + a.budget if a.budget else None, "nsys_prefix": nsys_prefix,
+               "trace_dir": str(profile_dir) if traced else None}
         job_path = where / "job.json"
         job_path.write_text(json.dumps(job, indent=1))
         cmd = launch_command(launch, job_path, max(30.0, a.config_timeout - 15.0))
@@ -416,6 +433,8 @@ class Bench:
                     row.nccl = row.nccl or summary
         if nsys_prefix:
             self.read_profiles(rows, profile_dir)
+        if traced:
+            self.read_traces(rows, profile_dir)
         reached = [r for r in rows if not any(r is x for x in left)]
         for row in reached:
             self.report(row)
@@ -437,6 +456,27 @@ class Bench:
             elif row.config.profile_steps and row.status == "ok" and not row.profile_note:
                 row.profile_note = "no profile found" + (f" ({'; '.join(problems + more)[:200]})"
                                                          if problems or more else "")
+
+    def read_traces(self, rows: list[Row], folder: Path) -> None:
+        """Rank 0's torch.profiler traces: each profiled row's comm and exposed ms, and its top kernels printed."""
+        steps = {r.config.name: r.config.profile_steps for r in rows if r.config.profile_steps}
+        costs, tables, problems = costs_from_chrome_traces(sorted(folder.glob(f"*{TORCH_TRACE_SUFFIX}")), steps)
+        for row in rows:
+            cost = costs.get(row.config.name)
+            if cost is not None:
+                row.comm_ms, row.exposed_ms = cost.comm_ms, cost.exposed_ms
+                row.kernels = [asdict(k) for k in tables[row.config.name]]
+            elif row.config.profile_steps and row.status == "ok" and not row.profile_note:
+                row.profile_note = "no trace found" + (f" ({'; '.join(problems)[:200]})" if problems else "")
+        for row in rows:
+            if row.kernels:
+                busy = sum(k["ms"] for k in row.kernels if k["name"] != "(idle)")
+                lines = [f"   {row.config.name}: top kernels per step (rank 0, {busy:.2f} ms busy):"]
+                lines += [f"   {k['ms']:8.3f} ms {k['calls']:6.1f}×  {k['name']}" for k in row.kernels[:TOP_KERNELS]]
+                idle = [k for k in row.kernels if k["name"] == "(idle)"]
+                if idle and row.kernels.index(idle[0]) >= TOP_KERNELS:
+                    lines.append(f"   {idle[0]['ms']:8.3f} ms          (idle)")
+                print("\n".join(lines), flush=True)
 
     def report(self, row: Row) -> None:
         parts = [f"   {row.config.name}: {row.status}" + (f" in {row.wall_s:.0f} s" if row.wall_s else "")]

@@ -121,7 +121,10 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, help="timed steps (default 20 on cuda, 3 on cpu)")
     ap.add_argument("--warmup", type=int, help="warm-up steps (default 3: compiled runs eagerly, traces, replays)")
     ap.add_argument("--equiv-steps", type=int, help="steps of the equivalence runs (default 50 on cuda, 4 on cpu)")
-    ap.add_argument("--profile", action="store_true", help="exposed communication per step, rank 0 under nsys")
+    ap.add_argument("--profile", action="store_true",
+                    help="exposed communication and a per-kernel table per step, from rank 0's profiled steps")
+    ap.add_argument("--profiler", choices=("torch", "nsys"),
+                    help="--profile's source: torch.profiler (default where PyTorch is installed) or nsys")
     ap.add_argument("--profile-steps", type=int, default=3, help="steps profiled after the timed ones (default 3)")
     ap.add_argument("--data", help="token shards (a prepared directory or a glob); default the stdlib corpus")
     ap.add_argument("--seed", type=int, default=0)

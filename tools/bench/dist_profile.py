@@ -293,11 +293,11 @@ def kernel_table(kernels: Sequence[Kernel], steps: int, idle: bool = True) -> li
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     calls: Counter[str] = Counter()
-    busy: Counter[str] = Counter()
+    busy: dict[str, float] = {}
     for k in kernels:
         key = short_name(k.name)
         calls[key] += 1
-        busy[key] += k.end - k.start
+        busy[key] = busy.get(key, 0.0) + k.end - k.start
     rows = [KernelRow(n, calls[n] / steps, busy[n] / steps / 1e6, "nccl" in n.lower())
             for n in sorted(busy, key=lambda n: -busy[n])]
     if idle and kernels:

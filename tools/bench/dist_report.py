@@ -82,6 +82,7 @@ class Row:
     reference: str | None = None  # that run's name
     wall_s: float | None = None
     nccl: str | None = None
+    kernels: list[dict[str, Any]] = field(default_factory=list)  # rank 0's per-kernel table (--profile)
 
     @property
     def exposed_share(self) -> float | None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.dist_profile import PROFILE_RANGE_PREFIX, UNDER_NSYS_ENV
+from bench.dist_profile import PROFILE_RANGE_PREFIX, TORCH_TRACE_SUFFIX, UNDER_NSYS_ENV
 from bench.dist_report import Config
 
 WORKER_FAILED = 3  # a rank's exit code after it wrote its error to its JSON
@@ -53,8 +53,8 @@ class Job:
     """What a launch runs: ``configs`` in order on every rank. ``data``: the trainer's ``--data`` (None: the
     stdlib corpus); ``train_pattern``/``vocab_size``: the same shards for PyTorch's loader. ``deadline``:
     epoch seconds after which configurations are skipped (rank 0 decides, every rank follows).
-    ``profile``: rank 0 runs under nsys (``nsys_prefix``, set by the driver) and profiles each configuration's
-    ``profile_steps`` last steps."""
+    ``profile``: rank 0 profiles each configuration's ``profile_steps`` last steps, under ``torch.profiler`` into
+    ``trace_dir/<name>.trace.json`` (``trace_dir`` set by the driver), or under nsys (``nsys_prefix``)."""
 
     framework: str
     gpus: int
@@ -69,6 +69,7 @@ class Job:
     overrides: dict[str, Any]
     deadline: float | None = None
     nsys_prefix: list[str] | None = None
+    trace_dir: str | None = None
 
     @staticmethod
     def from_json(text: str) -> Job:
@@ -188,6 +189,10 @@ class BluTrainRank:
         return float(t.item()) > 0.5
 
     def profiler(self, name: str, entry: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+        if self.cuda and self.rank == 0 and self.job.trace_dir:
+            import cupy
+
+            return _kineto_traced(Path(self.job.trace_dir), name, entry, cupy.cuda.runtime.deviceSynchronize)
         if not (self.cuda and os.environ.get(UNDER_NSYS_ENV)):
             return contextlib.nullcontext()
         return _cupy_profiled(name, entry)
@@ -307,6 +312,8 @@ class TorchRank:
         return float(t.item()) > 0.5
 
     def profiler(self, name: str, entry: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+        if self.cuda and self.rank == 0 and self.job.trace_dir:
+            return _kineto_traced(Path(self.job.trace_dir), name, entry, self.torch.cuda.synchronize)
         if not (self.cuda and os.environ.get(UNDER_NSYS_ENV)):
             return contextlib.nullcontext()
         return _torch_profiled(self.torch, name, entry)
@@ -446,6 +453,32 @@ def transformer_blocks(torch: Any, model: Any) -> Any:
 def _torch_profiled(torch: Any, name: str, entry: dict[str, Any]) -> Any:
     with _profiled(name, entry, torch.cuda.synchronize, "torch.cuda.profiler", "torch.cuda.nvtx"):
         yield
+
+
+@contextlib.contextmanager
+def _kineto_traced(folder: Path, name: str, entry: dict[str, Any], synchronize: Callable[[], Any]) -> Any:
+    """The block under ``torch.profiler`` (CUDA activity only: CUPTI records every kernel of the process, CuPy's,
+    NCCL's and each one inside a CUDA graph), the device idle at both ends, written as ``folder/<name>.trace.json``.
+    A profiler that fails is noted in ``entry`` and the block runs anyway (the other ranks take the same steps)."""
+    synchronize()
+    prof: Any = None
+    try:
+        torch_profiler: Any = importlib.import_module("torch.profiler")
+        prof = torch_profiler.profile(activities=[torch_profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
+    except Exception as exc:
+        entry["profile_note"] = f"torch.profiler not started: {first_line(exc)}"
+        prof = None
+    try:
+        yield
+    finally:
+        synchronize()
+        if prof is not None:
+            try:
+                prof.__exit__(None, None, None)
+                prof.export_chrome_trace(str(folder / f"{name}{TORCH_TRACE_SUFFIX}"))
+            except Exception as exc:
+                entry["profile_note"] = f"torch.profiler trace not written: {first_line(exc)}"
 
 
 # -- the entry point ---------------------------------------------------------------------------------------
