@@ -11,6 +11,8 @@ is judged by this table.
     python tools/bench/gpt2.py --parity 200           # also: 200 steps of both from the same initial weights
     python tools/bench/gpt2.py --profile              # also: per-kernel table of one BluTrain step, NVTX ranges
     python tools/bench/gpt2.py --device cpu --quick   # CPU: tiny preset against PyTorch's CPU build
+    python tools/bench/gpt2.py --model llama --preset llama-1b --seq-len 2048 --batch-size 4 --precision bf16 \
+        --impl blutrain,blutrain-compile,torch,torch-compile    # issue 25's one-GPU row: sequential turns
 
 What is compared
 - BluTrain: ``blutrain.models.gpt2.GPT2``, the ``adamw`` optimizer plugin, ``clip_grad_norm_``, eager.
@@ -34,11 +36,16 @@ What is compared
 How it is measured
 - Precisions run one after another; within a precision every implementation is built and warmed up, then
   they take turns step by step (the first of each round rotates), so clock and thermal drift hit all alike.
+  ``--turns sequential`` (auto on cuda when the implementations' float32 weights, gradients and AdamW moments
+  would fill more than a third of the GPU together, as a 1B-parameter model's do): each implementation is built,
+  warmed up, timed and freed before the next, compiled ones before eager ones (under auto, after the first,
+  which is built to count the parameters).
 - Step time: CUDA events around the whole step (zero_grad, forward, backward, clip, optimizer) on each
   framework's current stream, synchronised after each step; the median of ``--steps`` (>= 20) timed steps.
   Host ms is the time until the step's Python call returns (launch cost; equals the step when it blocks).
 - MFU: FLOPs per token = 6·N + 12·L·H·Q·T (nanoGPT / PaLM appendix B: N parameters without the position
-  embedding, L layers, H heads, Q head size, T sequence length; causal masking not discounted), times tokens/s,
+  embedding, L layers, H heads, Q head size, T sequence length; causal masking not discounted; another family:
+  its model's declared ``flops_per_token``, read from the run's first BluTrain model), times tokens/s,
   over a peak: the GEMM ceiling measured at the start (8192³ torch.matmul in the mode's dtype) and, in the
   ``MFU spec`` column, NVIDIA's dense datasheet peak when the GPU is an H100 or H200.
 - Memory, per configuration, above what the process held before it was built: PyTorch's
@@ -47,7 +54,8 @@ How it is measured
   pool measured exactly by a ``cupy.cuda.MemoryHook`` (live bytes at every malloc/free; pool bytes).
 - ``--parity N``: PyTorch's initial weights are copied into BluTrain, both train N steps on the same batches
   (fp32, micro-batch 8 on the GPU unless told otherwise); max |Δloss| and both curves (parity.png).
-- ``--time-limit``: stages that would start after it are skipped with a note, so a run ends with its table.
+- ``--time-limit``: stages (a precision; in sequential turns each implementation too) that would start after
+  it are skipped with a note, so a run ends with its table.
 - ``--profile``: for one precision, per-phase GPU and host time (events and the host clock at the phase
   boundaries), then one step under ``torch.profiler`` (CUPTI sees CuPy's kernels too) with NVTX ranges per
   phase and per module (blocks, attn, mlp, ln_*, embeddings, lm_head; not the linears inside attn and mlp, whose
@@ -73,9 +81,11 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -107,6 +117,31 @@ PhaseFn = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 def no_phase(name: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
+
+
+class StageTimeoutError(Exception):
+    """An implementation ran past --stage-timeout: its row carries this error, and the bench goes on."""
+
+
+@contextlib.contextmanager
+def stage_deadline(seconds: float, what: str) -> Iterator[None]:
+    """Raise :class:`StageTimeoutError` in the block once it has run ``seconds`` (0: no limit). SIGALRM interrupts
+    Python code (a trace, a compile's passes, the step loop) between bytecodes, so a native call in flight
+    finishes first; the main thread only, where signals are delivered."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise StageTimeoutError(f"{what} ran past --stage-timeout {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass(frozen=True)
@@ -770,14 +805,18 @@ def non_embedding_params(cfg: Any) -> int:
     return cfg.vocab_size * C + L * per_block + 2 * C
 
 
-def counted_non_embedding_params(model: str, cfg: Any) -> int:
-    """Parameters outside embedding tables of the BluTrain model ``model`` of ``cfg``, counted on a CPU copy (a
-    family other than GPT-2, whose count has no closed form here)."""
-    from blutrain.models import model_spec
+def counted_non_embedding_params(net: Any) -> int:
+    """Parameters outside embedding tables of the BluTrain model ``net`` (a family other than GPT-2, whose count
+    has no closed form here)."""
     from blutrain.nn import Embedding
 
-    net = model_spec(model).build(cfg)
     return sum(p.numel() for m in net.modules() if not isinstance(m, Embedding) for p in m.parameters(recurse=False))
+
+
+def resident_training_bytes(params: int) -> int:
+    """What one implementation keeps on the device between steps: float32 weights, gradients and AdamW's two
+    moments, 16 bytes a parameter (activations, caches and compiled arenas come on top)."""
+    return 16 * params
 
 
 def flops_per_token(cfg: Any, seq: int, non_embedding: int | None = None) -> float:
@@ -842,9 +881,17 @@ class Bench:
         self.hp = Hyper(lr=args.lr, clip=args.clip, seed=args.seed,
                         compile_passes=compile_pipeline(args.compile_replace), model=args.model)
         self.tokens = args.batch_size * args.seq_len
-        self.non_embedding = (non_embedding_params(self.cfg) if args.model == "gpt2" else
-                              counted_non_embedding_params(args.model, self.cfg))
-        self.fpt = flops_per_token(self.cfg, args.seq_len, self.non_embedding)
+        # GPT-2: nanoGPT's closed form. Another family: its model's declared flops_per_token, read from the first
+        # BluTrain model this run builds (``count_flops``): no extra copy of a large model just to count it.
+        self.non_embedding: int | None = None
+        self.fpt: float | None = None
+        self.flops_formula = "the model's declared flops_per_token (Model.flops_per_token)"
+        if args.model == "gpt2":
+            self.non_embedding = non_embedding_params(self.cfg)
+            self.fpt = flops_per_token(self.cfg, args.seq_len, self.non_embedding)
+            self.flops_formula = "6*N + 12*L*H*Q*T (N without position embedding)"
+        # the implementations' turns: --turns, or for auto chosen at the first build (``choose_turns``)
+        self.sequential: bool | None = None if args.turns == "auto" else args.turns == "sequential"
         self.notes: list[str] = []
         self.rows: list[Row] = []
         self.result: dict[str, Any] = {}
@@ -888,7 +935,7 @@ class Bench:
             "numpy": np.__version__,
             "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "non_embedding_params": self.non_embedding, "model": a.model,
-            "flops_per_token": self.fpt, "flops_formula": "6*N + 12*L*H*Q*T (N without position embedding)",
+            "flops_per_token": self.fpt, "flops_formula": self.flops_formula, "turns": a.turns,
             "gemm_ceiling_tflops": self.peaks, "spec_peak_name": self.spec_name, "spec_peak_tflops": self.spec,
             "optimizers": self.optimizers,
         }
@@ -973,47 +1020,110 @@ class Bench:
         self.result["meta"]["spec_peak_name"] = self.spec_name
         self.result["meta"]["spec_peak_tflops"] = self.spec
 
+    def count_flops(self, net: Any) -> None:
+        """FLOPs per token (the model's declared ``flops_per_token``) and the parameters outside embeddings of
+        a family other than GPT-2, from a BluTrain model of this run's config; once."""
+        if self.fpt is not None:
+            return
+        self.non_embedding = counted_non_embedding_params(net)
+        self.fpt = float(net.flops_per_token(self.args.seq_len))
+        self.result["meta"].update(non_embedding_params=self.non_embedding, flops_per_token=self.fpt)
+
     def meter(self, impl: str) -> Meter:
         if self.device != "cuda":
             return Meter()
         return blutrain_meter() if impl.startswith("blutrain") else torch_meter()
 
     def precision_stage(self, precision: str, batches: list[Any]) -> None:
-        """Build and warm up every implementation in this precision, then time them in turns. Returns with
-        nothing of them referenced, so the caller can give their memory back."""
-        self.stamp(f"{precision}: build and warm up {', '.join(self.impls)}")
+        """Build and warm up every implementation in this precision, then time them in turns; or, in
+        sequential turns (``choose_turns``), each alone: built, warmed up, timed and freed before the next.
+        Returns with nothing of them referenced, so the caller can give their memory back."""
         set_precision(precision, self.device, self.have_torch)
-        runners = []
-        for impl in self.impls:
+        runners: list[tuple[Runner, list[Any], Row]] = []
+        pending = self.stage_order(self.impls)
+        while pending:
+            impl = pending.pop(0)
+            if self.sequential and self.out_of_time():
+                self.note(f"{precision} {impl}: skipped, past --time-limit {self.args.time_limit} s")
+                continue
+            self.stamp(f"{precision}: build and warm up {impl}")
             row = Row(precision, impl)
             self.rows.append(row)
             ready = self.prepare(row, batches)
-            if ready is not None:
+            if ready is None:
+                continue
+            if self.sequential is None:
+                self.sequential = self.choose_turns(ready[0])
+                pending = self.stage_order(pending)
+            if self.sequential:
+                self.stamp(f"{precision}: {self.args.steps} timed steps of {impl} alone")
+                try:
+                    with stage_deadline(self.args.stage_timeout, f"{impl}'s timed steps"):
+                        self.alternate([(*ready, row)])
+                except StageTimeoutError as exc:  # between two steps, outside alternate()'s own handling
+                    row.error = _error(exc)
+                _close(ready[0])
+                del ready
+                free_device_caches(self.device, compiled=impl == "torch-compile")
+                self.save()  # a call that ends early keeps every implementation timed so far
+            else:
                 runners.append((*ready, row))
-        self.stamp(f"{precision}: {self.args.steps} timed steps each, alternating")
-        self.alternate(runners)
+        if runners:
+            self.stamp(f"{precision}: {self.args.steps} timed steps each, alternating")
+            self.alternate(runners)
         for runner, _, _ in runners:
-            close = getattr(runner, "close", None)
-            if close is not None:
-                close()
+            _close(runner)
+
+    def stage_order(self, impls: list[str]) -> list[str]:
+        """``impls`` in --impl order; in sequential turns the compiled ones first (the issue's comparison), so
+        that what --time-limit cuts is the eager rows (under auto, turns are chosen at the first build: until
+        then the order is --impl's)."""
+        if not self.sequential:
+            return list(impls)
+        return sorted(impls, key=lambda impl: not impl.endswith("-compile"))
+
+    def choose_turns(self, runner: Runner) -> bool:
+        """(--turns auto) Sequential turns on cuda when every implementation's weights, gradients and AdamW
+        moments together (16 bytes a parameter each) would take more than a third of the GPU: alternating steps
+        needs them all resident at once, and each one's activations and cached blocks beside them, which a
+        1B-parameter model's four implementations do not fit in 80 GB."""
+        if self.device != "cuda":
+            return False
+        import cupy
+
+        params = sum(int(p.numel()) for p in runner.params)
+        resident = resident_training_bytes(params) * len(self.impls)
+        total = int(cupy.cuda.Device().mem_info[1])
+        sequential = resident > total // 3  # the rest: each one's activations and cached blocks
+        if sequential:
+            self.note(f"turns: sequential: {len(self.impls)} implementations × {params / 1e9:.2f} B parameters × 16 "
+                      f"bytes = {_gib(resident)} GiB resident between steps, more than a third of the GPU's "
+                      f"{_gib(total)} GiB; each implementation is built, timed and freed alone (the compiled ones "
+                      "next), and --time-limit skips those that would start after it")
+        return sequential
 
     def prepare(self, row: Row, batches: list[Any]) -> tuple[Runner, list[Any]] | None:
         """A built runner with its staged batches after warm-up; its memory peaks measured on one more step."""
         a = self.args
         t_build = time.monotonic()
+        meter = self.meter(row.impl)
         try:
-            meter = self.meter(row.impl)
-            row.memory_source = meter.source
-            meter.baseline()
-            runner = build_runner(row.impl, self.cfg, self.device, row.precision, self.hp)
-            self.optimizers[row.impl] = runner.optimizer
-            staged = [runner.stage(x, y) for x, y in batches]
-            for i in range(max(a.warmup, 1)):
-                _finite(runner.loss_value(runner.step(staged[i % len(staged)])), row.impl, i)
-            meter.begin()
-            _finite(runner.loss_value(runner.step(staged[a.warmup % len(staged)])), row.impl, a.warmup)
-            row.peak_allocated, row.peak_reserved = meter.end()
+            with stage_deadline(a.stage_timeout, f"{row.impl}'s build and warm-up"):
+                row.memory_source = meter.source
+                meter.baseline()
+                runner = build_runner(row.impl, self.cfg, self.device, row.precision, self.hp)
+                if isinstance(runner, BluTrainRunner):
+                    self.count_flops(runner.model)
+                self.optimizers[row.impl] = runner.optimizer
+                staged = [runner.stage(x, y) for x, y in batches]
+                for i in range(max(a.warmup, 1)):
+                    _finite(runner.loss_value(runner.step(staged[i % len(staged)])), row.impl, i)
+                meter.begin()
+                _finite(runner.loss_value(runner.step(staged[a.warmup % len(staged)])), row.impl, a.warmup)
+                row.peak_allocated, row.peak_reserved = meter.end()
         except Exception as exc:
+            with contextlib.suppress(Exception):
+                meter.end()  # a memory hook left on would slow every later step
             row.error = _error(exc)
             self.note(f"{row.precision} {row.impl}: failed while building/warming up: {row.error}")
             traceback.print_exc()
@@ -1054,10 +1164,11 @@ class Bench:
             row.step_ms_p10, row.step_ms_p90 = _quantile(step, 0.1), _quantile(step, 0.9)
             row.host_ms = statistics.median(h for _, h in ts)
             row.tokens_per_s = self.tokens / (row.step_ms * 1e-3)
-            achieved = self.fpt * row.tokens_per_s / 1e12
-            peak, spec = self.peaks.get(row.precision), self.spec.get(row.precision)
-            row.mfu = achieved / peak if peak else None
-            row.mfu_spec = achieved / spec if spec else None
+            if self.fpt is not None:
+                achieved = self.fpt * row.tokens_per_s / 1e12
+                peak, spec = self.peaks.get(row.precision), self.spec.get(row.precision)
+                row.mfu = achieved / peak if peak else None
+                row.mfu_spec = achieved / spec if spec else None
             print(f"   {row.impl:<16} {row.step_ms:9.2f} ms  {row.tokens_per_s:12,.0f} tok/s  host "
                   f"{row.host_ms:8.2f} ms  (p10 {row.step_ms_p10:.2f}, p90 {row.step_ms_p90:.2f})", flush=True)
 
@@ -1327,7 +1438,8 @@ class Bench:
     # -- the end -----------------------------------------------------------------------------------------
     def table(self) -> str:
         a = self.args
-        cfgtxt = (f"{a.model} {a.preset} ({self.non_embedding / 1e6:.2f} M params without embeddings) on "
+        counted = f" ({self.non_embedding / 1e6:.2f} M params without embeddings)" if self.non_embedding else ""
+        cfgtxt = (f"{a.model} {a.preset}{counted} on "
                   f"{self.result['meta'].get('gpu') or self.result['meta'].get('cpu') or self.device}, "
                   f"micro-batch {a.batch_size} × T {a.seq_len} = {self.tokens:,} tokens/step, median of "
                   f"{a.steps} timed steps")
@@ -1429,6 +1541,10 @@ class Bench:
               f"out {self.out}", flush=True)
         self.ceilings()
         self.save()
+        if self.fpt is None and not any(impl.startswith("blutrain") for impl in self.impls):
+            from blutrain.models import model_spec
+
+            self.count_flops(model_spec(a.model).build(self.cfg))  # no BluTrain row: a CPU copy, counted
         batches = Batches(a.data, self.cfg.vocab_size, a.batch_size, a.seq_len, a.seed)
         staged = batches.take(min(max(a.steps, a.warmup + 1), 8))
         for precision in [] if a.no_throughput else a.precision:
@@ -1478,10 +1594,12 @@ class Bench:
                 self.save()
         for impl, text in self.optimizers.items():
             self.note(f"optimizer {impl}: {text}")
-        self.note(f"FLOPs per token {self.fpt / 1e6:,.1f} M = 6·N + 12·L·H·Q·T with N = "
-                  f"{self.non_embedding:,} (no position embedding), T = {a.seq_len}; MFU against the "
-                  "measured GEMM ceiling of the mode" + (f", MFU spec against {self.spec_name} dense datasheet peaks"
-                                                         if self.spec else ""))
+        if self.fpt is not None:
+            formula = (f"6·N + 12·L·H·Q·T with N = {self.non_embedding:,} (no position embedding)"
+                       if a.model == "gpt2" else f"{a.model}'s declared flops_per_token")
+            self.note(f"FLOPs per token {self.fpt / 1e6:,.1f} M = {formula}, T = {a.seq_len}; MFU against the "
+                      "measured GEMM ceiling of the mode" + (f", MFU spec against {self.spec_name} dense datasheet "
+                                                             "peaks" if self.spec else ""))
         sources = sorted({r.memory_source for r in self.rows if r.memory_source and r.peak_allocated is not None})
         for s in sources:
             self.note(f"memory: {s}; above what the process held before the configuration was built")
@@ -1523,6 +1641,12 @@ def kernel_table(trace: Path) -> dict[str, Any]:
 
 
 # -- small helpers -----------------------------------------------------------------------------------------
+def _close(runner: Runner) -> None:
+    """Drop a compiled runner's graphs and their memory now (BluTrain compiled); the others hold none."""
+    if isinstance(runner, BluTrainCompiledRunner):
+        runner.close()
+
+
 def _sync(device: str) -> None:
     """Wait for the GPU (host-side timings that must include the queued work)."""
     if device == "cuda":
@@ -1637,10 +1761,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compile-replace", action="append", default=[], metavar="OLD=NEW",
                     help="blutrain-compile: the default pipeline with pass OLD replaced by NEW (repeatable), e.g. "
                          "layernorm-residual=layernorm-residual-linear-add")
+    ap.add_argument("--turns", choices=("auto", "alternate", "sequential"), default="auto",
+                    help="alternate: every implementation built, then timed step by step in turns (drift hits all "
+                         "alike); sequential: each built, timed and freed alone, compiled ones first; auto "
+                         "(default): sequential on cuda when the implementations' weights, gradients and AdamW "
+                         "moments (16 bytes a parameter each) would fill more than a third of the GPU, as "
+                         "Llama-1B's do")
     ap.add_argument("--quick", action="store_true", help="a 2-minute subset")
     ap.add_argument("--time-limit", type=float,
-                    help="seconds after which remaining stages are skipped (default 480 on cuda, 120 with "
-                         "--quick, none on cpu; 0: none)")
+                    help="seconds after which remaining stages are skipped; a stage is a precision, and in "
+                         "sequential turns each implementation too (default 480 on cuda: a 600 s call keeps 120 s "
+                         "for the stage that starts last, e.g. Llama-1B's eager PyTorch row; 120 with --quick; "
+                         "none on cpu; 0: none)")
+    ap.add_argument("--stage-timeout", type=float,
+                    help="seconds an implementation's build and warm-up may take (compile included), and in "
+                         "sequential turns its timed steps too; past it the implementation is a row with the "
+                         "error and the bench goes on (default 180 on cuda: a 600 s call still reaches the other "
+                         "three of four Llama-1B implementations when one compiles too long; none on cpu; 0: none). "
+                         "The stop is an exception raised wherever the Python code is: one that lands in an import "
+                         "can leave that module half-imported for the implementations after it")
     ap.add_argument("--out", help="output folder (default $OUT when set, else tools/results/bench_gpt2)")
     a = ap.parse_args(argv)
     cpu = a.device == "cpu"
@@ -1656,6 +1795,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.parity_batch_size = a.parity_batch_size or (a.batch_size if cpu else min(a.batch_size, 8))
     if a.time_limit is None:
         a.time_limit = 0 if cpu else (120 if a.quick else 480)
+    if a.stage_timeout is None:
+        a.stage_timeout = 0 if cpu else 180
+    if a.stage_timeout < 0:
+        ap.error(f"--stage-timeout must be >= 0 seconds (0: no limit), got {a.stage_timeout:g}")
     a.out = a.out or os.environ.get("OUT") or str(ROOT / "tools" / "results" / "bench_gpt2")
     for name in ("batch_size", "seq_len", "steps", "parity_batch_size"):
         if getattr(a, name) <= 0:
