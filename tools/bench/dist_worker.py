@@ -476,7 +476,9 @@ def _kineto_traced(folder: Path, name: str, entry: dict[str, Any], synchronize: 
         if prof is not None:
             try:
                 prof.__exit__(None, None, None)
-                prof.export_chrome_trace(str(folder / f"{name}{TORCH_TRACE_SUFFIX}"))
+                # the file is named by the configuration (``name`` is the NVTX range's, with its prefix)
+                config = name.removeprefix(PROFILE_RANGE_PREFIX)
+                prof.export_chrome_trace(str(folder / f"{config}{TORCH_TRACE_SUFFIX}"))
             except Exception as exc:
                 entry["profile_note"] = f"torch.profiler trace not written: {first_line(exc)}"
 
