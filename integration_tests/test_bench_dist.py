@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 bench = pytest.importorskip("bench.dist", reason="tools/ is not part of this checkout")
 report = pytest.importorskip("bench.dist_report")
 profile = pytest.importorskip("bench.dist_profile")
+options = pytest.importorskip("bench.dist_options")
 
 
 def config(framework: str = "blutrain", impl: str = "compiled", mode: str = "ddp", gpus: int = 2, **kw: Any) -> Any:
@@ -201,9 +202,9 @@ def test_the_nsys_command_captures_cuda_profiler_ranges_into_sqlite() -> None:
 
 # -- plan, commands, options -------------------------------------------------------------------------------
 def test_sizes_are_the_powers_of_two_up_to_the_gpus_and_the_gpus() -> None:
-    assert bench.gpu_sizes(1) == [1]
-    assert bench.gpu_sizes(4) == [1, 2, 4]
-    assert bench.gpu_sizes(6) == [1, 2, 4, 6]
+    assert options.gpu_sizes(1) == [1]
+    assert options.gpu_sizes(4) == [1, 2, 4]
+    assert options.gpu_sizes(6) == [1, 2, 4, 6]
 
 
 def test_one_gpu_runs_first_then_the_largest_size() -> None:
@@ -236,10 +237,11 @@ def test_the_same_losses_are_checked_on_2_and_g_gpus_whichever_sizes_scale() -> 
     assert bench.plan(args("--gpus", "1", "--stages", "equivalence")) == []  # nothing to compare on one GPU
 
 
-def test_the_profile_covers_the_multi_gpu_scaling_rows_only() -> None:
+def test_the_profile_covers_the_scaling_rows_only() -> None:
+    """The 1-GPU rows too: their kernel table is what the N-GPU rows' kernels are compared with."""
     launches = bench.plan(args("--gpus", "2", "--profile", "--profile-steps", "4"))
     steps = {c.name: c.profile_steps for lc in launches for c in lc.configs}
-    assert steps["blutrain-compiled-zero3-2gpu"] == 4 and steps["blutrain-compiled-single-1gpu"] == 0
+    assert steps["blutrain-compiled-zero3-2gpu"] == 4 and steps["blutrain-compiled-single-1gpu"] == 4
     assert steps["equiv-blutrain-bf16-2gpu"] == 0
 
 
@@ -262,6 +264,45 @@ def test_a_misspelt_mode_is_refused_naming_the_choices(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         args("--modes", "ddp,zero4")
     assert "expected a comma-separated list of ddp, zero1, zero2, zero3, got 'ddp,zero4'" in capsys.readouterr().err
+
+
+def test_a_model_family_runs_its_preset_and_pytorch_shards_it_with_fsdp2() -> None:
+    a = args("--gpus", "4", "--sizes", "1,4", "--model", "llama", "--preset", "llama-1b", "--seq-len", "2048",
+             "--modes", "zero3", "--torch-modes", "fsdp2", "--impls", "compiled", "--stages", "scaling")
+    assert (a.model, a.preset, a.batch_size, a.seq_len, a.frameworks) == ("llama", "llama-1b", 4, 2048,
+                                                                          ["blutrain", "torch"])
+    by = {lc.name: [c.name for c in lc.configs] for lc in bench.plan(a)}
+    assert by == {"torch-1gpu": ["torch-compiled-single-1gpu"], "blutrain-1gpu": ["blutrain-compiled-single-1gpu"],
+                  "torch-4gpu": ["torch-compiled-fsdp2-4gpu"], "blutrain-4gpu": ["blutrain-compiled-zero3-4gpu"]}
+    gpt2 = args("--gpus", "2")
+    assert (gpt2.model, gpt2.preset, gpt2.batch_size, gpt2.seq_len) == ("gpt2", "gpt2-124m", 16, 1024)
+    assert args("--device", "cpu", "--model", "llama").preset == "tiny"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--model", "llama"), "--preset: give the preset of llama to run on the GPUs, one of tiny, llama-1b"),
+    (("--model", "llama", "--preset", "gpt2-124m"), "--preset: unknown preset 'gpt2-124m' of llama; expected one of"),
+    (("--model", "llama", "--preset", "llama-1b", "--seq-len", "4096"),
+     "--seq-len 4096 exceeds preset llama-1b's block_size 2048; give --seq-len 2048 or less"),
+    (("--model", "no-such-family"), "--model: no model 'no-such-family'; installed: "),
+    (("--modes", "fsdp2"), "expected a comma-separated list of ddp, zero1, zero2, zero3, got 'fsdp2'"),
+])
+def test_a_model_or_preset_that_does_not_fit_is_refused_in_one_line(capsys: pytest.CaptureFixture[str],
+                                                                    argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(SystemExit):
+        args(*argv)
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_blutrain_zero3_is_set_beside_pytorch_fsdp2_of_the_same_implementation_and_size() -> None:
+    rows = [row(50_000.0, framework="torch", mode="fsdp2", gpus=4), row(60_000.0, mode="zero3", gpus=4),
+            row(30_000.0, framework="torch", impl="eager", mode="fsdp2", gpus=4),
+            row(20_000.0, impl="eager", mode="zero3", gpus=2)]
+    rows[0].peak_allocated, rows[1].peak_allocated = 40 * report.GIB, 30 * report.GIB
+    lines = report.against_fsdp2(rows)
+    assert lines == ["blutrain compiled zero3 on 4 GPUs against PyTorch FSDP2 torch.compile: tokens/s 1.20×, "
+                     "peak allocated 0.75×"]  # the eager zero3 row ran on 2 GPUs, PyTorch's on 4: no pair
 
 
 def test_the_nccl_summary_names_the_version_and_counts_each_transport() -> None:
@@ -376,6 +417,25 @@ def test_the_cpu_mode_runs_both_stages_through_blutrain_run(tmp_path: Path) -> N
     assert (tmp_path / "bench_dist.png").stat().st_size > 0
 
 
+def test_the_cpu_mode_trains_the_family_it_is_given_with_zero3(tmp_path: Path) -> None:
+    from blutrain.models import model_spec
+
+    proc, result = run_bench(tmp_path, "--model", "llama", "--frameworks", "blutrain", "--modes", "zero3", "--impls",
+                             "compiled", "--stages", "scaling", "--steps", "2")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = {r["config"]["name"]: r for r in result["rows"]}
+    assert list(rows) == ["blutrain-compiled-single-1gpu", "blutrain-compiled-zero3-2gpu"]
+    assert all(r["status"] == "ok" and r["steps"] == 2 for r in rows.values())
+    assert result["meta"]["model"] == "llama" and result["meta"]["preset"] == "tiny"
+    job = json.loads((tmp_path / "runs" / "blutrain-2gpu-1" / "job.json").read_text())
+    llama = model_spec("llama")
+    expected = llama.build(llama.config("tiny", vocab_size=job["vocab_size"])).num_parameters()
+    for r in (0, 1):  # each rank trained the Llama of the tiny preset, not the default family
+        entry = json.loads((tmp_path / "runs" / "blutrain-2gpu-1" / f"rank{r}.json").read_text())
+        assert entry["configs"]["blutrain-compiled-zero3-2gpu"]["params"] == expected
+    assert "1. Scaling: llama tiny" in (tmp_path / "bench_dist.txt").read_text()
+
+
 def test_a_configuration_that_fails_is_a_row_and_the_bench_goes_on(tmp_path: Path) -> None:
     from blutrain.data.shard import write_shard
 
@@ -400,7 +460,7 @@ def test_a_spent_budget_skips_every_configuration_without_launching(tmp_path: Pa
 def test_ranks_skip_together_the_configurations_that_would_start_past_the_deadline(tmp_path: Path) -> None:
     configs = [config(impl="eager", mode=m, gpus=2, precision="fp32", batch_size=2, seq_len=32)
                for m in ("ddp", "zero1")]
-    job = {"framework": "blutrain", "gpus": 2, "device": "cpu", "preset": "tiny", "data": None,
+    job = {"framework": "blutrain", "gpus": 2, "device": "cpu", "model": "gpt2", "preset": "tiny", "data": None,
            "train_pattern": "unused", "vocab_size": 256, "seed": 0, "configs": [vars(c) for c in configs],
            "overrides": {}, "deadline": 1.0, "nsys_prefix": None}  # 1970: long past
     (tmp_path / "job.json").write_text(json.dumps(job))

@@ -56,9 +56,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # backend plugin's compile target): they belong beside that target's tests
     ("cupy", "packages/blutrain-compiler/tests/test_cuda.py"): "the compiler's cuda tests",
     ("cupy", "packages/blutrain-compiler/tests/test_fusion_cuda.py"): "the compiler's cuda tests",
-    # the generic erf kernel reaches cupyx.scipy.special for CuPy arrays: the CUDA backend should register its own
-    # erf (and the generic gelu take it from there)
-    ("cupy", "packages/blutrain-tensor/src/blutrain/tensor/cpu/elementwise.py"): "erf on CuPy arrays",
     # the example kernel plugin compiles a CuPy ElementwiseKernel: a kernel plugin for device "cuda" needs a way
     # to build device code that the Backend protocol does not declare yet
     ("cupy", "plugins/blutrain-kernels-example/src/blutrain_kernels_example/gelu.py"): "CuPy ElementwiseKernel",
@@ -346,3 +343,71 @@ def test_checker_catches_a_use_of_the_dispatch_table() -> None:
         "from blutrain.tensor.cpu import TABLE as CPU\nfn = dispatch.kernel('add', 'cpu', dt)\n")))
     assert found == ["1: uses dispatch.TABLE", "2: uses bt.dispatch.TABLE",
                      "3: imports TABLE from blutrain.tensor.dispatch"]
+
+
+# -- the trainer reads declared capabilities (ARCHITECTURE.md §2: "Contracts, not internals") ----------------------
+
+TRAIN = PACKAGES / "blutrain" / "src" / "blutrain" / "train"
+# the names the project's own plugins register: the trainer must work the same with any other mode or optimizer
+BUILT_IN_NAMES = frozenset({"ddp", "zero", "tp", "cp", "adamw", "sgd"})
+BACKEND_LIBRARIES = ("cupy", "cupyx", "blutrain_backend_cupy", "blutrain.kernels.cuda")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants of ``tree`` (they may mention anything)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _config_defaults(tree: ast.AST) -> set[int]:
+    """The ids of the default values of class-level annotated fields (``optimizer: str = "adamw"``: a user's default,
+    not a decision of the trainer)."""
+    return {id(stmt.value) for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            for stmt in node.body if isinstance(stmt, ast.AnnAssign) and stmt.value is not None}
+
+
+def _capability_violations(source: str) -> list[str]:
+    """"line: what" for each capability probe (``hasattr``, ``getattr`` with a default), each built-in mode or
+    optimizer named, and each import of a backend's library in ``source``."""
+    tree = ast.parse(source)
+    allowed = _docstrings(tree) | _config_defaults(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3):
+                found.append(f"{node.lineno}: {node.func.id}(...) probes for a capability; declare it on the protocol")
+        elif isinstance(node, ast.Constant) and node.value in BUILT_IN_NAMES and id(node) not in allowed:
+            found.append(f"{node.lineno}: names the built-in plugin {node.value!r}")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.ImportFrom):
+                modules += [f"{node.module}.{a.name}" for a in node.names]
+            for module in modules:
+                if module.startswith(BACKEND_LIBRARIES):
+                    found.append(f"{node.lineno}: imports {module}, a backend's own code")
+    return found
+
+
+def test_trainer_code_probes_no_capability_and_names_no_built_in_plugin() -> None:
+    sources = sorted(TRAIN.rglob("*.py"))
+    assert TRAIN / "trainer.py" in sources and TRAIN / "config.py" in sources
+    broken = [f"{path.relative_to(ROOT).as_posix()}:{what}" for path in sources
+              for what in _capability_violations(path.read_text(encoding="utf-8"))]
+    assert not broken, "\n".join(broken)
+
+
+def test_capability_checker_catches_probes_names_and_backend_imports() -> None:
+    assert _capability_violations("ok = hasattr(opt, 'state_shard')\n") == [
+        "1: hasattr(...) probes for a capability; declare it on the protocol"]
+    assert len(_capability_violations("f = getattr(model, 'no_sync', None)\n")) == 1
+    assert _capability_violations("f = getattr(cfg, name)\n") == []  # reading a known field by name
+    assert _capability_violations("tp = 'tp' in plan.mesh\n") == ["1: names the built-in plugin 'tp'"]
+    assert len(_capability_violations("extra = {'betas': (0.9, 0.95)} if name == 'adamw' else {}\n")) == 1
+    assert len(_capability_violations("from blutrain.kernels import cuda\n")) == 1
+    assert len(_capability_violations("def f():\n    import cupy\n")) == 1
+    assert _capability_violations('"""tp"""\nclass C:\n    optimizer: str = "adamw"\n') == []

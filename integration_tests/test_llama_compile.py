@@ -60,7 +60,7 @@ def test_the_compiled_llama_step_equals_eager(bf16: bool, recompute: bool) -> No
 
 
 def test_the_residual_norm_pass_folds_llamas_residual_adds_into_its_rms_norms() -> None:
-    pipeline = list(bc.DEFAULT_PIPELINE)
+    pipeline = list(bc.default_pipeline())
     pipeline.insert(pipeline.index("gemm-epilogue"), "layernorm-residual-linear-add")
     eager, _ = run(False, True, False)
     compiled, fn = run(True, True, False, passes=tuple(pipeline))

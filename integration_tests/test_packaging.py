@@ -60,11 +60,12 @@ def _write_plugin(root: Path, name: str, body: str) -> Path:
 
 
 LION = """
+    from blutrain.optim import Optimizer
     from blutrain.tensor.plugins import hookimpl
 
-    class Lion:
+    class Lion(Optimizer):  # the protocol's members (the registry refuses a class without them); no update here
         def __init__(self, params, lr=1e-4):
-            self.params, self.lr = list(params), lr
+            super().__init__(params, {"lr": lr})
 
     @hookimpl
     def blutrain_register_optimizers(registry):

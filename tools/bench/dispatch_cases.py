@@ -167,9 +167,10 @@ def prepare(fw: Framework, case: Case, s: Shapes) -> Prepared:
     """The timed callable of one case, its inputs made once (random, on ``fw.device``)."""
     if case.pass_ == "step":
         shapes = block_parameter_shapes(s)
-        params = [fw.randn(shape, fw.dtype, True) for shape in shapes]
+        # float32 parameters whatever the compute dtype: mixed-precision training steps its float32 masters
+        params = [fw.randn(shape, fw.fp32, True) for shape in shapes]
         for p in params:
-            p.grad = fw.randn(tuple(p.shape), fw.dtype, False)
+            p.grad = fw.randn(tuple(p.shape), fw.fp32, False)
         step = fw.adamw(params).step
         return Prepared(step, f"{len(params)} params, {sum(_numel(x) for x in shapes):,} values")
     call, leaves, shape = _forward(fw, case.op, s, case.requires_grad)
@@ -211,7 +212,7 @@ def blutrain_framework(device: str, dtype: str) -> Framework:
 
     return Framework(
         name="blutrain", version=version("blutrain-tensor"), device=device, dtype=compute, bf16=bt.bfloat16,
-        fp32=bt.float32,        randn=randn, randint=lambda high, shape: bt.randint(0, high, shape, device=dev),
+        fp32=bt.float32, randn=randn, randint=lambda high, shape: bt.randint(0, high, shape, device=dev),
         ones_like=bt.ones_like, matmul=bt.matmul, linear=bt.linear, layer_norm=bt.layer_norm, gelu=bt.gelu,
         attention=bt.scaled_dot_product_attention,
         attention_packed=lambda qkv, n_head: bt.self_attention(qkv, n_head, is_causal=True),

@@ -8,17 +8,22 @@ measured against itself on one GPU, compiled against compiled and eager against 
     python tools/bench/dist.py --gpus 4 --profile      # also: exposed communication per step (nsys, rank 0)
     python tools/bench/dist.py --modes ddp,zero1 --impls compiled --stages scaling
     python tools/bench/dist.py --device cpu            # the same plumbing on MPI ranks: the tiny preset
+    python tools/bench/dist.py --model llama --preset llama-1b --seq-len 2048 --sizes 1,4 --modes zero3 \
+        --torch-modes fsdp2 --impls compiled --stages scaling   # ZeRO-3 against PyTorch FSDP2 (issue 25)
 
 What runs
-1. ``scaling``: GPT-2 (``--preset`` gpt2-124m), ``--precision`` bf16 (autocast, float32 master weights),
-   micro-batch ``--batch-size`` 16 × ``--seq-len`` 1024 per GPU, on 1, 2, 4, ... GPUs up to ``--gpus``
-   (``--sizes`` to choose). BluTrain eager and compiled (``--impls``): each configuration is a
-   ``blutrain.train.Trainer`` built as ``blutrain train`` builds it — ``--compile`` traces the whole step with
-   ``blutrain.compiler.compile`` — with ``--parallel`` ddp, zero=1, zero=2, zero=3 (``--modes``) on N > 1 GPUs,
-   and the plain model on one. PyTorch (``--frameworks``): tools/bench/gpt2.py's nanoGPT-style reference,
-   ``torch.optim.AdamW(fused=True)``, eager and ``torch.compile``, under ``DistributedDataParallel``
-   (``--torch-modes``: also ddp + ZeroRedundancyOptimizer as zero1, FSDP SHARD_GRAD_OP as zero2, FULL_SHARD
-   as zero3). A mode that does not compile, or runs out of memory, is a row that says so.
+1. ``scaling``: ``--model`` (a registered family, default gpt2) at ``--preset`` (gpt2-124m for gpt2; another
+   family names its own), ``--precision`` bf16 (autocast, float32 master weights), micro-batch ``--batch-size``
+   × ``--seq-len`` per GPU (gpt2: 16 × 1024; another family: 4 × 2048, see --help), on 1, 2, 4, ... GPUs up to
+   ``--gpus`` (``--sizes`` to choose). BluTrain eager and compiled (``--impls``): each configuration is a
+   ``blutrain.train.Trainer`` built as ``blutrain train --model NAME`` builds it — ``--compile`` traces the whole
+   step with ``blutrain.compiler.compile`` — with ``--parallel`` ddp, zero=1, zero=2, zero=3 (``--modes``) on
+   N > 1 GPUs, and the plain model on one. PyTorch (``--frameworks``): tools/bench/gpt2.py's implementation of
+   the same family (its ``TORCH_MODELS``), ``torch.optim.AdamW(fused=True)``, eager and ``torch.compile``, under
+   ``DistributedDataParallel`` (``--torch-modes``: also ddp + ZeroRedundancyOptimizer as zero1, FSDP
+   SHARD_GRAD_OP as zero2, FULL_SHARD as zero3, and fsdp2: ``fully_shard`` per block and the root, bf16 through
+   ``MixedPrecisionPolicy``, compiled block by block before sharding). A mode that does not compile, or runs
+   out of memory, is a row that says so.
 2. ``equivalence``: the same global batch (G × micro-batch, G = the largest size) for ``--equiv-steps`` 50
    steps, same seed and data, on 1, 2 and G GPUs whatever ``--sizes`` says: BluTrain compiled on one GPU
    accumulating G micro-batches, compiled DDP on 2 and on G GPUs (G/N micro-batches each): max |Δloss| against
@@ -36,10 +41,13 @@ How it is measured
   the same framework and implementation.
 - Memory: peak allocated per rank over build and warm-up, above what the rank held before (blutrain-alloc's
   or CuPy's pool statistics; PyTorch's max_memory_allocated); the largest rank's.
-- ``--profile``: rank 0 runs under ``nsys profile --trace=cuda,nvtx`` (kernels inside CUDA graphs one by one),
-  capturing only ``--profile-steps`` steps after the timed ones; from the SQLite export, per step: comm = ms of
-  NCCL kernels (their union), exposed = the part of it when no other kernel ran (tools/bench/dist_profile.py).
-  A row without a profile shows "-".
+- ``--profile``: rank 0 profiles ``--profile-steps`` steps after the timed ones of every scaling row (1 GPU too:
+  the baseline's kernels), under ``torch.profiler`` (``--profiler torch``, the default where PyTorch is
+  installed: a Chrome trace per configuration) or under ``nsys profile --trace=cuda,nvtx`` (``--profiler nsys``:
+  an SQLite export), kernels inside CUDA graphs one by one. Per step: comm = ms of NCCL kernels (their union),
+  exposed = the part of it when no other kernel ran (tools/bench/dist_profile.py); with torch, a per-kernel
+  table too (the top kernels printed, all in the JSON's ``kernels``, "(idle)" the time no kernel ran). A row
+  without a profile shows "-".
 - ``--budget`` seconds (default 480 on the GPU): configurations that would start after it are skipped, and are
   rows too; one that started before is stopped 90 s after it at the latest. ``--config-timeout`` bounds one
   configuration, build and compile included (a hang is a row).
@@ -75,7 +83,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
+from bench import dist_options as options
+from bench.dist_options import gpu_names
 from bench.dist_profile import (
+    TORCH_TRACE_SUFFIX,
+    costs_from_chrome_traces,
     costs_from_exports,
     export_missing,
     nsys_command,
@@ -83,9 +95,6 @@ from bench.dist_profile import (
     nsys_path,
 )
 from bench.dist_report import (
-    FRAMEWORKS,
-    IMPLS,
-    MODES,
     STAGES,
     Config,
     Row,
@@ -99,20 +108,12 @@ from bench.dist_report import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve()
+TOP_KERNELS = 14  # kernel rows printed per profiled configuration (all of them are in the JSON)
 EXIT_GRACE_S = 120.0  # after every configuration reported: time for the ranks to leave (nsys writes reports)
 BUDGET_GRACE_S = 90.0  # a configuration that started before the --budget ran out is stopped this long after it
 
 
 # -- the plan ----------------------------------------------------------------------------------------------
-def gpu_sizes(gpus: int) -> list[int]:
-    """1, 2, 4, ... up to ``gpus``, and ``gpus`` itself."""
-    sizes, n = [], 1
-    while n <= gpus:
-        sizes.append(n)
-        n *= 2
-    return sorted({*sizes, gpus})
-
-
 @dataclass
 class Launch:
     """One framework on ``gpus`` ranks and the configurations of one stage it runs, in order."""
@@ -152,7 +153,7 @@ def plan(a: argparse.Namespace) -> list[Launch]:
                         for mode in (["single"] if n == 1 else a.modes if fw == "blutrain" else a.torch_modes):
                             launch.configs.append(Config(
                                 stage, f"{fw}-{impl}-{mode}-{n}gpu", fw, impl, mode, n, a.precision, steps=a.steps,
-                                warmup=a.warmup, profile_steps=a.profile_steps if a.profile and n > 1 else 0,
+                                warmup=a.warmup, profile_steps=a.profile_steps if a.profile else 0,
                                 **shape))
                 else:  # the global batch of the largest size: 1 GPU accumulates it, N GPUs share it
                     impl = "compiled" if fw == "blutrain" else "eager"
@@ -272,7 +273,8 @@ class Bench:
         self.notes: list[str] = []
         self.result: dict[str, Any] = {}
         self.env = child_env()
-        self.nsys: list[str] | None = None  # the profiled rank's command prefix; None: no profile
+        self.nsys: list[str] | None = None  # the profiled rank's command prefix; None: no nsys profile
+        self.trace = False  # rank 0 profiles under torch.profiler (--profiler torch)
 
     def note(self, text: str) -> None:
         print(f"note: {text}", flush=True)
@@ -304,6 +306,12 @@ class Bench:
         if a.device != "cuda":
             self.note("--profile: kernels are profiled on cuda only; the comm columns stay '-'")
             return
+        kind = a.profiler or ("torch" if importlib.util.find_spec("torch") is not None else "nsys")
+        if kind == "torch":
+            self.trace = True
+            self.note("--profile: rank 0's profiled steps run under torch.profiler (CUPTI: every kernel of the "
+                      "process, those inside CUDA graphs one by one); a Chrome trace per configuration in runs/")
+            return
         nsys = nsys_path()
         if nsys is None:
             self.note("--profile: nsys is not on PATH; the comm columns stay '-'")
@@ -321,7 +329,7 @@ class Bench:
     def run_launch(self, launch: Launch, data: tuple[str | None, str, int], overrides: dict[str, Any]) -> None:
         rows = [Row(c) for c in launch.configs]
         self.rows.extend(rows)
-        pending, attempt, profiled = rows, 0, self.nsys is not None
+        pending, attempt, profiled = rows, 0, self.nsys is not None or self.trace
         while pending:
             if self.over_budget():
                 for row in pending:
@@ -355,13 +363,18 @@ class Bench:
             old.unlink()
         profile_dir = where / "profile"
         nsys_prefix = None
+        traced = profiled and self.trace and any(r.config.profile_steps for r in rows)
         if profiled and self.nsys is not None and any(r.config.profile_steps for r in rows):
             profile_dir.mkdir(exist_ok=True)
             nsys_prefix = [str(profile_dir / f"{launch.name}-rank0") if x == "REPORT" else x for x in self.nsys]
-        job = {"framework": launch.framework, "gpus": launch.gpus, "device": a.device, "preset": a.preset,
+        if traced:
+            profile_dir.mkdir(exist_ok=True)
+        job = {"framework": launch.framework, "gpus": launch.gpus, "device": a.device, "model": a.model,
+               "preset": a.preset,
                "data": data[0], "train_pattern": data[1], "vocab_size": data[2], "seed": a.seed,
                "configs": [asdict(r.config) for r in rows], "overrides": overrides,
-               "deadline": self.wall0 + a.budget if a.budget else None, "nsys_prefix": nsys_prefix}
+               "deadline": self.wall0 + a.budget if a.budget else None, "nsys_prefix": nsys_prefix,
+               "trace_dir": str(profile_dir) if traced else None}
         job_path = where / "job.json"
         job_path.write_text(json.dumps(job, indent=1))
         cmd = launch_command(launch, job_path, max(30.0, a.config_timeout - 15.0))
@@ -420,6 +433,8 @@ class Bench:
                     row.nccl = row.nccl or summary
         if nsys_prefix:
             self.read_profiles(rows, profile_dir)
+        if traced:
+            self.read_traces(rows, profile_dir)
         reached = [r for r in rows if not any(r is x for x in left)]
         for row in reached:
             self.report(row)
@@ -441,6 +456,27 @@ class Bench:
             elif row.config.profile_steps and row.status == "ok" and not row.profile_note:
                 row.profile_note = "no profile found" + (f" ({'; '.join(problems + more)[:200]})"
                                                          if problems or more else "")
+
+    def read_traces(self, rows: list[Row], folder: Path) -> None:
+        """Rank 0's torch.profiler traces: each profiled row's comm and exposed ms, and its top kernels printed."""
+        steps = {r.config.name: r.config.profile_steps for r in rows if r.config.profile_steps}
+        costs, tables, problems = costs_from_chrome_traces(sorted(folder.glob(f"*{TORCH_TRACE_SUFFIX}")), steps)
+        for row in rows:
+            cost = costs.get(row.config.name)
+            if cost is not None:
+                row.comm_ms, row.exposed_ms = cost.comm_ms, cost.exposed_ms
+                row.kernels = [asdict(k) for k in tables[row.config.name]]
+            elif row.config.profile_steps and row.status == "ok" and not row.profile_note:
+                row.profile_note = "no trace found" + (f" ({'; '.join(problems)[:200]})" if problems else "")
+        for row in rows:
+            if row.kernels:
+                busy = sum(k["ms"] for k in row.kernels if k["name"] != "(idle)")
+                lines = [f"   {row.config.name}: top kernels per step (rank 0, {busy:.2f} ms busy):"]
+                lines += [f"   {k['ms']:8.3f} ms {k['calls']:6.1f}×  {k['name']}" for k in row.kernels[:TOP_KERNELS]]
+                idle = [k for k in row.kernels if k["name"] == "(idle)"]
+                if idle and row.kernels.index(idle[0]) >= TOP_KERNELS:
+                    lines.append(f"   {idle[0]['ms']:8.3f} ms          (idle)")
+                print("\n".join(lines), flush=True)
 
     def report(self, row: Row) -> None:
         parts = [f"   {row.config.name}: {row.status}" + (f" in {row.wall_s:.0f} s" if row.wall_s else "")]
@@ -464,7 +500,8 @@ class Bench:
             "command": "python " + " ".join(shlex.quote(x) for x in [
                 os.path.relpath(sys.argv[0], ROOT) if Path(sys.argv[0]).is_absolute() else sys.argv[0],
                 *sys.argv[1:]]),
-            "device": a.device, "gpus": a.gpus, "sizes": a.sizes, "gpus_found": a.gpus_found, "preset": a.preset,
+            "device": a.device, "gpus": a.gpus, "sizes": a.sizes, "gpus_found": a.gpus_found, "model": a.model,
+            "preset": a.preset,
             "python": sys.version.split()[0], "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "cuda_allocator": os.environ.get("BLUTRAIN_CUDA_ALLOCATOR", "blutrain"),
         }
@@ -526,6 +563,9 @@ class Bench:
             self.save()
         self.note("step: wall time of a whole step including its host read of the loss, slowest rank, median; "
                   "efficiency against the same framework and implementation on 1 GPU")
+        if "torch" in a.frameworks and "fsdp2" in a.torch_modes and "compiled" in a.impls:
+            self.note("torch compiled fsdp2 compiles each transformer block before sharding it (embedding, head and "
+                      "loss run eagerly); its 1-GPU baseline, like the DDP rows, compiles the whole model")
         self.save()
         why = chart(self.rows, self.result["meta"], self.out / "bench_dist.png")
         if why:
@@ -538,116 +578,10 @@ class Bench:
         return 0 if all(r.status in ("ok", "skipped") for r in self.rows) else 1
 
 
-def gpu_names() -> list[str]:
-    """The visible GPUs' names (nvidia-smi, as CUDA_VISIBLE_DEVICES leaves them), without a CUDA context here."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20).stdout
-        names = {int(i): n.strip() for i, n in (line.split(",", 1) for line in out.splitlines() if "," in line)}
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None:
-            ids = [int(x) for x in visible.split(",") if x.strip().isdigit()]
-            return [names[i] for i in ids if i in names]
-        return [names[i] for i in sorted(names)]
-    return []
-
-
-# -- command line ------------------------------------------------------------------------------------------
-def _csv(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        items = [s.strip() for s in text.split(",") if s.strip()]
-        bad = [s for s in items if s not in choices]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(choices)}, got {text!r}")
-        return list(dict.fromkeys(items))
-
-    return parse
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(s) for s in text.split(",") if s.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GPU counts such as 1,2,4, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError(f"expected GPU counts >= 1 such as 1,2,4, got {text!r}")
-    return sizes
-
-
 def parse_args(argv: list[str] | None = None, gpus_found: Callable[[], int] | None = None) -> argparse.Namespace:
-    """The options, with the device's defaults filled in; ``gpus_found`` counts the visible GPUs (cuda)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--gpus", type=int, help="G: the most GPUs (CPU ranks) of a run (default: every visible GPU; "
-                                             "2 ranks on cpu)")
-    ap.add_argument("--sizes", type=_sizes, help="GPU counts to run (default 1, 2, 4, ... up to G, and G)")
-    ap.add_argument("--stages", type=_csv(STAGES), default=list(STAGES), help="default scaling,equivalence")
-    ap.add_argument("--frameworks", type=_csv(FRAMEWORKS), default=list(FRAMEWORKS), help="default blutrain,torch")
-    ap.add_argument("--impls", type=_csv(IMPLS), default=list(IMPLS), help="default eager,compiled (scaling)")
-    ap.add_argument("--modes", type=_csv(MODES), default=list(MODES),
-                    help="BluTrain's modes on N > 1 GPUs (default ddp,zero1,zero2,zero3)")
-    ap.add_argument("--torch-modes", type=_csv(MODES), default=["ddp"],
-                    help="PyTorch's (default ddp; zero1 = DDP + ZeroRedundancyOptimizer, zero2/zero3 = FSDP "
-                         "SHARD_GRAD_OP/FULL_SHARD)")
-    ap.add_argument("--precision", choices=("fp32", "tf32", "bf16"), help="default bf16 (cuda), fp32 (cpu)")
-    ap.add_argument("--preset", help="default gpt2-124m (cuda), tiny (cpu)")
-    ap.add_argument("--batch-size", type=int, help="micro-batch per GPU (default 16 on cuda, 4 on cpu)")
-    ap.add_argument("--seq-len", type=int, help="default 1024 (cuda), 64 (cpu)")
-    ap.add_argument("--steps", type=int, help="timed steps (default 20 on cuda, 3 on cpu)")
-    ap.add_argument("--warmup", type=int, help="warm-up steps (default 3: compiled runs eagerly, traces, replays)")
-    ap.add_argument("--equiv-steps", type=int, help="steps of the equivalence runs (default 50 on cuda, 4 on cpu)")
-    ap.add_argument("--profile", action="store_true", help="exposed communication per step, rank 0 under nsys")
-    ap.add_argument("--profile-steps", type=int, default=3, help="steps profiled after the timed ones (default 3)")
-    ap.add_argument("--data", help="token shards (a prepared directory or a glob); default the stdlib corpus")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--budget", type=float, help="seconds the whole run may take; configurations that would start "
-                                                 "later are skipped (default 480 on cuda, none on cpu; 0: none)")
-    ap.add_argument("--config-timeout", type=float,
-                    help="seconds one configuration may take, compile included (default 180 on cuda, 300 on cpu)")
-    ap.add_argument("--out", help="output folder (default $OUT/bench_dist when OUT is set, else "
-                                  "tools/results/bench_dist)")
-    a = ap.parse_args(argv)
-    cpu = a.device == "cpu"
-    found = 0 if cpu else (gpus_found or count_gpus)()
-    a.gpus_found = found
-    if a.gpus is None:
-        a.gpus = 2 if cpu else max(found, 1)
-    a.precision = a.precision or ("fp32" if cpu else "bf16")
-    a.preset = a.preset or ("tiny" if cpu else "gpt2-124m")
-    a.batch_size = a.batch_size or (4 if cpu else 16)
-    a.seq_len = a.seq_len or (64 if cpu else 1024)
-    a.steps = a.steps or (3 if cpu else 20)
-    a.warmup = a.warmup if a.warmup is not None else 3
-    a.equiv_steps = a.equiv_steps or (4 if cpu else 50)
-    a.budget = (0 if cpu else 480) if a.budget is None else a.budget
-    a.config_timeout = a.config_timeout or (300 if cpu else 180)
-    a.out = a.out or (str(Path(os.environ["OUT"]) / "bench_dist") if os.environ.get("OUT") else
-                      str(ROOT / "tools" / "results" / "bench_dist"))
-    for name in ("gpus", "batch_size", "seq_len", "steps", "equiv_steps", "profile_steps"):
-        if getattr(a, name) <= 0:
-            ap.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}; give a count >= 1")
-    if a.warmup < 1:
-        ap.error(f"--warmup must be >= 1 (the memory peak is taken over the warm-up), got {a.warmup}")
-    if a.budget < 0 or a.config_timeout <= 0:
-        ap.error(f"--budget must be >= 0 and --config-timeout > 0 seconds, got {a.budget:g} and {a.config_timeout:g}")
-    a.sizes = a.sizes or gpu_sizes(a.gpus)
-    if cpu:
-        a.gpus_found = max(a.sizes)  # CPU ranks: as many as asked
-    if not cpu and found and max(a.sizes) > found:
-        ap.error(f"--gpus/--sizes ask for {max(a.sizes)} GPUs but {found} are visible; give --gpus {found} or less")
-    return a
-
-
-def count_gpus() -> int:
-    """The visible GPUs: nvidia-smi's list, else CUDA's count through CuPy (no context is made)."""
-    names = gpu_names()
-    if names:
-        return len(names)
-    with contextlib.suppress(Exception):
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount())
-    return 0
+    """The options (tools/bench/dist_options.py), with the device's and the model family's defaults filled in;
+    ``gpus_found`` counts the visible GPUs (cuda)."""
+    return options.parse_args(argv, gpus_found, description=__doc__ or "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -658,16 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.dist_worker import worker
 
         return worker(Path(argv[1]))
-    args = parse_args(argv)
-    from blutrain.models.gpt2 import PRESETS
-
-    if args.preset not in PRESETS:
-        raise SystemExit(f"--preset: unknown preset {args.preset!r}; expected one of {', '.join(PRESETS)}")
-    if args.seq_len > PRESETS[args.preset]["block_size"]:
-        raise SystemExit(f"--seq-len {args.seq_len} exceeds preset {args.preset}'s block_size "
-                         f"{PRESETS[args.preset]['block_size']}; give --seq-len {PRESETS[args.preset]['block_size']} "
-                         "or less")
-    return Bench(args).run()
+    return Bench(parse_args(argv)).run()
 
 
 if __name__ == "__main__":

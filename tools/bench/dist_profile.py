@@ -1,10 +1,14 @@
 """Exposed communication of a training step, from a kernel timeline: the milliseconds during which an NCCL
 kernel ran and no other kernel did.
 
-tools/bench/dist.py runs rank 0 of a launch under Nsight Systems (``nsys profile --trace=cuda,nvtx`` with the
-CUDA profiler API as capture range, kernels inside CUDA graphs traced one by one, exported to SQLite) and
-brackets each configuration's profiled steps with an NVTX range named ``PROFILE_RANGE_PREFIX + name``. Here:
-the ``nsys`` command line, reading kernels and ranges back from the SQLite export, and the interval
+Two sources of that timeline. ``--profiler torch`` (the default where PyTorch is installed): rank 0 runs its
+profiled steps under ``torch.profiler`` (CUPTI through Kineto sees every kernel of the process, CuPy's, NCCL's
+and those inside CUDA graphs) and writes one Chrome trace per configuration, ``<name>.trace.json``.
+``--profiler nsys``: tools/bench/dist.py runs rank 0 of a launch under Nsight Systems (``nsys profile
+--trace=cuda,nvtx`` with the CUDA profiler API as capture range, kernels inside CUDA graphs traced one by one,
+exported to SQLite) and brackets each configuration's profiled steps with an NVTX range named
+``PROFILE_RANGE_PREFIX + name``. Here: reading the Chrome traces, the ``nsys`` command line, reading kernels
+and ranges back from the SQLite export, and the interval
 arithmetic, which is plain Python so that it is tested without a GPU.
 
 Per profiled range: ``comm`` = the measure of the union of NCCL kernels' intervals (a kernel is NCCL's when its
@@ -17,6 +21,7 @@ a peer: that waiting is counted as communication, which is what it costs the ste
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import sqlite3
 import subprocess
@@ -218,3 +223,86 @@ def costs_from_exports(paths: Iterable[Path], steps: dict[str, int]) -> tuple[di
                 continue
             costs[name] = comm_cost(inside, steps[name])
     return costs, problems
+
+
+# -- torch.profiler ------------------------------------------------------------------------------------------
+TORCH_TRACE_SUFFIX = ".trace.json"  # one Chrome trace per profiled configuration: <config name>.trace.json
+
+
+def read_chrome_trace(path: Path) -> list[Kernel]:
+    """Every kernel of a ``torch.profiler`` Chrome trace: complete events (``"ph": "X"``) of category
+    ``kernel``, their ``ts``/``dur`` (µs) as nanoseconds, on the device its ``args.device`` names."""
+    data = json.loads(path.read_text())
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    out = []
+    for e in events:
+        if isinstance(e, dict) and e.get("cat") == "kernel" and e.get("ph") == "X":
+            start = float(e["ts"]) * 1e3
+            args = e.get("args") or {}
+            out.append(Kernel(str(e.get("name", "")), start, start + float(e.get("dur", 0.0)) * 1e3,
+                              int(args.get("device", 0))))
+    return out
+
+
+def costs_from_chrome_traces(paths: Iterable[Path], steps: dict[str, int]
+                             ) -> tuple[dict[str, CommCost], dict[str, list[KernelRow]], list[str]]:
+    """For every trace ``<name>.trace.json`` whose name is a key of ``steps`` (its number of profiled steps): its
+    communication cost and its kernel table (every kernel in the trace ran in the profiled steps). Returns the
+    costs, the tables and the problems met (one line each)."""
+    costs: dict[str, CommCost] = {}
+    tables: dict[str, list[KernelRow]] = {}
+    problems: list[str] = []
+    for path in paths:
+        name = path.name.removesuffix(TORCH_TRACE_SUFFIX)
+        if name not in steps:
+            continue
+        try:
+            kernels = main_device(read_chrome_trace(path))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{path.name}: {exc}")
+            continue
+        if not kernels:
+            problems.append(f"{path.name}: no kernel in the trace")
+            continue
+        costs[name] = comm_cost(kernels, steps[name])
+        tables[name] = kernel_table(kernels, steps[name])
+    return costs, tables, problems
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One kernel name's share of a profiled step: calls and busy milliseconds per step."""
+
+    name: str
+    calls: float
+    ms: float
+    nccl: bool
+
+
+def short_name(name: str, width: int = 70) -> str:
+    """A kernel's name without its argument list and template arguments, cut to ``width``."""
+    base = name.split("(", 1)[0]
+    if "<" in base:
+        base = base.split("<", 1)[0]
+    return base if len(base) <= width else base[: width - 1] + "…"
+
+
+def kernel_table(kernels: Sequence[Kernel], steps: int, idle: bool = True) -> list[KernelRow]:
+    """Kernels grouped by :func:`short_name`, most time first, per step; with ``idle`` a last row ``(idle)``: the
+    time within the profiled span when no kernel ran (the device waiting on the host or on a peer)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    calls: Counter[str] = Counter()
+    busy: dict[str, float] = {}
+    for k in kernels:
+        key = short_name(k.name)
+        calls[key] += 1
+        busy[key] = busy.get(key, 0.0) + k.end - k.start
+    rows = [KernelRow(n, calls[n] / steps, busy[n] / steps / 1e6, "nccl" in n.lower())
+            for n in sorted(busy, key=lambda n: -busy[n])]
+    if idle and kernels:
+        span = max(k.end for k in kernels) - min(k.start for k in kernels)
+        gap = span - measure(union((k.start, k.end) for k in kernels))
+        rows.append(KernelRow("(idle)", 0.0, gap / steps / 1e6, False))
+    return rows
+

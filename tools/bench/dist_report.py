@@ -16,6 +16,8 @@ STAGES = ("scaling", "equivalence")
 FRAMEWORKS = ("blutrain", "torch")
 IMPLS = ("eager", "compiled")
 MODES = ("ddp", "zero1", "zero2", "zero3")
+# PyTorch's: the same four through DDP, ZeroRedundancyOptimizer and FSDP, and fsdp2 (fully_shard per block)
+TORCH_MODES = (*MODES, "fsdp2")
 
 # issue 21's acceptance, reported against, never asserted
 GOAL_COMPILED = 0.97  # compiled ddp, zero1, zero2 against compiled 1 GPU
@@ -80,6 +82,7 @@ class Row:
     reference: str | None = None  # that run's name
     wall_s: float | None = None
     nccl: str | None = None
+    kernels: list[dict[str, Any]] = field(default_factory=list)  # rank 0's per-kernel table (--profile)
 
     @property
     def exposed_share(self) -> float | None:
@@ -211,6 +214,7 @@ def goals(rows: Sequence[Row]) -> list[str]:
         if share is not None:
             out.append(f"goal {c.label} on {c.gpus} GPUs exposed communication ≤ {GOAL_EXPOSED:.0%} of the step: "
                        f"{share:.1%} ({r.exposed_ms:.2f} of {r.step_ms:.2f} ms) — {_met(share <= GOAL_EXPOSED)}")
+    out += against_fsdp2(scaling)
     for r in rows:
         c = r.config
         if c.stage != "equivalence" or c.gpus == 1 or c.framework != "blutrain" or r.max_dloss is None:
@@ -226,6 +230,34 @@ def goals(rows: Sequence[Row]) -> list[str]:
             out.append(f"{c.precision} {c.label} on {c.gpus} GPUs against 1 GPU × {c.gpus * c.accum} micro-batches: "
                        f"max |Δloss| {r.max_dloss:.4f} over {min(len(r.losses), c.steps)} steps{against}")
     return out
+
+
+def against_fsdp2(scaling: Sequence[Row]) -> list[str]:
+    """BluTrain's zero3 beside PyTorch FSDP2 of the same implementation on as many GPUs: tokens/s and peak
+    memory as ratios (the issue sets no number for these: reported, never judged)."""
+    out = []
+    for r in scaling:
+        c = r.config
+        if c.framework != "blutrain" or c.mode != "zero3" or r.status != "ok":
+            continue
+        torch = next((t for t in scaling if t.config.framework == "torch" and t.config.mode == "fsdp2"
+                      and t.config.impl == c.impl and t.config.gpus == c.gpus and t.status == "ok"), None)
+        if torch is None:
+            continue
+        speed = _ratio(r.tokens_per_s, torch.tokens_per_s)
+        memory = _ratio(r.peak_allocated, torch.peak_allocated)
+        impl = "torch.compile" if c.impl == "compiled" else "eager"
+        out.append(f"{c.label} on {c.gpus} GPUs against PyTorch FSDP2 {impl}: tokens/s {_times(speed)}, "
+                   f"peak allocated {_times(memory)}")
+    return out
+
+
+def _ratio(mine: float | None, theirs: float | None) -> float | None:
+    return mine / theirs if mine is not None and theirs else None
+
+
+def _times(v: float | None) -> str:
+    return f"{v:.2f}×" if v is not None else "-"
 
 
 # -- table -------------------------------------------------------------------------------------------------
@@ -264,8 +296,9 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
     scaling = [r for r in rows if r.config.stage == "scaling"]
     if scaling:
         c = scaling[0].config
-        lines += ["", f"1. Scaling: GPT-2 {meta.get('preset', '?')}, {c.precision}, micro-batch {c.batch_size} × "
-                  f"{c.seq_len} per {unit}; median of {c.steps} timed steps after {c.warmup} (slowest rank)",
+        lines += ["", f"1. Scaling: {meta.get('model', 'gpt2')} {meta.get('preset', '?')}, {c.precision}, "
+                  f"micro-batch {c.batch_size} × {c.seq_len} per {unit}; median of {c.steps} timed steps after "
+                  f"{c.warmup} (slowest rank)",
                   f"   efficiency = tokens/s(N) / (N × tokens/s(1)) of the same framework and implementation: "
                   f"compiled against compiled 1 {unit}, eager against eager 1 {unit}",
                   "   comm / exposed = ms per step of NCCL kernels / of NCCL kernels with no compute kernel "

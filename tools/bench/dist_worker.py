@@ -6,11 +6,15 @@ says where it was).
   (``--parallel`` mode, ``--compile``, ``--dtype``, gradient accumulation through ``total_batch_tokens``),
   stepped with ``train_step``, which ends with the step's one host read of the loss: its wall time is the
   step a user trains at.
-- PyTorch: tools/bench/gpt2.py's reference model (nanoGPT style), ``torch.optim.AdamW(fused=True)``, clip 1.0,
-  autocast, wrapped in ``DistributedDataParallel`` (``ddp``), DDP with ``ZeroRedundancyOptimizer`` (``zero1``)
-  or FSDP by block (``zero2``: SHARD_GRAD_OP, ``zero3``: FULL_SHARD); ``torch.compile`` of the wrapped model
-  for ``compiled``. The step reads its loss (averaged over ranks) on the host, as BluTrain's does.
-  PyTorch is imported here only, inside the rank that runs it.
+- PyTorch: tools/bench/gpt2.py's implementation of the job's model family (``TORCH_MODELS``; nanoGPT style for
+  GPT-2), ``torch.optim.AdamW(fused=True)``, clip 1.0, autocast, wrapped in ``DistributedDataParallel``
+  (``ddp``), DDP with ``ZeroRedundancyOptimizer`` (``zero1``), FSDP by block (``zero2``: SHARD_GRAD_OP,
+  ``zero3``: FULL_SHARD), or FSDP2 (``fsdp2``: ``fully_shard`` of every transformer block, then of the root;
+  under bf16 its ``MixedPrecisionPolicy`` gathers bf16 parameters and reduces gradients in float32);
+  ``torch.compile`` of the wrapped model for ``compiled``, except under fsdp2, where each block is compiled
+  before it is sharded (torchtitan's order: FSDP2's hooks stay outside the compiled code). The step reads its
+  loss (averaged over ranks) on the host, as BluTrain's does. PyTorch is imported here only, inside the rank
+  that runs it.
 
 A configuration that raises is written with its error, and the rank exits at once (the launcher then stops
 its peers, which may be blocked in a collective); tools/bench/dist.py relaunches the configurations left.
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.dist_profile import PROFILE_RANGE_PREFIX, UNDER_NSYS_ENV
+from bench.dist_profile import PROFILE_RANGE_PREFIX, TORCH_TRACE_SUFFIX, UNDER_NSYS_ENV
 from bench.dist_report import Config
 
 WORKER_FAILED = 3  # a rank's exit code after it wrote its error to its JSON
@@ -49,12 +53,13 @@ class Job:
     """What a launch runs: ``configs`` in order on every rank. ``data``: the trainer's ``--data`` (None: the
     stdlib corpus); ``train_pattern``/``vocab_size``: the same shards for PyTorch's loader. ``deadline``:
     epoch seconds after which configurations are skipped (rank 0 decides, every rank follows).
-    ``profile``: rank 0 runs under nsys (``nsys_prefix``, set by the driver) and profiles each configuration's
-    ``profile_steps`` last steps."""
+    ``profile``: rank 0 profiles each configuration's ``profile_steps`` last steps, under ``torch.profiler`` into
+    ``trace_dir/<name>.trace.json`` (``trace_dir`` set by the driver), or under nsys (``nsys_prefix``)."""
 
     framework: str
     gpus: int
     device: str
+    model: str
     preset: str
     data: str | None
     train_pattern: str
@@ -64,6 +69,7 @@ class Job:
     overrides: dict[str, Any]
     deadline: float | None = None
     nsys_prefix: list[str] | None = None
+    trace_dir: str | None = None
 
     @staticmethod
     def from_json(text: str) -> Job:
@@ -183,6 +189,10 @@ class BluTrainRank:
         return float(t.item()) > 0.5
 
     def profiler(self, name: str, entry: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+        if self.cuda and self.rank == 0 and self.job.trace_dir:
+            import cupy
+
+            return _kineto_traced(Path(self.job.trace_dir), name, entry, cupy.cuda.runtime.deviceSynchronize)
         if not (self.cuda and os.environ.get(UNDER_NSYS_ENV)):
             return contextlib.nullcontext()
         return _cupy_profiled(name, entry)
@@ -197,7 +207,7 @@ class BluTrainRank:
         from blutrain.train import TrainConfig, Trainer
 
         job = self.job
-        tc = TrainConfig(preset=job.preset, data=job.data, device=self.device, dtype=c.precision,
+        tc = TrainConfig(model=job.model, preset=job.preset, data=job.data, device=self.device, dtype=c.precision,
                          batch_size=c.batch_size, seq_len=c.seq_len,
                          total_batch_tokens=c.tokens_per_step if c.accum > 1 else 0,
                          max_steps=c.warmup + c.steps + c.profile_steps, lr=HYPER["lr"], min_lr_ratio=1.0,
@@ -302,6 +312,8 @@ class TorchRank:
         return float(t.item()) > 0.5
 
     def profiler(self, name: str, entry: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+        if self.cuda and self.rank == 0 and self.job.trace_dir:
+            return _kineto_traced(Path(self.job.trace_dir), name, entry, self.torch.cuda.synchronize)
         if not (self.cuda and os.environ.get(UNDER_NSYS_ENV)):
             return contextlib.nullcontext()
         return _torch_profiled(self.torch, name, entry)
@@ -315,7 +327,7 @@ class TorchRank:
     def train(self, c: Config, report: RankReport, entry: dict[str, Any]) -> None:
         torch, job = self.torch, self.job
         from blutrain.data import TokenLoader
-        from blutrain.models.gpt2 import GPT2Config
+        from blutrain.models import model_spec
 
         torch.set_float32_matmul_precision("high" if c.precision == "tf32" else "highest")
         meter = self.g2.torch_meter() if self.cuda else self.g2.Meter()
@@ -324,17 +336,18 @@ class TorchRank:
         meter.begin()
         entry["phase"] = "build"
         report.write()
-        model_cfg = GPT2Config.preset(job.preset, **job.overrides)
+        model_cfg = model_spec(job.model).config(job.preset, **job.overrides)
         torch.manual_seed(job.seed)
         with torch.device(self.device):
-            model = self.g2.torch_reference(model_cfg)
+            model = self.g2.TORCH_MODELS[job.model](model_cfg)
         entry["params"] = sum(p.numel() for p in model.parameters())
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        wrapped, clip = self.wrap(model, c.mode)
-        groups = [{"params": decay, "weight_decay": HYPER["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+        compiled = c.impl == "compiled"
+        wrapped, clip = self.wrap(model, c.mode, c.precision, compiled)
+        params = list(model.parameters())  # after wrapping: fully_shard replaces them with sharded ones
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": HYPER["weight_decay"]},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         opt, entry["optimizer"] = self.optimizer(groups, c.mode)
-        forward = torch.compile(wrapped) if c.impl == "compiled" else wrapped
+        forward = torch.compile(wrapped) if compiled and c.mode != "fsdp2" else wrapped  # fsdp2: compiled by block
         loader = TokenLoader(job.train_pattern, c.batch_size, c.seq_len, rank=self.rank, world_size=self.world,
                              seed=job.seed, vocab_size=job.vocab_size)
         no_sync = getattr(wrapped, "no_sync", None)
@@ -359,9 +372,13 @@ class TorchRank:
 
         Steps(report, entry, meter, self.profiler).run(c, step)
 
-    def wrap(self, model: Any, mode: str) -> tuple[Any, Callable[[float], Any]]:
+    def wrap(self, model: Any, mode: str, precision: str, compiled: bool) -> tuple[Any, Callable[[float], Any]]:
         """The model as ``mode`` trains it, and what clips its gradients' global norm."""
         torch = self.torch
+        if mode == "fsdp2":
+            self.fully_shard(model, precision, compiled)
+            sharded = list(model.parameters())
+            return model, lambda v: torch.nn.utils.clip_grad_norm_(sharded, v)  # DTensors: a global norm
         params = list(model.parameters())
         if mode == "single":
             return model, lambda v: torch.nn.utils.clip_grad_norm_(params, v)
@@ -373,8 +390,27 @@ class TorchRank:
         strategy = fsdp_api.ShardingStrategy.SHARD_GRAD_OP if mode == "zero2" else fsdp_api.ShardingStrategy.FULL_SHARD
         fsdp = fsdp_api.FullyShardedDataParallel(
             model, sharding_strategy=strategy, use_orig_params=True, device_id=self.local if self.cuda else None,
-            auto_wrap_policy=wrap_api.ModuleWrapPolicy({type(model.transformer.h[0])}))
+            auto_wrap_policy=wrap_api.ModuleWrapPolicy({type(transformer_blocks(torch, model)[0])}))
         return fsdp, lambda v: fsdp.clip_grad_norm_(v)
+
+    def fully_shard(self, model: Any, precision: str, compiled: bool) -> None:
+        """FSDP2 in place: ``fully_shard`` of each transformer block (compiled first when ``compiled``), then of
+        the root (embedding, final norm, head). bf16: parameters gathered in bf16, gradients reduced in float32
+        (autocast still runs the loss in float32, as in the other modes)."""
+        torch = self.torch
+        fsdp: Any = importlib.import_module("torch.distributed.fsdp")
+        if not hasattr(fsdp, "fully_shard"):
+            raise RuntimeError(f"--torch-modes fsdp2 needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this "
+                               f"is torch {torch.__version__}")
+        policy = (fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if precision == "bf16" else fsdp.MixedPrecisionPolicy())
+        blocks = transformer_blocks(torch, model)
+        for i, block in enumerate(list(blocks)):
+            if compiled:
+                block = torch.compile(block)
+                blocks.register_module(str(i), block)
+            fsdp.fully_shard(block, mp_policy=policy)
+        fsdp.fully_shard(model, mp_policy=policy)
 
     def optimizer(self, groups: list[dict[str, Any]], mode: str) -> tuple[Any, str]:
         torch = self.torch
@@ -403,10 +439,48 @@ class TorchRank:
             self.torch.distributed.destroy_process_group()
 
 
+def transformer_blocks(torch: Any, model: Any) -> Any:
+    """The model's ``nn.ModuleList`` of transformer blocks, what FSDP shards one by one: tools/bench/gpt2.py's
+    implementations hold exactly one (``transformer.h``, ``model.layers``), whichever the family."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    if len(lists) != 1 or not len(lists[0]):
+        raise ValueError(f"{type(model).__name__}: FSDP shards the blocks of the model's one nn.ModuleList; found "
+                         f"{len(lists)} ModuleList(s)")
+    return lists[0]
+
+
 @contextlib.contextmanager
 def _torch_profiled(torch: Any, name: str, entry: dict[str, Any]) -> Any:
     with _profiled(name, entry, torch.cuda.synchronize, "torch.cuda.profiler", "torch.cuda.nvtx"):
         yield
+
+
+@contextlib.contextmanager
+def _kineto_traced(folder: Path, name: str, entry: dict[str, Any], synchronize: Callable[[], Any]) -> Any:
+    """The block under ``torch.profiler`` (CUDA activity only: CUPTI records every kernel of the process, CuPy's,
+    NCCL's and each one inside a CUDA graph), the device idle at both ends, written as ``folder/<name>.trace.json``.
+    A profiler that fails is noted in ``entry`` and the block runs anyway (the other ranks take the same steps)."""
+    synchronize()
+    prof: Any = None
+    try:
+        torch_profiler: Any = importlib.import_module("torch.profiler")
+        prof = torch_profiler.profile(activities=[torch_profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
+    except Exception as exc:
+        entry["profile_note"] = f"torch.profiler not started: {first_line(exc)}"
+        prof = None
+    try:
+        yield
+    finally:
+        synchronize()
+        if prof is not None:
+            try:
+                prof.__exit__(None, None, None)
+                # the file is named by the configuration (``name`` is the NVTX range's, with its prefix)
+                config = name.removeprefix(PROFILE_RANGE_PREFIX)
+                prof.export_chrome_trace(str(folder / f"{config}{TORCH_TRACE_SUFFIX}"))
+            except Exception as exc:
+                entry["profile_note"] = f"torch.profiler trace not written: {first_line(exc)}"
 
 
 # -- the entry point ---------------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ def test_dump_ir_writes_one_file_per_pass(tmp_path: Any, monkeypatch: pytest.Mon
     fn = bc.compile(step, warmup=0)
     fn(bt.randn(5, 4))
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert len(names) == 1 + len(bc.DEFAULT_PIPELINE)
+    assert len(names) == 1 + len(bc.default_pipeline())
     assert names[0].endswith("_traced.mlir") and names[-1].endswith("_memory-plan.mlir")
 
 

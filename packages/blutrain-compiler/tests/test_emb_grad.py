@@ -152,7 +152,7 @@ def _tiny_gpt_steps(gpt_steps: Any, device: str, compiled: bool, autocast: bool,
     model = GPT2(GPT2Config.preset("tiny", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32))
     model.to(device)
     opt = create("adamw", list(model.parameters()), lr=1e-2, weight_decay=0.1)
-    pipeline = (passes or bc.DEFAULT_PIPELINE) if compiled else None
+    pipeline = (passes or bc.default_pipeline()) if compiled else None
     out, fn = gpt_steps(model, opt, pipeline, ids=48, device=device, autocast=autocast, clip=0.5,
                         return_logits=False)  # ids >= 48 unused
     return out, "" if fn is None else str(fn.ir())
@@ -179,9 +179,7 @@ def test_on_cuda_the_compiled_tied_gpt_with_the_pass_is_bit_for_bit_without_it(s
     registry = bt.backends()
     if "cuda" not in registry.names() or not registry.get("cuda").is_available():
         pytest.skip("no CUDA device")
-    from blutrain.compiler.passes import DEFAULT_PIPELINE
-
-    without = tuple(p for p in DEFAULT_PIPELINE if p != "embedding-grad-add")
+    without = tuple(p for p in bc.default_pipeline() if p != "embedding-grad-add")
     base, base_ir = _tiny_gpt_steps(gpt_steps, "cuda", True, autocast, without)
     fused, ir = _tiny_gpt_steps(gpt_steps, "cuda", True, autocast)
     assert len(SCALED.findall(ir)) == 1 and not SCALED.search(base_ir), ir

@@ -117,7 +117,7 @@ def _ir(fn: Any) -> str:
 
 # gemm-epilogue adds a half-precision residual with one rounding less than eager (see the README's limits):
 # left out where compiled is compared with eager, kept where the pass is compared with its absence
-EXACT = [p for p in bc.DEFAULT_PIPELINE if p != "gemm-epilogue"]
+EXACT = [p for p in bc.default_pipeline() if p != "gemm-epilogue"]
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
@@ -132,9 +132,9 @@ def test_compiled_autocast_gpt_trains_as_eager_bit_for_bit(optimizer: str, same_
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_the_default_pipeline_gives_the_same_bits_with_and_without_the_pass(optimizer: str, same_bits: Any,
                                                                             gpt_steps: Any) -> None:
-    with_pass, fn = _tiny_gpt_losses(gpt_steps, optimizer, list(bc.DEFAULT_PIPELINE))
+    with_pass, fn = _tiny_gpt_losses(gpt_steps, optimizer, list(bc.default_pipeline()))
     without, fn_without = _tiny_gpt_losses(gpt_steps, optimizer,
-                                           [p for p in bc.DEFAULT_PIPELINE if p != "multi-tensor-cast"])
+                                           [p for p in bc.default_pipeline() if p != "multi-tensor-cast"])
     assert f'op = "{MULTI}"' in _ir(fn) and f'op = "{MULTI}"' not in _ir(fn_without)
     for a, b in zip(without, with_pass, strict=True):
         same_bits(b, a)
@@ -251,8 +251,8 @@ def test_on_cuda_the_compiled_autocast_step_casts_once_and_matches_the_pass_free
         out, fn = gpt_steps(model, opt, passes, steps=6, shape=(8, 64), ids=256, device="cuda", return_logits=False)
         return out, fn
 
-    with_pass, fn = run(list(bc.DEFAULT_PIPELINE))
-    without, fn_without = run([p for p in bc.DEFAULT_PIPELINE if p != "multi-tensor-cast"])
+    with_pass, fn = run(list(bc.default_pipeline()))
+    without, fn_without = run([p for p in bc.default_pipeline() if p != "multi-tensor-cast"])
     ir = fn.ir()
     assert ir.count(f'op = "{MULTI}"') == 1
     assert f'op = "{MULTI}"' not in fn_without.ir()

@@ -19,7 +19,7 @@ from blutrain.compiler.graph import body
 PASS = "layernorm-residual"
 PASS_LA = "layernorm-residual-linear-add"
 # the default pipeline with the pass that also takes linear_add apart in place of the default one
-WITH_LINEAR_ADD = [PASS_LA if p == PASS else p for p in bc.DEFAULT_PIPELINE]
+WITH_LINEAR_ADD = [PASS_LA if p == PASS else p for p in bc.default_pipeline()]
 
 
 def _ops(fn: Any, *arrays: np.ndarray[Any, Any], passes: tuple[str, ...] = (PASS,)) -> list[Any]:
@@ -243,7 +243,7 @@ def test_compiled_autocast_gpt_with_unfused_projections_trains_as_eager_bit_for_
     ln_2 and the next ln_1 or ln_f) go into their LayerNorms, none into a GEMM epilogue, and four steps are
     eager's bits."""
     eager, _ = _gpt_runs(gpt_steps, optimizer, None, hooked=True)
-    compiled, ir = _gpt_runs(gpt_steps, optimizer, list(bc.DEFAULT_PIPELINE), hooked=True)
+    compiled, ir = _gpt_runs(gpt_steps, optimizer, list(bc.default_pipeline()), hooked=True)
     assert ir.count(", 3 : index], ret = [0 : index, 1 : index, 2 : index, 3 : index]") == 4
     assert "linear_add" not in ir
     for a, c in zip(eager, compiled, strict=True):
@@ -288,7 +288,7 @@ def test_on_cuda_the_compiled_gpt_with_unfused_projections_matches_eager_bit_for
     from blutrain_backend_cupy.compile_target import CUDAGraphExecutor
 
     eager, _ = _gpt_runs(gpt_steps, "adamw", None, hooked=True, device="cuda", steps=6, big=True)
-    compiled, ir = _gpt_runs(gpt_steps, "adamw", list(bc.DEFAULT_PIPELINE), hooked=True, device="cuda", steps=6,
+    compiled, ir = _gpt_runs(gpt_steps, "adamw", list(bc.default_pipeline()), hooked=True, device="cuda", steps=6,
                              big=True)
     assert ir.count(", 3 : index], ret = [0 : index, 1 : index, 2 : index, 3 : index]") == 4
     assert "linear_add" not in ir

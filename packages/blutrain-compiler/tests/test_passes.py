@@ -18,7 +18,26 @@ def _names(module: object) -> list[str]:
 
 
 def test_pass_registry_holds_the_builtin_passes() -> None:
-    assert set(bc.DEFAULT_PIPELINE) <= set(bc.passes().names())
+    assert set(bc.default_pipeline()) <= set(bc.passes().names())
+    assert {bc.passes().provider(name).plugin for name in bc.CORE_PIPELINE} == {"compiler-passes"}
+
+
+def test_a_registered_place_puts_a_pass_before_the_first_run_of_a_core_pass() -> None:
+    registry = bc.PassRegistry()
+    registry.register("first", object(), runs_before="inplace-aliasing")
+    registry.register("before-dce", object(), runs_before="dce")  # dce runs twice: placed before the first only
+    registry.register("also-first", object(), runs_before="inplace-aliasing")
+    registry.register("named-only", object())
+    assert registry.pipeline() == ("first", "also-first", "inplace-aliasing", "before-dce", "dce",
+                                   *bc.CORE_PIPELINE[2:])
+    assert registry.pipeline(["cse"]) == ("cse",)
+
+
+def test_a_place_that_is_no_core_pass_is_refused_naming_it() -> None:
+    with pytest.raises(bt.PluginError, match=r"compiler pass 'late': runs_before must name a pass of "
+                                             r"blutrain.compiler.CORE_PIPELINE \(inplace-aliasing, dce, cse, "
+                                             r".*got 'fusion'"):
+        bc.PassRegistry().register("late", object(), runs_before="fusion")
 
 
 def test_each_device_brings_its_compile_target_and_an_unknown_device_is_named() -> None:

@@ -82,7 +82,7 @@ def _tiny_gpt_steps(gpt_steps: Any, compiled: bool, autocast: bool) -> tuple[lis
     bt.manual_seed(0)
     model = GPT2(GPT2Config.preset("tiny", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32))
     opt = create("sgd", list(model.parameters()), lr=1e-2)
-    out, fn = gpt_steps(model, opt, bc.DEFAULT_PIPELINE if compiled else None, autocast=autocast, clip=0.5,
+    out, fn = gpt_steps(model, opt, bc.default_pipeline() if compiled else None, autocast=autocast, clip=0.5,
                         return_logits=False)
     return out, "" if fn is None else str(fn.ir())
 

@@ -43,6 +43,18 @@ def test_every_cpu_op_has_a_cuda_kernel() -> None:
     assert "cuda" in winners
 
 
+def test_the_backend_chooses_the_deterministic_kernels_of_the_kernel_library() -> None:
+    backend = get_backend("cuda")
+    before = fused.is_deterministic()
+    try:
+        backend.set_deterministic(False)
+        assert not fused.is_deterministic()
+        backend.set_deterministic(True)
+        assert fused.is_deterministic()
+    finally:
+        fused.set_deterministic(before)
+
+
 def test_the_multi_tensor_adamw_op_is_registered_for_float32() -> None:
     assert "adamw_multi_tensor" in fused.STANDALONE
     assert kernels().lookup("adamw_multi_tensor", "cuda", bt.float32).provider.plugin == "cuda"

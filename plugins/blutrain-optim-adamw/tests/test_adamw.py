@@ -198,3 +198,18 @@ def test_a_grad_scale_not_of_the_gradients_dtype_or_not_0d_is_refused() -> None:
     mixed = [np.ones(3, np.float32), np.ones(2, np.float64)]
     with pytest.raises(TensorTypeError, match="grad 1 has dtype float64, grad_scale float32"):
         adamw_multi_tensor(mixed, mixed, mixed, mixed, scalars, 0.9, 0.95, 1e-8, 0.0, np.asarray(0.5, np.float32))
+
+
+def test_adamw_declares_nanogpts_betas_for_the_trainer() -> None:
+    assert dict(AdamW.trainer_defaults) == {"betas": (0.9, 0.95)}
+    assert AdamW(nn.Linear(2, 2).parameters()).defaults["betas"] == (0.9, 0.999)  # the constructor's stay PyTorch's
+
+
+def test_the_plugin_places_its_compiler_pass_first_in_the_default_pipeline() -> None:
+    from blutrain.compiler import CORE_PIPELINE, default_pipeline, passes
+    from blutrain_optim_adamw import AdamWGradScale
+
+    assert passes().get("adamw-grad-scale") is AdamWGradScale
+    assert passes().provider("adamw-grad-scale").plugin == "adamw"
+    assert default_pipeline() == ("adamw-grad-scale", *CORE_PIPELINE)
+    assert "adamw-grad-scale" not in CORE_PIPELINE

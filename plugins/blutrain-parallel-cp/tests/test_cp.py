@@ -84,3 +84,14 @@ def test_a_sequence_length_that_does_not_split_is_named_at_forward(group) -> Non
     model = ContextParallelModel(tiny(), group)
     with pytest.raises(DistArgumentError, match="sequence length 7 must be a multiple of 2·cp = 2"):
         model(bt.zeros(1, 7, dtype="int64"))
+
+
+def test_cp_declares_its_own_loss_rewritten_layers_and_whole_state() -> None:
+    assert (CP.dim, CP.compiles, CP.on_mesh, CP.mesh_order, dict(CP.mesh_options)) == (
+        "cp", True, True, 1, {"attn": "attn"})
+    assert CP.shards_loss and CP.rewrites_layers
+    assert not (CP.shards_gradients or CP.shards_state)
+    assert CP.sequence_multiple(4) == 8  # two chunks of every sequence per rank
+    with pytest.raises(DistArgumentError, match="CP: attn must be one of ring, allgather, ulysses, got 'star'"):
+        CP.check_options(attn="star")
+

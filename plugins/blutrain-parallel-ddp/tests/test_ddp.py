@@ -9,7 +9,7 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain import nn
-from blutrain.dist import DistError, parallel_modes
+from blutrain.dist import DistArgumentError, DistError, parallel_modes
 from blutrain_comm_mpi import create_group
 from blutrain_parallel_ddp import DDP, DistributedDataParallel
 
@@ -90,3 +90,25 @@ def test_an_unknown_gradient_dtype_is_refused_naming_the_choices(group) -> None:
         DistributedDataParallel(mlp(), group, grad_dtype="int8")
     with pytest.raises(DistError, match="ddp: grad_dtype must be one of"):
         DDP(group, grad_dtype="half")
+
+
+def test_ddp_declares_the_mesh_form_along_dp_and_shards_nothing() -> None:
+    assert (DDP.dim, DDP.compiles, DDP.on_mesh, DDP.mesh_order) == ("dp", True, True, 0)
+    assert dict(DDP.mesh_options) == {"grad_dtype": "grad_dtype"}
+    assert not (DDP.shards_loss or DDP.rewrites_layers or DDP.shards_gradients or DDP.shards_state)
+
+
+def test_the_modes_no_sync_suspends_the_wrapped_models_averaging(group) -> None:  # type: ignore[no-untyped-def]
+    mode = DDP(group)
+    with mode.no_sync():  # before wrap_model: nothing to suspend
+        pass
+    model = mode.wrap_model(mlp())
+    with mode.no_sync():
+        assert model.averager.sync is False
+    assert model.averager.sync is True
+
+
+def test_ddp_refuses_a_grad_dtype_before_any_group_exists() -> None:
+    with pytest.raises(DistArgumentError, match="ddp: grad_dtype must be one of"):
+        DDP.check_options(grad_dtype="int8")
+    DDP.check_options(25, grad_dtype="bf16")

@@ -150,3 +150,38 @@ def test_a_checkpoint_shard_merges_into_the_full_state_and_loads_back(group) -> 
     for i, entry in other_optimizer.state_dict()["state"].items():
         assert entry["step"] == want[i]["step"] == 1
         np.testing.assert_array_equal(entry["exp_avg"].numpy(), want[i]["exp_avg"].numpy())
+
+
+def test_tp_declares_every_capability_the_trainer_reads() -> None:
+    assert (TP.dim, TP.compiles, TP.on_mesh, TP.mesh_order, dict(TP.mesh_options)) == (
+        "tp", True, True, 2, {"async": "async_chunks"})
+    assert TP.shards_loss and TP.rewrites_layers and TP.shards_gradients and TP.shards_state
+    with pytest.raises(DistArgumentError, match="TP: async_chunks must be an int >= 1"):
+        TP.check_options(async_chunks=-1)
+    TP.check_options(async_chunks=0)  # synchronous
+
+
+def test_the_modes_norm_and_state_are_its_wrapped_models(group) -> None:  # type: ignore[no-untyped-def]
+    mode = TP(group)
+    with pytest.raises(DistArgumentError, match=r"TP\.full_state_dict: call wrap_model first"):
+        mode.full_state_dict()
+    ref = tiny()
+    model = mode.wrap_model(tiny())
+    idx = bt.tensor(np.random.default_rng(0).integers(0, 256, (2, 8)))
+    model(idx, idx)[1].backward()
+    ref(idx, idx)[1].backward()
+    whole = float(bt.norm(bt.stack([bt.norm(p.grad) for p in ref.parameters()])).item())
+    np.testing.assert_allclose(float(mode.grad_norm().item()), whole, rtol=1e-5)
+    np.testing.assert_allclose(float(mode.clip_grad_norm_(whole / 2).item()), whole, rtol=1e-5)
+    np.testing.assert_allclose(float(mode.grad_norm().item()), whole / 2, rtol=1e-5)
+    optimizer = bt_optim.create("adamw", model.module.parameters(), lr=1e-2)
+    optimizer.step()
+    state = mode.full_state_dict()
+    assert set(state) == set(ref.state_dict())
+    assert set(mode.state_shard(optimizer).params) == set(ref.state_dict())  # one rank holds every block
+    other = TP(group)
+    other.wrap_model(tiny())
+    fresh = bt_optim.create("adamw", other.model.module.parameters(), lr=1e-2)  # type: ignore[union-attr]
+    other.load_full_state(state, fresh, optimizer.state_dict())
+    for name, t in other.full_state_dict().items():
+        np.testing.assert_array_equal(t.numpy(), state[name].numpy(), err_msg=name)

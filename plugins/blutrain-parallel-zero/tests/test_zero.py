@@ -9,7 +9,7 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain import nn
-from blutrain.dist import DistError, merge_shards, parallel_modes
+from blutrain.dist import DistArgumentError, DistError, merge_shards, parallel_modes
 from blutrain.optim import create
 from blutrain_comm_mpi import create_group
 from blutrain_parallel_zero import ZeRO, ZeroModel
@@ -96,3 +96,43 @@ def test_the_optimizer_is_wrapped_after_the_model(group) -> None:  # type: ignor
     net = mlp()
     with pytest.raises(DistError, match="call wrap_model first"):
         ZeRO(group).wrap_optimizer(create("adamw", list(net.parameters())))
+
+
+def test_zero_declares_sharded_gradients_and_state_and_no_mesh_form() -> None:
+    assert (ZeRO.dim, ZeRO.compiles, ZeRO.shards_gradients, ZeRO.shards_state) == ("dp", True, True, True)
+    assert not (ZeRO.on_mesh or ZeRO.shards_loss or ZeRO.rewrites_layers)
+    with pytest.raises(DistArgumentError, match="ZeRO: stage must be 1, 2 or 3, got 4"):
+        ZeRO.check_options(4)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_modes_norm_and_state_are_its_optimizers_and_models(group, stage: int) -> None:  # type: ignore[no-untyped-def]
+    mode = ZeRO(group, stage=stage)
+    model = mode.wrap_model(mlp())
+    optimizer = mode.wrap_optimizer(create("adamw", list(model.module.parameters()), lr=1e-2))
+    x = bt.tensor(np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32))
+    (model(x) ** 2).mean().backward()
+    ref = mlp()
+    (ref(x) ** 2).mean().backward()
+    whole = float(bt.norm(bt.stack([bt.norm(p.grad) for p in ref.parameters()])).item())
+    np.testing.assert_allclose(float(mode.grad_norm().item()), whole, rtol=1e-5)
+    np.testing.assert_allclose(float(mode.clip_grad_norm_(whole / 2).item()), whole, rtol=1e-5)
+    np.testing.assert_allclose(float(mode.grad_norm().item()), whole / 2, rtol=1e-5)  # clipped in place
+    optimizer.step()
+    optimizer.zero_grad()
+    state = {k: v.detach().clone() for k, v in mode.full_state_dict().items()}
+    shard = mode.state_shard(optimizer)
+    merged_model, merged_optimizer = merge_shards([shard])
+    for name, t in state.items():
+        np.testing.assert_array_equal(merged_model[name].numpy(), t.numpy(), err_msg=name)
+    other = ZeRO(group, stage=stage)
+    fresh = other.wrap_model(mlp())
+    fresh_optimizer = other.wrap_optimizer(create("adamw", list(fresh.module.parameters()), lr=1e-2))
+    other.load_full_state(merged_model, fresh_optimizer, merged_optimizer)
+    for name, t in other.full_state_dict().items():
+        np.testing.assert_array_equal(t.numpy(), state[name].numpy(), err_msg=name)
+
+
+def test_the_modes_capabilities_need_the_wrapped_model_and_optimizer(group) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(DistArgumentError, match=r"ZeRO\.grad_norm: call wrap_model and wrap_optimizer first"):
+        ZeRO(group).grad_norm()

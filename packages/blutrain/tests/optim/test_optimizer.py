@@ -14,13 +14,25 @@ from blutrain.optim import (
     Optimizer,
     OptimizerError,
     OptimizerProtocol,
+    OptimizerRegistry,
     StepScalars,
     create,
     multi_tensor_apply,
     optimizers,
     weight_decay_groups,
 )
-from blutrain.tensor import NotRegisteredError, Tensor, device, float32, float64, manual_seed, ones, randn, tensor
+from blutrain.tensor import (
+    NotRegisteredError,
+    PluginError,
+    Tensor,
+    device,
+    float32,
+    float64,
+    manual_seed,
+    ones,
+    randn,
+    tensor,
+)
 from blutrain.tensor import plugins as bt_plugins
 from blutrain.tensor.plugins import hookimpl
 
@@ -63,6 +75,20 @@ def test_builtin_optimizers_are_registered_by_their_plugins() -> None:
     assert {"adamw", "sgd"} <= set(reg.names())
     assert reg.provider("adamw").distribution == "blutrain-optim-adamw"
     assert reg.provider("sgd").distribution == "blutrain-optim-sgd"
+
+
+def test_the_base_class_declares_no_trainer_defaults() -> None:
+    assert dict(Optimizer.trainer_defaults) == {}
+    assert dict(optimizers().get("sgd").trainer_defaults) == {}  # SGD's constructor defaults stand
+
+
+def test_a_class_lacking_a_protocol_member_is_refused_when_it_registers() -> None:
+    class StepOnly:
+        def step(self) -> None: ...
+
+    with pytest.raises(PluginError, match=r"optimizer 'steponly' \(StepOnly\) lacks trainer_defaults, zero_grad, "
+                                          r"state_dict, load_state_dict of blutrain.optim.OptimizerProtocol"):
+        OptimizerRegistry().register("steponly", StepOnly)
 
 
 @pytest.mark.parametrize("name", ["adamw", "sgd"])

@@ -1,5 +1,5 @@
-"""``--deterministic``: two runs on one machine give bit-identical losses; on cuda the deterministic
-kernels are chosen (the sorted-segment embedding backward instead of atomics)."""
+"""``--deterministic``: two runs on one machine give bit-identical losses; the device's backend is asked for
+its deterministic kernels (on cuda the sorted-segment embedding backward instead of atomics)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from blutrain.kernels import cuda as cuda_kernels
+import pytest
+
+import blutrain.tensor as bt
 from blutrain.train import TrainConfig, Trainer
 
 MakeConfig = Callable[..., TrainConfig]
@@ -48,12 +50,14 @@ def test_two_deterministic_runs_give_bit_identical_losses(small_dataset: Path, t
     assert first == second
 
 
-def test_deterministic_chooses_the_deterministic_cuda_kernels(make_config: MakeConfig) -> None:
-    cuda_kernels.set_deterministic(False)
-    try:
-        Trainer(make_config(), stream=io.StringIO())
-        assert not cuda_kernels.is_deterministic()  # without the flag the process's choice stands
-        Trainer(make_config(deterministic=True), stream=io.StringIO())
-        assert cuda_kernels.is_deterministic()
-    finally:
-        cuda_kernels.set_deterministic(True)
+def test_deterministic_asks_the_device_backend_for_deterministic_kernels(make_config: MakeConfig,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # the choice is the backend's (Backend.set_deterministic: on cuda the sorted-segment embedding backward,
+    # tested with the CUDA backend plugin); the trainer asks the backend of its device, and only with the flag
+    backend = bt.device("cpu").backend
+    calls: list[bool] = []
+    monkeypatch.setattr(backend, "set_deterministic", calls.append)
+    Trainer(make_config(device="cpu"), stream=io.StringIO())
+    assert calls == []
+    Trainer(make_config(device="cpu", deterministic=True), stream=io.StringIO())
+    assert calls == [True]

@@ -28,7 +28,7 @@ def test_no_parallel_is_no_plan() -> None:
 
 
 @pytest.mark.parametrize(("text", "mode"), [("ddp", ("ddp", (), {})), ("ddp=25", ("ddp", (25,), {})),
-                                            ("zero=2", ("zero", (2,), {})), ("zero=0.5", ("zero", (0.5,), {}))])
+                                            ("zero=2", ("zero", (2,), {})), ("ddp=0.5", ("ddp", (0.5,), {}))])
 def test_a_mode_alone_runs_over_every_rank_with_its_value_as_first_option(text: str, mode: object) -> None:
     got = plan(text)
     assert got.mesh == {} and got.ranks is None
@@ -62,14 +62,18 @@ def test_one_mesh_dimension_is_its_mode_over_every_rank(text: str, mesh: dict[st
     ("dp=2,tp", "tp must be a number of ranks >= 1 (e.g. tp=2), got no size"),
     ("dp=2,tp=two", "tp must be a number of ranks >= 1 (e.g. tp=2), got 'two'"),
     ("dp=2,dp=4", "dp is given twice"),
-    ("dp=2,zero=2", "zero does not compose with a mesh yet (zero × tp, zero × cp)"),
-    ("tp=2,zero=1", "give zero=1 alone, or dp=N with tp=M or cp=M (ddp over dp)"),
+    ("dp=2,zero=2", "mode zero does not compose with a mesh (it does not declare on_mesh)"),
+    ("tp=2,zero=1", "give zero=1 alone, or mesh sizes (dp=N, cp=N, tp=N)"),
     ("dp=2,tp=2,ranks=4", "unknown part 'ranks=4'"),
-    ("tp=2,cp=2", "tp and cp do not compose yet"),
-    ("dp=2,tp=2,attn=ring", "attn=ring chooses context parallelism's attention and needs cp=N"),
+    ("tp=2,cp=2", "tp and cp do not compose yet (each rewrites the model's layers its own way)"),
+    ("dp=2,tp=2,attn=ring", "attn=ring is an option of mode 'cp' and needs cp=N"),
     ("dp=2,,tp=2", "parallel must be MODE[=VALUE]"),
     ("ddp,bf16", "'bf16' after the mode must be key=value (e.g. 'ddp,grad_dtype=bf16')"),
-    ("tp=2,grad_dtype=bf16", "grad_dtype=bf16 is the dtype data parallelism averages gradients in and needs dp=N"),
+    ("tp=2,grad_dtype=bf16", "grad_dtype=bf16 is an option of mode 'ddp' and needs dp=N"),
+    ("dp=2,ddp", "in a mesh, mode ddp runs along dp: give dp=N instead of ddp"),
+    ("dp=2,attn=ring,cp=2,grad_dtype=int8", "grad_dtype must be one of"),
+    ("cp=2,attn=star", "CP: attn must be one of ring, allgather, ulysses, got 'star'"),
+    ("zero=4", "ZeRO: stage must be 1, 2 or 3, got 4"),
 ])
 def test_a_malformed_spec_is_refused_naming_the_part(text: str, message: str) -> None:
     assert message in refusal(text)
@@ -85,12 +89,13 @@ def test_keyword_options_after_the_mode_or_dp_go_to_the_mode(text: str, modes: o
 
 
 def test_cp_needs_two_chunks_of_every_sequence_per_rank() -> None:
-    assert "seq_len must be a multiple of 2 × cp = 8" in refusal("cp=4", seq_len=20)
+    assert "seq_len must be a multiple of 8 under parallel 'cp=4' (mode 'cp' over cp=4" in refusal("cp=4", seq_len=20)
     plan("cp=4", seq_len=24)
 
 
 @pytest.mark.parametrize(("text", "modes"), [
     ("tp=2,async=4", (("tp", (), {"async_chunks": 4}),)),
+    ("tp=2,async=0", (("tp", (), {"async_chunks": 0}),)),  # 0 row blocks: synchronous, as TP's default
     ("dp=2,tp=2,async=1", (("tp", (), {"async_chunks": 1}), ("ddp", (), {}))),
 ])
 def test_async_passes_its_row_blocks_to_tp(text: str, modes: object) -> None:
@@ -98,9 +103,9 @@ def test_async_passes_its_row_blocks_to_tp(text: str, modes: object) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("tp=2,async=0", "async must be a number of row blocks >= 1 (e.g. async=4), got '0'"),
-    ("tp=2,async=two", "async must be a number of row blocks >= 1 (e.g. async=4), got 'two'"),
-    ("dp=2,cp=2,async=2", "async=2 overlaps tensor parallelism's all-reduces with its GEMMs and needs tp=N"),
+    ("tp=2,async=two", "TP: async_chunks must be an int >= 1 (the row blocks whose all-reduce overlaps the next "
+                       "block's GEMM), got 'two'"),
+    ("dp=2,cp=2,async=2", "async=2 is an option of mode 'tp' and needs tp=N"),
 ])
 def test_a_malformed_async_is_refused_naming_it(text: str, message: str) -> None:
     assert message in refusal(text)

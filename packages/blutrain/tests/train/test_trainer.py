@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sysconfig
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -64,6 +64,8 @@ def test_each_builtin_optimizer_lowers_the_loss(dataset: Path, tmp_path: Path, o
 
 class _SignSGD:
     """A third-party optimizer: steps by the sign of the gradient."""
+
+    trainer_defaults: ClassVar[dict[str, Any]] = {}  # what `blutrain train` passes beyond lr: nothing
 
     def __init__(self, params: Any, lr: float = 1e-3, **_: Any) -> None:
         self.param_groups = [dict(g, lr=lr) for g in params] if isinstance(params, list) and params and \
@@ -193,3 +195,10 @@ def test_bf16_autocast_training_keeps_float32_master_weights_and_learns(dataset:
     assert all(p.dtype is bt.float32 for p in trainer.model.parameters())
     losses = _losses(tmp_path)
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.2
+
+
+def test_the_trainer_builds_the_optimizer_with_its_declared_trainer_defaults(dataset: Path, tmp_path: Path) -> None:
+    adamw = Trainer(_config(dataset, tmp_path, max_steps=1))
+    assert [g["betas"] for g in adamw.optimizer.param_groups] == [(0.9, 0.95)] * len(adamw.optimizer.param_groups)
+    sgd = Trainer(_config(dataset, tmp_path / "sgd", optimizer="sgd", max_steps=1))
+    assert all(g["momentum"] == 0.0 and g["lr"] == sgd.cfg.lr for g in sgd.optimizer.param_groups)

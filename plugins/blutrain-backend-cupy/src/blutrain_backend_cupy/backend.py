@@ -158,16 +158,27 @@ class CupyBackend:
 
         empty_cache()
 
-    def set_tf32(self, enabled: bool) -> None:
-        """Let float32 GEMMs use TF32 tensor cores (the trainer's ``--dtype tf32``)."""
+    def set_tf32(self, enabled: bool) -> bool:
+        """Let float32 GEMMs use TF32 tensor cores (the trainer's ``--dtype tf32``); the GPU has the mode."""
         from blutrain_backend_cupy.gemm import set_tf32
 
         set_tf32(enabled)
+        return True
+
+    def set_deterministic(self, enabled: bool) -> None:
+        """The one cuda kernel with a faster non-deterministic variant is the embedding backward (atomics);
+        ``enabled`` pins the sorted-segment one (importing the kernel library does not import CuPy)."""
+        kernels_cuda.set_deterministic(enabled)
+
+    def erf(self, array: Any) -> Any:
+        from cupyx.scipy.special import erf as cupy_erf
+
+        return cupy_erf(array)
 
     def is_available(self) -> bool:
         return self._count > 0
 
-    # DeviceProperties: the trainer's MFU and peak-memory reports
+    # the trainer's MFU and peak-memory reports (blutrain.tensor.DeviceProperties, part of Backend)
     def device_name(self, index: int) -> str:
         cp = self._check(index)
         name = cp.cuda.runtime.getDeviceProperties(index)["name"]

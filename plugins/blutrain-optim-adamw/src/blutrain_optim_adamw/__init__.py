@@ -1,4 +1,5 @@
-"""The "adamw" optimizer plugin: the AdamW class and its CPU multi-tensor kernel, registered by hooks."""
+"""The "adamw" optimizer plugin: the AdamW class, its CPU multi-tensor kernel and its compiler pass, registered by
+hooks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from blutrain_optim_adamw.adamw import KERNEL, AdamW
 from blutrain_optim_adamw.kernel import adamw_multi_tensor, adamw_step_scalars
 
 if TYPE_CHECKING:
+    from blutrain.compiler import PassRegistry
     from blutrain.optim import OptimizerRegistry
     from blutrain.tensor import KernelRegistry
 
@@ -26,5 +28,21 @@ def blutrain_register_kernels(registry: KernelRegistry) -> None:
     registry.register(KERNEL, "cpu", (float32, float64), adamw_multi_tensor)
 
 
-__all__ = ["AdamW", "adamw_multi_tensor", "adamw_step_scalars", "blutrain_register_kernels",
-           "blutrain_register_optimizers"]
+@hookimpl
+def blutrain_register_passes(registry: PassRegistry) -> None:
+    # the pass module imports xDSL: loaded when the compiler first builds its pipeline, not with the plugin
+    from blutrain_optim_adamw.grad_scale import AdamWGradScale
+
+    registry.register(AdamWGradScale.name, AdamWGradScale, runs_before=AdamWGradScale.runs_before)
+
+
+def __getattr__(name: str) -> object:
+    if name == "AdamWGradScale":  # the compiler pass, imported on first use (it imports xDSL)
+        from blutrain_optim_adamw.grad_scale import AdamWGradScale
+
+        return AdamWGradScale
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["AdamW", "AdamWGradScale", "adamw_multi_tensor", "adamw_step_scalars", "blutrain_register_kernels",
+           "blutrain_register_optimizers", "blutrain_register_passes"]

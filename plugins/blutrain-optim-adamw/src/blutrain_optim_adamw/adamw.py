@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from blutrain.autograd import no_grad
 from blutrain.optim import (
@@ -35,6 +36,8 @@ class AdamW(Optimizer):
     """
 
     state_like_param = ("exp_avg", "exp_avg_sq")
+    # nanoGPT's betas for language-model training (a faster-moving second moment than PyTorch's default)
+    trainer_defaults: ClassVar[Mapping[str, Any]] = {"betas": (0.9, 0.95)}
 
     def __init__(self, params: Params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01) -> None:

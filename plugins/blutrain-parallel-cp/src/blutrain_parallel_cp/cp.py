@@ -35,8 +35,8 @@ the current block is given up.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 
 from blutrain.autograd import derivative, no_grad, record
 from blutrain.autograd.rules import save_nothing
@@ -45,6 +45,7 @@ from blutrain.dist import (
     DeviceMesh,
     DistArgumentError,
     GradientAverager,
+    ParallelMode,
     ProcessGroup,
     broadcast_from_rank0,
     get_process_group,
@@ -190,19 +191,32 @@ class ContextParallelModel(Module):
         return f"cp={self.group.size}, rank {self.group.rank}, attn={self.attn}"
 
 
-class CP:
+class CP(ParallelMode):
     """The "cp" parallelism mode: ``CP(mesh, attn="ring"|"allgather"|"ulysses").wrap_model(model)`` over
     the mesh's "cp" dimension (or a process group itself). Without a "dp" dimension the model also
     averages its gradients over the cp group (``average_gradients`` of :class:`ContextParallelModel`); with
-    one, the dp mode averages over dp × cp. The optimizer is unchanged."""
+    one, the dp mode averages over dp × cp. The optimizer is unchanged.
+
+    The wrapped model computes the loss over the whole sequence itself and its attentions take this rank's
+    chunks (``shards_loss``, ``rewrites_layers``); parameters and gradients stay whole on every rank. A
+    sequence is cut into two chunks per rank (:meth:`sequence_multiple`)."""
 
     dim = "cp"
     compiles = True  # ContextParallelModel declares its groups with blutrain.dist.traceable (see the module doc)
+    on_mesh = True
+    mesh_order = 1  # between dp and tp
+    mesh_options: ClassVar[Mapping[str, str]] = {"attn": "attn"}
+    shards_loss = True
+    rewrites_layers = True
+
+    @classmethod
+    def check_options(cls, attn: str = "ring", bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
+        if attn not in ATTENTION_KINDS:
+            raise DistArgumentError(f"CP: attn must be one of {', '.join(ATTENTION_KINDS)}, got {attn!r}")
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, attn: str = "ring",
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
-        if attn not in ATTENTION_KINDS:
-            raise DistArgumentError(f"CP: attn must be one of {', '.join(ATTENTION_KINDS)}, got {attn!r}")
+        self.check_options(attn, bucket_cap_mb)
         if isinstance(mesh, DeviceMesh):
             self.group = mesh.get_group(self.dim)
             self.average_gradients = "dp" not in mesh.names
@@ -211,13 +225,19 @@ class CP:
             self.average_gradients = True
         self.attn = attn
         self.bucket_cap_mb = bucket_cap_mb
+        self.model: ContextParallelModel | None = None
 
-    def wrap_model(self, model: Any) -> Module:
-        return ContextParallelModel(model, self.group, self.attn, average_gradients=self.average_gradients,
-                                    bucket_cap_mb=self.bucket_cap_mb)
+    @classmethod
+    def sequence_multiple(cls, size: int) -> int:
+        return 2 * size  # two chunks of every sequence per rank (the load-balanced causal layout)
 
-    def wrap_optimizer(self, optimizer: Any) -> Any:
-        return optimizer
+    def wrap_model(self, model: Any) -> ContextParallelModel:
+        self.model = ContextParallelModel(model, self.group, self.attn, average_gradients=self.average_gradients,
+                                          bucket_cap_mb=self.bucket_cap_mb)
+        return self.model
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        return self.model.no_sync() if self.model is not None else contextlib.nullcontext()
 
 
 __all__ = ["CP", "ContextParallelAttentionCore", "ContextParallelModel", "sequence_loss"]

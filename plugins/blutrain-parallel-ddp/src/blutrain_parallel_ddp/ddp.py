@@ -20,8 +20,8 @@ each reduction on the communication stream under the rest of backward, inside it
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 
 from blutrain.dist import (
     DEFAULT_BUCKET_CAP_MB,
@@ -29,6 +29,7 @@ from blutrain.dist import (
     DistArgumentError,
     GradBucket,
     GradientAverager,
+    ParallelMode,
     ProcessGroup,
     broadcast_from_rank0,
     get_process_group,
@@ -102,16 +103,24 @@ class DistributedDataParallel(Module):
                 f"bucket_cap_mb={self.bucket_cap_mb:g}{sent}")
 
 
-class DDP:
+class DDP(ParallelMode):
     """The "ddp" parallelism mode: ``DDP(mesh).wrap_model(model)`` over the mesh's "dp" dimension
-    (dp × cp where the mesh has a "cp" dimension), or a process group itself; the optimizer is unchanged."""
+    (dp × cp where the mesh has a "cp" dimension), or a process group itself; the optimizer is unchanged.
+    The mesh form's ``grad_dtype=`` sets :attr:`grad_dtype` (``--parallel dp=2,grad_dtype=bf16``)."""
 
     dim = "dp"
     compiles = True  # its group is declared with blutrain.dist.traceable (see the module doc)
+    on_mesh = True
+    mesh_order = 0  # outermost: replicas exchange gradients once per step
+    mesh_options: ClassVar[Mapping[str, str]] = {"grad_dtype": "grad_dtype"}
+
+    @classmethod
+    def check_options(cls, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, grad_dtype: str | None = None) -> None:
+        comm_dtype("ddp", grad_dtype)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, grad_dtype: str | None = None) -> None:
-        comm_dtype("ddp", grad_dtype)  # refused at once, before any model is built
+        self.check_options(bucket_cap_mb, grad_dtype)  # refused at once, before any model is built
         if isinstance(mesh, DeviceMesh):
             # context-parallel ranks hold replicas too (each saw part of the sequence): average over dp × cp
             self.group = mesh.get_group(self.dim, "cp") if "cp" in mesh.names else mesh.get_group(self.dim)
@@ -119,12 +128,14 @@ class DDP:
             self.group = get_process_group() if mesh is None else mesh
         self.bucket_cap_mb = bucket_cap_mb
         self.grad_dtype = grad_dtype
+        self.model: DistributedDataParallel | None = None
 
     def wrap_model(self, model: Any) -> DistributedDataParallel:
-        return DistributedDataParallel(model, self.group, self.bucket_cap_mb, grad_dtype=self.grad_dtype)
+        self.model = DistributedDataParallel(model, self.group, self.bucket_cap_mb, grad_dtype=self.grad_dtype)
+        return self.model
 
-    def wrap_optimizer(self, optimizer: Any) -> Any:
-        return optimizer
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        return self.model.no_sync() if self.model is not None else contextlib.nullcontext()
 
 
 __all__ = ["DDP", "DEFAULT_BUCKET_CAP_MB", "GRAD_DTYPES", "DistributedDataParallel", "GradBucket"]

@@ -33,10 +33,19 @@ ops read a block only after waiting for its handle, so the result is eager's, wi
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from blutrain.autograd import no_grad
-from blutrain.dist import DeviceMesh, DistArgumentError, ProcessGroup, StateShard, get_process_group, traceable
+from blutrain.dist import (
+    DeviceMesh,
+    DistArgumentError,
+    ParallelMode,
+    ProcessGroup,
+    StateShard,
+    get_process_group,
+    traceable,
+)
 from blutrain.models import ModelParallelPlan, module_at, plan_of, replace_module
 from blutrain.nn import Embedding, Linear, Module
 from blutrain.tensor import Tensor, clamp, norm, stack, zeros
@@ -286,13 +295,30 @@ class TensorParallelModel(Module):
                 + (f", async_chunks={self.async_chunks}" if self.async_chunks else ""))
 
 
-class TP:
+class TP(ParallelMode):
     """The "tp" parallelism mode: ``TP(mesh).wrap_model(model)`` over the mesh's "tp" dimension (or a
     process group itself); the optimizer is unchanged (it updates each rank's shards). ``async_chunks``
-    k >= 1: async TP, each layer's all-reduce in k row blocks overlapping its GEMMs (0: synchronous)."""
+    k >= 1: async TP, each layer's all-reduce in k row blocks overlapping its GEMMs (0: synchronous; the mesh
+    form's ``async=k``).
+
+    The wrapped model computes the vocab-parallel loss itself, its layers take sharded inputs, each rank holds
+    the gradients of its shards, and checkpoints hold each rank's blocks: every capability flag is set, each
+    served by the :class:`TensorParallelModel` that :meth:`wrap_model` made."""
 
     dim = "tp"
     compiles = True  # TensorParallelModel declares its group with blutrain.dist.traceable (see the module doc)
+    on_mesh = True
+    mesh_order = 2  # innermost: a tp group's ranks all-reduce in every layer, so they are neighbours
+    mesh_options: ClassVar[Mapping[str, str]] = {"async": "async_chunks"}
+    shards_loss = True
+    rewrites_layers = True
+    shards_gradients = True
+    shards_state = True
+
+    @classmethod
+    def check_options(cls, broadcast_parameters: bool = True, async_chunks: int = 0) -> None:
+        if async_chunks:
+            check_chunks("TP", async_chunks)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, broadcast_parameters: bool = True,
                  async_chunks: int = 0) -> None:
@@ -302,12 +328,33 @@ class TP:
             self.group = get_process_group() if mesh is None else mesh
         self.broadcast_parameters = broadcast_parameters
         self.async_chunks = check_chunks("TP", async_chunks) if async_chunks else 0
+        self.model: TensorParallelModel | None = None
 
     def wrap_model(self, model: Any) -> TensorParallelModel:
-        return TensorParallelModel(model, self.group, self.broadcast_parameters, self.async_chunks)
+        self.model = TensorParallelModel(model, self.group, self.broadcast_parameters, self.async_chunks)
+        return self.model
 
-    def wrap_optimizer(self, optimizer: Any) -> Any:
-        return optimizer
+    def _wrapped(self, method: str) -> TensorParallelModel:
+        if self.model is None:
+            raise DistArgumentError(f"TP.{method}: call wrap_model first")
+        return self.model
+
+    def grad_norm(self) -> Tensor:
+        return self._wrapped("grad_norm").grad_norm()
+
+    def clip_grad_norm_(self, max_norm: float) -> Tensor:
+        return self._wrapped("clip_grad_norm_").clip_grad_norm_(max_norm)
+
+    def state_shard(self, optimizer: Any) -> StateShard:
+        return self._wrapped("state_shard").checkpoint_shard(optimizer)
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        return self._wrapped("full_state_dict").full_state_dict()
+
+    def load_full_state(self, model_state: dict[str, Tensor], optimizer: Any, optimizer_state: dict[str, Any]) -> None:
+        model = self._wrapped("load_full_state")
+        model.load_full_state_dict(model_state)
+        model.load_full_optimizer_state_dict(optimizer, optimizer_state)
 
 
 __all__ = ["TP", "TensorParallelModel"]

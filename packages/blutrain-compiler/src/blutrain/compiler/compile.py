@@ -41,7 +41,7 @@ from blutrain.compiler.dialect import context
 from blutrain.compiler.errors import CompilerError, GraphBreakError, TracingError
 from blutrain.compiler.executor import Program
 from blutrain.compiler.graph import build_module
-from blutrain.compiler.passes import DEFAULT_PIPELINE
+from blutrain.compiler.registry import default_pipeline
 from blutrain.compiler.registry import passes as pass_registry
 from blutrain.compiler.target import Executor, compile_target
 from blutrain.compiler.trace import TraceArray, Tracer, tracing
@@ -291,7 +291,7 @@ class CompiledFunction:
         self.fn = fn
         self.replay = replay
         self.warmup = warmup
-        self.pipeline = tuple(passes) if passes is not None else DEFAULT_PIPELINE
+        self.pipeline = tuple(passes) if passes is not None else default_pipeline()
         self.graphs: dict[tuple[Any, ...], CompiledGraph] = {}
         self.calls: dict[tuple[Any, ...], int] = {}
         self.arg_spec: Any = None

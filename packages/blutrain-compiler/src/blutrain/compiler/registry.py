@@ -2,20 +2,52 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from blutrain.compiler import hookspecs
+from blutrain.compiler.passes import CORE_PIPELINE
 from blutrain.tensor import plugins
+from blutrain.tensor.errors import PluginError
 from blutrain.tensor.registry import Registry
 
 
 class PassRegistry(Registry[Any]):
-    """Pass or codegen-target name → the pass object."""
+    """Pass name → the pass (an xDSL ``ModulePass`` class or instance).
+
+    ``register(name, pass_, runs_before=CORE_PASS)`` also places the pass in the default pipeline, just before the
+    first run of that core pass: how a plugin's pass (an optimizer's, beside its kernel) runs by default without the
+    core pipeline naming it. Without ``runs_before`` the pass runs only where a pipeline names it."""
 
     def __init__(self) -> None:
         super().__init__("compiler pass")
+        self.places: dict[str, list[str]] = {}  # core pass → the passes placed before it, in registration order
+
+    def register(self, name: str, obj: Any, runs_before: str | None = None) -> None:
+        if runs_before is not None and runs_before not in CORE_PIPELINE:
+            raise PluginError(f"{self.current_provider.plugin}: compiler pass {name!r}: runs_before must name a pass "
+                              f"of blutrain.compiler.CORE_PIPELINE ({', '.join(dict.fromkeys(CORE_PIPELINE))}), got "
+                              f"{runs_before!r}")
+        super().register(name, obj)
+        if runs_before is not None:
+            self.places.setdefault(runs_before, []).append(name)
+
+    def pipeline(self, core: Sequence[str] = CORE_PIPELINE) -> tuple[str, ...]:
+        """``core`` with every placed pass inserted before the first run of the pass it named."""
+        out: list[str] = []
+        for name in core:
+            if name not in out:
+                out.extend(self.places.get(name, ()))
+            out.append(name)
+        return tuple(out)
 
 
 def passes() -> PassRegistry:
     plugins.add_hookspecs(hookspecs)
     return plugins.registry("blutrain_register_passes", PassRegistry)
+
+
+def default_pipeline() -> tuple[str, ...]:
+    """What :func:`blutrain.compiler.compile` runs when given no ``passes``: the core passes
+    (:data:`blutrain.compiler.CORE_PIPELINE`) with the passes plugins placed among them."""
+    return passes().pipeline()

@@ -35,12 +35,27 @@ class Generator(Protocol):
 
 
 @runtime_checkable
-class Backend(Protocol):
+class DeviceProperties(Protocol):
+    """What a backend tells about its devices for the trainer's reports (MFU, peak memory): part of
+    :class:`Backend`. A device whose name has no known peak, or whose memory is not tracked (the CPU), gets no
+    MFU or no peak memory."""
+
+    def device_name(self, index: int) -> str:
+        """The device's product name, e.g. "NVIDIA H100 80GB HBM3" (the MFU peak is looked up by it)."""
+        ...
+
+    def max_memory_allocated(self, index: int) -> int | None:
+        """The most bytes that were allocated at once on the device so far, or None where not tracked."""
+        ...
+
+
+@runtime_checkable
+class Backend(DeviceProperties, Protocol):
     """A device type. ``xp`` is the array module (NumPy-compatible) its generic kernels call.
 
-    Optional, looked up where used: ``empty_cache()``, which gives the device memory a caching allocator
-    holds free back to the device (the compiler calls it before it plans its arena, so that the arena takes
-    the memory a traced call left cached instead of coming on top of it).
+    Every member is required (the registry refuses a backend that lacks one): what the trainer, the generic
+    kernels and the tensor core ask of a device is declared here, never probed for. A backend's own extras
+    (the CUDA backend's ``empty_cache()``) are used by its own plugin only.
     """
 
     name: str
@@ -59,18 +74,20 @@ class Backend(Protocol):
     def generator(self, index: int) -> Generator: ...
     def manual_seed(self, seed: int) -> None: ...
 
-
-@runtime_checkable
-class DeviceProperties(Protocol):
-    """What a backend may declare about its devices for the trainer's reports (MFU, peak memory); a
-    backend that does not (the CPU) gets neither."""
-
-    def device_name(self, index: int) -> str:
-        """The device's product name, e.g. "NVIDIA H100 80GB HBM3" (the MFU peak is looked up by it)."""
+    def set_tf32(self, enabled: bool) -> bool:
+        """Let float32 GEMMs use TF32 (``enabled``) or keep them strict float32; returns whether the device has a
+        TF32 mode at all (False: float32 is computed either way, as on the CPU)."""
         ...
 
-    def max_memory_allocated(self, index: int) -> int | None:
-        """The most bytes that were allocated at once on the device so far, or None where not tracked."""
+    def set_deterministic(self, enabled: bool) -> None:
+        """Choose, process-wide, kernels whose results do not depend on thread scheduling (``enabled``) where
+        the backend also has faster non-deterministic ones (atomics); a backend whose kernels are all
+        deterministic does nothing."""
+        ...
+
+    def erf(self, array: Array) -> Array:
+        """The error function, elementwise, on one of this backend's arrays, in its dtype: the generic kernels
+        (erf, exact GELU) take it from here because NumPy and CuPy have none in their array modules."""
         ...
 
 
@@ -79,11 +96,27 @@ class DeviceProperties(Protocol):
 ARRAY_MODULES: dict[type, ModuleType] = {np.ndarray: np}
 # Array type → the device type of the backend that registered it ("cpu" for NumPy's)
 ARRAY_DEVICES: dict[type, str] = {np.ndarray: "cpu"}
+# Array type → the backend that registered it (for what its array module lacks, such as erf)
+ARRAY_BACKENDS: dict[type, Backend] = {}
 
 
 def array_module(array: Any) -> ModuleType:
     """The array module (NumPy, CuPy, ...) that owns ``array``."""
     return ARRAY_MODULES.get(type(array), np)
+
+
+def array_backend(array: Any) -> Backend:
+    """The registered backend whose arrays are of ``array``'s type (a NumPy scalar, which NumPy makes of a 0-d
+    array's arithmetic, is NumPy's array)."""
+    backend = ARRAY_BACKENDS.get(type(array))
+    if backend is None:
+        if not ARRAY_BACKENDS:
+            backends()  # registration fills ARRAY_BACKENDS: the first lookup may precede it
+        kind = np.ndarray if isinstance(array, np.generic) else type(array)
+        backend = ARRAY_BACKENDS.get(kind)
+    if backend is None:
+        raise PluginError(f"no registered backend computes on arrays of type {type(array).__name__}")
+    return backend
 
 
 def is_writeable(array: Any) -> bool:
@@ -109,12 +142,16 @@ class BackendRegistry(Registry[Backend]):
             obj, name = name, name.name
         assert isinstance(name, str)
         missing = [a for a in ("xp", "array_type", "empty", "from_host", "to_host", "data_ptr", "synchronize",
-                               "generator", "manual_seed", "is_available", "device_count") if not hasattr(obj, a)]
+                               "generator", "manual_seed", "is_available", "device_count", "set_tf32",
+                               "set_deterministic", "erf", "device_name", "max_memory_allocated")
+                   if not hasattr(obj, a)]
         if missing:
-            raise PluginError(f"{self.current_provider.plugin}: backend {name!r} lacks {', '.join(missing)}")
+            raise PluginError(f"{self.current_provider.plugin}: backend {name!r} lacks {', '.join(missing)} of the "
+                              "blutrain.tensor.Backend protocol")
         super().register(name, obj)
         ARRAY_MODULES[obj.array_type] = obj.xp
         ARRAY_DEVICES[obj.array_type] = name
+        ARRAY_BACKENDS[obj.array_type] = obj
 
 
 def backends() -> BackendRegistry:

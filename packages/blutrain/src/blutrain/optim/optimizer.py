@@ -11,8 +11,8 @@ accepted back).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from blutrain.autograd import no_grad
 from blutrain.optim.errors import OptimizerError
@@ -25,8 +25,13 @@ Params = Iterable[Tensor] | Iterable[ParamGroup]
 @runtime_checkable
 class OptimizerProtocol(Protocol):
     """What ``blutrain.optim.create`` callers rely on; a plugin's class needs only this (subclassing
-    :class:`Optimizer` is the easy way to get it). Constructed as ``cls(params, **hyperparameters)``."""
+    :class:`Optimizer` is the easy way to get it). Constructed as ``cls(params, **hyperparameters)``.
 
+    ``trainer_defaults``: the hyperparameters ``blutrain train`` passes beyond ``lr`` and the weight-decay
+    groups, where a language model's training recipe wants other values than the constructor's general
+    defaults (AdamW: nanoGPT's betas (0.9, 0.95) instead of PyTorch's (0.9, 0.999)); empty for none."""
+
+    trainer_defaults: ClassVar[Mapping[str, Any]]
     param_groups: list[ParamGroup]
 
     def step(self) -> None: ...
@@ -42,6 +47,8 @@ class Optimizer:
 
     # State entries that must have the parameter's shape (checked by load_state_dict).
     state_like_param: tuple[str, ...] = ()
+    # What the trainer passes beyond lr and the groups (see OptimizerProtocol): the constructor's defaults stand.
+    trainer_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, params: Params, defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)

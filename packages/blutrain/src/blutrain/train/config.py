@@ -8,19 +8,37 @@ import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blutrain.data.tokenizer import TOKENIZER_NAMES
 from blutrain.tensor.errors import BluTrainError
+
+if TYPE_CHECKING:
+    from blutrain.dist import ParallelMode
 
 
 class ConfigError(BluTrainError, ValueError):
     """A configuration value or file is invalid; the message names the key."""
 
 
-# The dimensions of a ``--parallel`` mesh, outermost first (tp and cp ranks are neighbours, as Megatron
-# keeps tensor parallelism within a node), and the mode that parallelizes along each.
-MESH_MODES: dict[str, str] = {"dp": "ddp", "cp": "cp", "tp": "tp"}
+def installed_modes() -> dict[str, type[ParallelMode]]:
+    """Every installed parallel mode, name → class."""
+    from blutrain.dist import parallel_modes
+
+    return dict(parallel_modes().items())
+
+
+def mesh_modes(modes: dict[str, type[ParallelMode]]) -> dict[str, str]:
+    """Mesh dimension → the name of the mode the mesh form applies along it (the modes that declare
+    ``on_mesh``), dimensions outermost first (their ``mesh_order``)."""
+    found: dict[str, str] = {}
+    for name, cls in modes.items():
+        if cls.on_mesh:
+            if cls.dim in found:
+                raise ConfigError(f"parallel: modes {found[cls.dim]!r} and {name!r} both declare on_mesh for the "
+                                  f"dimension {cls.dim!r}; block one with BLUTRAIN_DISABLE_PLUGINS")
+            found[cls.dim] = name
+    return dict(sorted(found.items(), key=lambda item: modes[item[1]].mesh_order))
 
 
 @dataclass(frozen=True)
@@ -29,10 +47,11 @@ class ParallelPlan:
 
     Two forms. ``MODE[=VALUE][,KEY=VALUE...]`` (``ddp``, ``ddp=25``, ``zero=2``, ``ddp,grad_dtype=bf16``, any
     registered mode): the mode over every rank, VALUE its first option, the KEY=VALUE pairs its keyword
-    options; ``mesh`` is empty. ``dp=N`` takes ``grad_dtype=`` too. Mesh sizes (``dp=2,tp=2``, ``dp=2,cp=2,attn=ring``,
-    ``tp=4``, ``tp=2,async=4``, ``cp=2``, ``dp=4``): a :class:`blutrain.dist.DeviceMesh` of those dimensions,
-    whose sizes multiply to the number of ranks; tp or cp rewrites the model first, then ddp averages
-    gradients over the dp dimension. ``modes``: (name, positional options, keyword options), innermost first.
+    options; ``mesh`` is empty. Mesh sizes (``dp=2,tp=2``, ``dp=2,cp=2,attn=ring``, ``tp=4``, ``tp=2,async=4``,
+    ``cp=2``, ``dp=4``): a :class:`blutrain.dist.DeviceMesh` of those dimensions, whose sizes multiply to the
+    number of ranks, each dimension run by the installed mode that declares ``on_mesh`` for it, and the other
+    keys the options those modes declare (``mesh_options``); the inner dimensions' modes wrap the model first.
+    ``modes``: (name, positional options, keyword options), innermost first.
     """
 
     text: str
@@ -138,12 +157,8 @@ class TrainConfig:
             raise ConfigError("auto_batch cannot size compile's graph: it probes eager steps, whose memory is "
                               "not the compiled plan's; give batch_size explicitly with compile")
         plan = self.parallel_plan()
-        cp = plan.size("cp") if plan is not None and "cp" in plan.mesh else 0
-        if cp and self.seq_len % (2 * cp):
-            raise ConfigError(f"seq_len must be a multiple of 2 × cp = {2 * cp} under parallel {self.parallel!r} "
-                              f"(two chunks of every sequence per context-parallel rank), got {self.seq_len}")
-        if plan is not None and self.compile:
-            self._check_compiles(plan)
+        if plan is not None:
+            self._check_modes(plan)
         if self.parallel and self.auto_batch:
             raise ConfigError(f"auto_batch cannot be combined with parallel {self.parallel!r}: each rank would "
                               "probe its own memory and the ranks could choose different micro-batches; give "
@@ -153,20 +168,34 @@ class TrainConfig:
             raise ConfigError(f"total_batch_tokens ({self.total_batch_tokens}) must be a multiple of batch_size × "
                               f"seq_len ({micro})")
 
-    def _check_compiles(self, plan: ParallelPlan) -> None:
-        """Every mode of ``plan`` must have declared that it composes with compile (``compiles = True`` on
-        its class: its collectives go through groups made by ``blutrain.dist.traceable``, which cut the
-        compiled step). A mode that is not installed is left to the trainer, which names what is."""
-        from blutrain.dist import parallel_modes
+    def _check_modes(self, plan: ParallelPlan) -> None:
+        """What each mode of ``plan`` declares, checked before any rank starts work: its options
+        (``check_options``), the sequence length it can cut (``sequence_multiple`` of its mesh size) and, with
+        compile, ``compiles = True`` (its collectives go through groups made by ``blutrain.dist.traceable``, which
+        the compiled step records). A mode that is not installed is left to the trainer, which names what is."""
+        from blutrain.dist import DistArgumentError
 
-        registry = parallel_modes()
-        for name, _, _ in plan.modes:
-            if name in registry and not getattr(registry.get(name), "compiles", False):
+        modes = installed_modes()
+        for name, args, options in plan.modes:
+            cls = modes.get(name)
+            if cls is None:
+                continue
+            try:
+                cls.check_options(*args, **options)
+            except DistArgumentError as exc:
+                raise ConfigError(f"parallel {self.parallel!r}: {exc}") from None
+            multiple = cls.sequence_multiple(plan.size(cls.dim)) if cls.dim in plan.mesh else 1
+            if self.seq_len % multiple:
+                raise ConfigError(f"seq_len must be a multiple of {multiple} under parallel {self.parallel!r} (mode "
+                                  f"{name!r} over {cls.dim}={plan.size(cls.dim)} cuts every sequence so), got "
+                                  f"{self.seq_len}")
+            if self.compile and not cls.compiles:
+                compiling = ", ".join(n for n, c in modes.items() if c.compiles) or "none installed"
                 raise ConfigError(f"parallel {self.parallel!r} cannot be combined with compile: mode {name!r} has "
                                   "not declared how it composes with the compiler: it does not set compiles = True "
                                   "on its class, so its collectives are not declared with blutrain.dist.traceable "
                                   "and tracing would refuse the first of them. Run it eagerly, or compile with a "
-                                  "mode that declares it (ddp, zero, tp, cp)")
+                                  f"mode that declares it ({compiling})")
 
     def parallel_plan(self) -> ParallelPlan | None:
         """``parallel`` parsed (None when it is empty); see :class:`ParallelPlan` for the forms."""
@@ -183,7 +212,9 @@ class TrainConfig:
             if key in (k for k, _ in parts):
                 raise ConfigError(f"parallel {text!r}: {key} is given twice")
             parts.append((key, value if sep else None))
-        if not any(key in MESH_MODES for key, _ in parts):
+        modes = installed_modes()
+        on_mesh = mesh_modes(modes)
+        if not any(key in on_mesh for key, _ in parts):
             name, given = parts[0]
             keywords: dict[str, int | str] = {}
             for key, raw in parts[1:]:  # MODE[=VALUE],key=value,...: the mode's keyword options
@@ -193,54 +224,48 @@ class TrainConfig:
                 option = _option(raw)
                 keywords[key] = option if isinstance(option, (int, str)) else raw
             return ParallelPlan(text, {}, ((name, () if given is None else (_option(given),), keywords),))
+        # the mesh form's option keys: key → (dimension, the keyword of that dimension's mode)
+        option_keys = {key: (dim, keyword) for dim, name in on_mesh.items()
+                       for key, keyword in modes[name].mesh_options.items()}
         sizes: dict[str, int] = {}
-        attn: str | None = None
-        chunks: int | None = None
-        grad_dtype: str | None = None
+        options: dict[str, dict[str, int | str]] = {dim: {} for dim in on_mesh}
         for key, raw in parts:
-            if key in MESH_MODES:
+            if key in on_mesh:
                 if raw is None or not raw.isdigit() or int(raw) < 1:
                     raise ConfigError(f"parallel {text!r}: {key} must be a number of ranks >= 1 (e.g. {key}=2), "
                                       f"got {'no size' if raw is None else repr(raw)}")
                 sizes[key] = int(raw)
-            elif key == "attn" and raw is not None:
-                attn = raw
-            elif key == "async" and raw is not None:
-                if not raw.isdigit() or int(raw) < 1:
-                    raise ConfigError(f"parallel {text!r}: async must be a number of row blocks >= 1 (e.g. "
-                                      f"async=4), got {raw!r}")
-                chunks = int(raw)
-            elif key == "grad_dtype" and raw is not None:
-                grad_dtype = raw
-            elif key == "zero":
-                stage = raw if raw is not None else "STAGE"
-                raise ConfigError(f"parallel {text!r}: zero does not compose with a mesh yet (zero × tp, zero × cp): "
-                                  "it shards the optimizer state and gradients over every rank and knows no tp or "
-                                  f"cp group; give zero={stage} alone, or dp=N with tp=M or cp=M (ddp over dp)")
+            elif key in option_keys and raw is not None:
+                dim, keyword = option_keys[key]
+                option = _option(raw)
+                options[dim][keyword] = option if isinstance(option, (int, str)) else raw
+            elif key in modes and modes[key].on_mesh:
+                raise ConfigError(f"parallel {text!r}: in a mesh, mode {key} runs along {modes[key].dim}: give "
+                                  f"{modes[key].dim}=N instead of {key}")
+            elif key in modes:
+                alone = key if raw is None else f"{key}={raw}"
+                dims = ", ".join(f"{dim}=N" for dim in on_mesh)
+                raise ConfigError(f"parallel {text!r}: mode {key} does not compose with a mesh (it does not declare "
+                                  f"on_mesh): it runs alone over every rank; give {alone} alone, or mesh sizes "
+                                  f"({dims})")
             else:
                 part = key if raw is None else f"{key}={raw}"
-                raise ConfigError(f"parallel {text!r}: unknown part {part!r}; a "
-                                  "mesh takes dp=N, tp=N, cp=N, with cp attn=ring|allgather|ulysses, with tp "
-                                  "async=K and with dp grad_dtype=bf16 (other modes, such as zero, run alone over "
-                                  "every rank)")
-        if "tp" in sizes and "cp" in sizes:
-            raise ConfigError(f"parallel {text!r}: tp and cp do not compose yet (each rewrites the attention and the "
-                              "loss its own way); give tp=N or cp=N, alone or with dp=M")
-        if attn is not None and "cp" not in sizes:
-            raise ConfigError(f"parallel {text!r}: attn={attn} chooses context parallelism's attention and needs "
-                              "cp=N")
-        if chunks is not None and "tp" not in sizes:
-            raise ConfigError(f"parallel {text!r}: async={chunks} overlaps tensor parallelism's all-reduces with its "
-                              "GEMMs and needs tp=N")
-        if grad_dtype is not None and "dp" not in sizes:
-            raise ConfigError(f"parallel {text!r}: grad_dtype={grad_dtype} is the dtype data parallelism averages "
-                              "gradients in and needs dp=N")
-        mesh = {dim: sizes[dim] for dim in MESH_MODES if dim in sizes}
-        options: dict[str, dict[str, int | str]] = {"cp": {"attn": attn} if attn is not None else {},
-                                                    "tp": {"async_chunks": chunks} if chunks is not None else {},
-                                                    "dp": {"grad_dtype": grad_dtype} if grad_dtype is not None else {}}
-        modes = tuple((MESH_MODES[dim], (), options.get(dim, {})) for dim in reversed(mesh))
-        return ParallelPlan(text, mesh, modes)
+                keys = ", ".join(f"{k}= (with {dim}=N)" for k, (dim, _) in option_keys.items())
+                raise ConfigError(f"parallel {text!r}: unknown part {part!r}; a mesh takes "
+                                  f"{', '.join(f'{dim}=N' for dim in on_mesh)}"
+                                  + (f" and the options {keys}" if keys else ""))
+        for key, (dim, _) in option_keys.items():
+            given = dict(parts).get(key)
+            if given is not None and dim not in sizes:
+                raise ConfigError(f"parallel {text!r}: {key}={given} is an option of mode {on_mesh[dim]!r} and "
+                                  f"needs {dim}=N")
+        rewriting = [on_mesh[dim] for dim in sizes if modes[on_mesh[dim]].rewrites_layers]
+        if len(rewriting) > 1:
+            raise ConfigError(f"parallel {text!r}: {' and '.join(rewriting)} do not compose yet (each rewrites the "
+                              "model's layers its own way); give one of them, alone or with the other dimensions")
+        mesh = {dim: sizes[dim] for dim in on_mesh if dim in sizes}
+        plan_modes = tuple((on_mesh[dim], (), options[dim]) for dim in reversed(mesh))
+        return ParallelPlan(text, mesh, plan_modes)
 
     @property
     def grad_accum_steps(self) -> int:

@@ -11,20 +11,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import pluggy
+
 from blutrain.tensor import plugins
+from blutrain.train import hookspecs
 from blutrain.train.config import ConfigError
 
 # name → the distribution that provides it, for the hint when one is missing
 KNOWN_LOGGERS: dict[str, str] = {"csv": "blutrain", "tensorboard": "blutrain-logger-tensorboard"}
 
 
+def train_event_hook() -> pluggy.HookCaller:
+    """The ``blutrain_on_train_event`` hook (its specification made known first)."""
+    plugins.add_hookspecs(hookspecs)
+    hook: pluggy.HookCaller = plugins.get_plugin_manager().hook.blutrain_on_train_event
+    return hook
+
+
 def installed_loggers() -> list[str]:
     """The names of the installed plugins that handle training events."""
     pm = plugins.get_plugin_manager()
-    hook = getattr(pm.hook, "blutrain_on_train_event", None)
-    if hook is None:
-        return []
-    return sorted({name for impl in hook.get_hookimpls() if (name := pm.get_name(impl.plugin))})
+    return sorted({name for impl in train_event_hook().get_hookimpls() if (name := pm.get_name(impl.plugin))})
 
 
 def check_loggers(names: list[str]) -> None:
@@ -46,4 +53,4 @@ def logger_selected(name: str, state: dict[str, Any]) -> bool:
     return name in (config.get("log") or [])
 
 
-__all__ = ["KNOWN_LOGGERS", "check_loggers", "installed_loggers", "logger_selected"]
+__all__ = ["KNOWN_LOGGERS", "check_loggers", "installed_loggers", "logger_selected", "train_event_hook"]

@@ -12,9 +12,8 @@ MFU rather than a guess.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from blutrain.tensor.backend import DeviceProperties
+from blutrain.tensor.backend import Backend
 
 # Dense (no sparsity) peak FLOP/s by --dtype, per device, from NVIDIA's datasheets (the same figures as
 # tools/bench/gpt2.py); the first name that the device's name contains (case-blind) wins, so the more
@@ -44,23 +43,21 @@ class Throughput:
     flops_per_token: int
     peak_per_device: float | None
     devices: int
-    backend: Any
+    backend: Backend
     index: int
 
     @classmethod
-    def for_run(cls, flops_per_token: int, backend: Any, index: int, dtype: str, devices: int) -> Throughput:
+    def for_run(cls, flops_per_token: int, backend: Backend, index: int, dtype: str, devices: int) -> Throughput:
         """``flops_per_token``: the model's (``Model.flops_per_token``, which each family declares)."""
-        name = backend.device_name(index) if isinstance(backend, DeviceProperties) else ""
-        return cls(flops_per_token, peak_flops(name, dtype) if name else None, devices, backend, index)
+        return cls(flops_per_token, peak_flops(backend.device_name(index), dtype), devices, backend, index)
 
     def metrics(self, tokens_per_s: float) -> dict[str, float | int]:
         out: dict[str, float | int] = {}
         if self.peak_per_device:
             out["mfu"] = self.flops_per_token * tokens_per_s / (self.peak_per_device * self.devices)
-        if isinstance(self.backend, DeviceProperties):
-            peak = self.backend.max_memory_allocated(self.index)
-            if peak is not None:
-                out["mem_peak_bytes"] = int(peak)
+        peak = self.backend.max_memory_allocated(self.index)
+        if peak is not None:
+            out["mem_peak_bytes"] = int(peak)
         return out
 
 

@@ -1,9 +1,10 @@
 """The training loop: data, model, optimizer plugin, schedule, clipping, evaluation, checkpoints.
 
 One step = ``grad_accum_steps`` micro-batches of forward + backward, one clip, one optimizer step.
-With ``--parallel`` each rank of ``blutrain run`` trains its slice of every batch through the mode
-(ddp, zero, ...); losses are averaged over ranks and only rank 0 logs and writes (under zero every rank,
-and under tp every rank of one tp group, writes its shard of each checkpoint).
+With ``--parallel`` each rank of ``blutrain run`` trains its slice of every batch through the modes
+(:class:`blutrain.dist.ParallelMode`); losses are averaged over ranks and only rank 0 logs and writes (under a
+mode that shards state, every rank of that mode's group writes its shard of each checkpoint). The trainer reads
+what a mode, the optimizer and the backend declare, and names none of them.
 Everything that decides the numbers (model weights, optimizer state, loader position, RNG states,
 step) is in the checkpoint, so a resumed CPU run reproduces an uninterrupted one bit for bit.
 """
@@ -31,9 +32,9 @@ from blutrain.data import (
     stdlib_corpus,
 )
 from blutrain.data.prepare import PrepareReport
+from blutrain.dist import ParallelMode
 from blutrain.models import ModelError, model_spec
-from blutrain.optim import clip_grad_norm_, create, warmup_cosine, weight_decay_groups
-from blutrain.tensor import plugins
+from blutrain.optim import clip_grad_norm_, optimizers, warmup_cosine, weight_decay_groups
 from blutrain.tensor.errors import BluTrainError
 from blutrain.train.checkpoint import (
     CheckpointError,
@@ -48,7 +49,7 @@ from blutrain.train.checkpoint import (
 from blutrain.train.config import ConfigError, TrainConfig
 from blutrain.train.errors import NonFiniteError, TrainInterruptedError, TrainOutOfMemoryError, step_out_of_memory
 from blutrain.train.interrupt import StopSignals, signal_name
-from blutrain.train.loggers import check_loggers
+from blutrain.train.loggers import check_loggers, train_event_hook
 from blutrain.train.model_source import load_initial_weights, model_config
 from blutrain.train.run_directory import (
     MetricsLog,
@@ -128,8 +129,8 @@ def resolve_data(cfg: TrainConfig) -> Dataset:
 
 
 def _emit(event: str, state: dict[str, Any]) -> None:
-    hook = getattr(plugins.get_plugin_manager().hook, "blutrain_on_train_event", None)
-    if hook is not None and hook.get_hookimpls():
+    hook = train_event_hook()
+    if hook.get_hookimpls():
         hook(event=event, state=state)
 
 
@@ -163,7 +164,8 @@ class Trainer:
         self.rank: int = self.group.rank if self.group is not None else 0
         self.world: int = self.group.size if self.group is not None else 1
         self.mesh: Any = None
-        # the data-parallel rank and size: the ranks of a tp or cp group train on the same rows
+        # the data-parallel rank and size: ranks that differ only along the mesh's other dimensions train on the
+        # same rows
         self.dp_rank, self.dp_size = self.rank, self.world
         if self.plan is not None and self.plan.mesh:
             from blutrain.dist import DeviceMesh
@@ -186,11 +188,6 @@ class Trainer:
                               f"= {micro})")
         self.accum = max(cfg.total_batch_tokens // micro, 1)
         self._configure_precision()
-        if cfg.deterministic:
-            self._choose_deterministic_kernels()
-        from blutrain.train import hookspecs
-
-        plugins.add_hookspecs(hookspecs)
         check_loggers(cfg.log)
         bt.manual_seed(cfg.seed)
         self.data = resolve_data(cfg)
@@ -211,29 +208,27 @@ class Trainer:
         self.throughput = Throughput.for_run(self.net.flops_per_token(cfg.seq_len), dev.backend, dev.index, cfg.dtype,
                                              self.world)
         self.n_params = self.net.num_parameters()
-        modes = self._parallel_modes()
+        self.modes: list[ParallelMode] = self._parallel_modes()  # innermost first
         self.model: Any = self.net
-        for mode in modes:  # tp rewrites self.net in place: the optimizer is built over what it leaves
+        for mode in self.modes:  # a mode may rewrite self.net in place: the optimizer is built over what it leaves
             self.model = self._configured(mode.wrap_model, self.model)
-        # the loss without the [B, T, vocab] logits (the fused head and loss of the model's forward); tp and cp
-        # compute their own sharded loss in their forward, which takes no such option
-        sharded_loss = self.plan is not None and bool({"tp", "cp"} & set(self.plan.mesh))
-        self.loss_options: dict[str, Any] = {} if sharded_loss else {"return_logits": False}
+        # the loss without the [B, T, vocab] logits (the fused head and loss of the model's forward); a mode that
+        # computes its own loss from sharded logits takes no such option
+        shards_loss = any(mode.shards_loss for mode in self.modes)
+        self.loss_options: dict[str, Any] = {} if shards_loss else {"return_logits": False}
         groups = weight_decay_groups(self.net.parameters(), cfg.weight_decay)
-        # nanoGPT's Adam betas; other optimizers take their own defaults
-        extra = {"betas": (0.9, 0.95)} if cfg.optimizer == "adamw" else {}
-        self.optimizer: Any = create(cfg.optimizer, groups, lr=cfg.lr, **extra)
-        for mode in modes:
+        optimizer_class: Any = optimizers().get(cfg.optimizer)  # an unknown name lists the installed ones
+        self.optimizer: Any = optimizer_class(groups, **{**optimizer_class.trainer_defaults, "lr": cfg.lr})
+        for mode in self.modes:
             self.optimizer = self._configured(mode.wrap_optimizer, self.optimizer)
-        # what knows the global gradient norm where the gradients are sharded (zero's optimizer, tp's
-        # model): the first wrapper with clip_grad_norm_; None → every rank holds whole gradients
-        self.norm_source: Any = next((o for o in (self.optimizer, *self._wrappers())
-                                      if hasattr(o, "clip_grad_norm_")), None)
-        # tp's model: gathers the whole model and optimizer state (sampling), loads whole state into its
-        # shards (resume) and describes each rank's blocks for a sharded checkpoint
-        self.gatherer: Any = next((m for m in self._wrappers() if hasattr(m, "full_state_dict")), None)
-        # sharded checkpoints: every rank holding a part writes it (zero's optimizer, tp's model)
-        self.sharded = hasattr(self.optimizer, "state_shard") or self.gatherer is not None
+        outermost_first = self.modes[::-1]
+        # the mode that knows the global gradient norm where no rank holds every whole gradient; None → the
+        # norm of the local (whole) gradients
+        self.norm_source: ParallelMode | None = next((m for m in outermost_first if m.shards_gradients), None)
+        # the mode whose ranks hold parts of the state: it writes sharded checkpoints, gathers whole state and
+        # loads whole state into its parts; None → every rank holds the whole state
+        self.state_owner: ParallelMode | None = next((m for m in outermost_first if m.shards_state), None)
+        self.sharded = self.state_owner is not None
         self.step = 0
         self._signals: StopSignals | None = None  # while run() trains: SIGINT/SIGTERM stop at a step boundary
         self._agreed_stop: int | None = None
@@ -313,7 +308,7 @@ class Trainer:
             backend = "nccl" if self.device.startswith("cuda") else "mpi"
         return dist.init_process_group(backend)
 
-    def _parallel_modes(self) -> list[Any]:
+    def _parallel_modes(self) -> list[ParallelMode]:
         """The modes of ``--parallel``, innermost first, each made over the mesh (or the whole group)."""
         if self.plan is None:
             return []
@@ -335,7 +330,7 @@ class Trainer:
         return modes
 
     def _configured(self, wrap: Any, target: Any) -> Any:
-        """``wrap(target)``, a mode's refusal (e.g. heads not divisible by tp) reported as a ConfigError."""
+        """``wrap(target)``, a mode's refusal (e.g. heads not divisible by its group) reported as a ConfigError."""
         from blutrain.dist import DistArgumentError
 
         try:
@@ -343,39 +338,17 @@ class Trainer:
         except DistArgumentError as exc:
             raise ConfigError(f"parallel {self.cfg.parallel!r}: {exc}") from None
 
-    def _wrappers(self) -> list[Any]:
-        """``self.model`` and each module it wraps (``.module``), outermost first, down to ``self.net``."""
-        out, m = [], self.model
-        while m is not None and m is not self.net:
-            out.append(m)
-            m = getattr(m, "module", None)
-        return out
-
-    def _state_model(self) -> Any:
-        """What saves and loads whole model state under the model's own names."""
-        return self.model if hasattr(self.model, "state_shard") else self.net
-
     def _configure_precision(self) -> None:
         """fp32: strict float32 GEMMs. tf32: the backend's TF32 GEMMs (a GPU mode; a backend without it,
         like the CPU, computes float32 and says so). bf16: autocast — bf16 GEMMs and attention, float32
-        norms and loss, float32 master weights and optimizer state."""
+        norms and loss, float32 master weights and optimizer state. ``--deterministic``: the backend's
+        deterministic kernels, where it has faster non-deterministic ones."""
         backend = bt.device(self.device).backend
-        set_tf32 = getattr(backend, "set_tf32", None)
-        if set_tf32 is not None:
-            set_tf32(self.cfg.dtype == "tf32")
-        elif self.cfg.dtype == "tf32":
+        if not backend.set_tf32(self.cfg.dtype == "tf32") and self.cfg.dtype == "tf32":
             self._print(f"note: device {self.device} has no TF32 mode; computing in float32")
+        if self.cfg.deterministic:
+            backend.set_deterministic(True)
         self.autocast = bt.autocast(dtype="bfloat16", enabled=self.cfg.dtype == "bf16")
-
-    @staticmethod
-    def _choose_deterministic_kernels() -> None:
-        """The CPU kernels are deterministic (fixed reduction orders; the embedding backward sorts its
-        ids). On cuda the one kernel with a faster non-deterministic variant is the embedding backward
-        (atomics); ``--deterministic`` pins the sorted-segment one. The choice is process-wide and
-        importing the module does not import CuPy."""
-        from blutrain.kernels import cuda as cuda_kernels
-
-        cuda_kernels.set_deterministic(True)
 
     # -- state ---------------------------------------------------------------------------------
     def _rng_state(self) -> dict[str, Any]:
@@ -389,10 +362,8 @@ class Trainer:
             dev.backend.generator(dev.index).set_state(rng)
 
     def _whole_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The single-process model and optimizer state dicts; under tp a collective that gathers the
-        shards, so every rank calls it."""
-        if self.gatherer is not None:
-            return self.gatherer.full_state_dict(), self.gatherer.full_optimizer_state_dict(self.optimizer)
+        """The single-process model and optimizer state dicts, where every rank holds the whole state (a
+        sharded state is saved as shards)."""
         return self.net.state_dict(), self.optimizer.state_dict()
 
     def _run_state(self, loader_state: dict[str, Any] | None = None,
@@ -412,22 +383,22 @@ class Trainer:
 
     def _writes_a_file(self) -> bool:
         """Whether this rank writes a file of each checkpoint: rank 0 the whole state; with sharded
-        checkpoints every zero rank, and under tp the tp group of data-parallel rank 0 (the other dp
-        ranks hold the same blocks)."""
-        if not self.sharded:
+        checkpoints the ranks of the state-sharding mode's group whose index along every other mesh
+        dimension is 0 (the other ranks hold the same parts)."""
+        if self.state_owner is None:
             return self.rank == 0
-        return self.gatherer is None or self.dp_rank == 0
+        dim = self.state_owner.dim
+        return self.mesh is None or all(self.mesh.local_rank(d) == 0 for d in self.mesh.names if d != dim)
 
     def _shard(self) -> tuple[Any, int, int]:
         """This rank's part of a sharded checkpoint, and its file's rank and number of files."""
-        if self.gatherer is not None:
-            group = self.gatherer.group
-            return self.gatherer.checkpoint_shard(self.optimizer), group.rank, group.size
-        return self.optimizer.state_shard(), self.rank, self.world
+        assert self.state_owner is not None
+        group = self.state_owner.group
+        return self.state_owner.state_shard(self.optimizer), group.rank, group.size
 
     def _write(self, path: Path, loader_state: dict[str, Any] | None = None,
                rng_state: dict[str, Any] | None = None) -> Path:
-        """Write a checkpoint now: every rank holding a part its shard (zero, tp), else rank 0 the whole
+        """Write a checkpoint now: every rank holding a part its shard (a mode that shards state), else rank 0 the whole
         state; returns once every rank's part is written."""
         if self.sharded:
             if self._writes_a_file():
@@ -500,11 +471,10 @@ class Trainer:
             raise ConfigError(f"resume: {path} holds the state of optimizer {saved_optimizer!r}, but this run uses "
                               f"--optimizer {self.cfg.optimizer}; resume with --optimizer {saved_optimizer}, or start "
                               "a new run (another --out) to train with another optimizer")
-        if self.gatherer is not None:  # tp: each rank cuts its blocks from the whole state
-            self.gatherer.load_full_state_dict(state["model"])
-            self.gatherer.load_full_optimizer_state_dict(self.optimizer, state["optimizer"])
+        if self.state_owner is not None:  # each rank takes its parts of the whole state
+            self.state_owner.load_full_state(state["model"], self.optimizer, state["optimizer"])
         else:
-            self._state_model().load_state_dict(state["model"])
+            self.net.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         try:
             self.loader.load_state_dict(self._loader_state_for_this_layout(state["loader"]))
@@ -607,10 +577,12 @@ class Trainer:
         """Forward and backward of every micro-batch, gradients summed into ``.grad``; the detached
         losses (the (B, T, vocab) logits are not kept alive through backward)."""
         losses = []
-        no_sync = getattr(self.model, "no_sync", None)  # ddp: reduce once, in the last micro-batch's backward
         for i, (x, y) in enumerate(batches):
-            local = no_sync() if no_sync is not None and i < len(batches) - 1 else contextlib.nullcontext()
-            with local:
+            # every micro-batch but the last accumulates locally: the modes reduce once, in the last backward
+            with contextlib.ExitStack() as local:
+                if i < len(batches) - 1:
+                    for mode in self.modes:
+                        local.enter_context(mode.no_sync())
                 with self.autocast:
                     loss = self.model(x, y, **self.loss_options)[1]
                 (loss / len(batches)).backward()
@@ -754,12 +726,14 @@ class Trainer:
         ids = tok.encode(prompt) or [tok.eot_token]
         idx = bt.tensor([ids], dtype="int64", device=self.device)
         net = self.net
-        if self.plan is not None and ("tp" in self.plan.mesh or "cp" in self.plan.mesh):
-            # tp and cp rewrote the model's layers for sharded inputs: sample with a whole copy
+        if any(mode.rewrites_layers for mode in self.modes):
+            # the model's layers take sharded inputs now: sample with a whole copy
             net = self.model_spec.build(self.model_config).to(self.device)
-            net.load_state_dict(self.gatherer.full_state_dict() if self.gatherer is not None else self.net.state_dict())
-        gathered = getattr(self.model, "gathered", None)  # zero=3: the whole model, on every rank
-        with gathered() if gathered is not None else contextlib.nullcontext():
+            net.load_state_dict(self.state_owner.full_state_dict() if self.state_owner is not None
+                                else self.net.state_dict())
+        with contextlib.ExitStack() as whole:  # every parameter whole on every rank while sampling
+            for mode in self.modes:
+                whole.enter_context(mode.gathered())
             out = net.generate(idx, tokens, temperature=0.8, top_k=40, seed=self.cfg.seed)
         return tok.decode(out[0].tolist())
 

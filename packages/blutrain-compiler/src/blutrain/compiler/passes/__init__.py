@@ -1,9 +1,10 @@
 """The built-in passes and the built-in compile target (NumPy, "cpu"): a plugin of ``blutrain_register_passes``
 and ``blutrain_register_compile_targets`` like any other.
 
-Each pass is an xDSL :class:`~xdsl.passes.ModulePass` with a ``name``; :data:`DEFAULT_PIPELINE` is
-the order :func:`blutrain.compiler.compile` runs them in. The pass modules import xDSL, so this
-module (loaded with every plugin) imports them only when the hook is called.
+Each pass is an xDSL :class:`~xdsl.passes.ModulePass` with a ``name``; :data:`CORE_PIPELINE` is the order of these
+generic passes, into which :func:`blutrain.compiler.default_pipeline` places the passes plugins register with a
+place (an optimizer's pass beside its kernel). The pass modules import xDSL, so this module (loaded with every
+plugin) imports them only when the hook is called.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ if TYPE_CHECKING:
     from blutrain.compiler.registry import PassRegistry
     from blutrain.compiler.target import CompileTargetRegistry
 
-DEFAULT_PIPELINE: tuple[str, ...] = ("adamw-grad-scale", "inplace-aliasing", "dce", "cse", "dce", "layernorm-residual",
-                                     "gemm-epilogue", "layernorm-grad-add", "layernorm-cast", "layernorm-grad-outputs",
-                                     "embedding-grad-add", "elementwise-fusion", "multi-tensor-cast",
-                                     "kernel-selection", "memory-plan")
+# Generic passes only: each matches ops of the catalogue (or the multi-tensor calls any optimizer makes), never one
+# optimizer's or one model family's code.
+CORE_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "layernorm-residual", "gemm-epilogue",
+                                  "layernorm-grad-add", "layernorm-cast", "layernorm-grad-outputs",
+                                  "embedding-grad-add", "elementwise-fusion", "multi-tensor-cast", "kernel-selection",
+                                  "memory-plan")
 
 
 @hookimpl
@@ -30,7 +33,6 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.emb_grad import EmbeddingGradAdd
     from blutrain.compiler.passes.epilogue import GemmEpilogueFusion
     from blutrain.compiler.passes.fusion import ElementwiseFusion
-    from blutrain.compiler.passes.grad_scale import AdamWGradScale
     from blutrain.compiler.passes.memory import MemoryPlan
     from blutrain.compiler.passes.multi_cast import MultiTensorCast
     from blutrain.compiler.passes.norm_cast import LayerNormCast
@@ -42,7 +44,7 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
               EmbeddingGradAdd, LayerNormGradAdd, LayerNormCast, LayerNormGradOutputs, ElementwiseFusion,
               KernelSelection, MemoryPlan,
-              AdamWGradScale, MultiTensorCast, LayerNormResidual, LayerNormResidualLinearAdd):
+              MultiTensorCast, LayerNormResidual, LayerNormResidualLinearAdd):
         registry.register(p.name, p)
 
 
@@ -53,4 +55,4 @@ def blutrain_register_compile_targets(registry: CompileTargetRegistry) -> None:
     registry.register(TARGET.device, TARGET)
 
 
-__all__ = ["DEFAULT_PIPELINE", "blutrain_register_compile_targets", "blutrain_register_passes"]
+__all__ = ["CORE_PIPELINE", "blutrain_register_compile_targets", "blutrain_register_passes"]

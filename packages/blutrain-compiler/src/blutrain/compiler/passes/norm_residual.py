@@ -22,7 +22,7 @@ r (a tensor of the sum's type) and a bfloat16 projection, in one of the two form
   ``linear(x, W, cast(b, bfloat16))``, the bias added in the GEMM's epilogue as the plain op adds it, rounded
   to bf16. That is eager's bits of ``r + proj(h)``, and PyTorch's numerics, but not of ``linear_add``, whose
   product is not rounded to bf16 before the residual is added (one rounding fewer). So that compiled stays
-  eager's bits by default, this form is a pass of its own, outside ``DEFAULT_PIPELINE``: name it in
+  eager's bits by default, this form is a pass of its own, outside the default pipeline: name it in
   ``compile(passes=...)`` (before ``gemm-epilogue``) to trade the bits for the GEMM without the epilogue.
 
 Every other reader of the sum (the next residual add, the LayerNorm's backward, which saves its input) reads

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -100,6 +101,23 @@ class NumpyBackend:
 
     def manual_seed(self, seed: int) -> None:
         self._generator.seed(seed)
+
+    def set_tf32(self, enabled: bool) -> bool:
+        """The CPU has no TF32 mode: float32 GEMMs stay float32."""
+        return False
+
+    def set_deterministic(self, enabled: bool) -> None:
+        """Nothing to choose: the CPU kernels reduce in a fixed order and the embedding backward sorts its ids."""
+
+    def device_name(self, index: int) -> str:
+        return "cpu"  # no peak FLOP/s is listed for it: no MFU
+
+    def max_memory_allocated(self, index: int) -> int | None:
+        return None  # NumPy allocates through malloc, which keeps no peak
+
+    def erf(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        # NumPy has no erf; math.erf is exact to double precision, which the float64 reference needs.
+        return np.vectorize(math.erf, otypes=[np.float64])(array).astype(array.dtype, copy=False)  # type: ignore[no-any-return]
 
 
 # One instance for the process: registries are rebuilt when plugins change, and the generator's

@@ -1,6 +1,7 @@
-"""The global-norm clip's rescale handed to AdamW: a ``scale_multi_tensor`` of gradients that only
-``adamw_multi_tensor`` reads after it goes, and each of those AdamW calls takes the clip coefficient as its
-``grad_scale`` operand.
+"""The compiler pass ``adamw-grad-scale``: the global-norm clip's rescale handed to AdamW: a ``scale_multi_tensor``
+of gradients that only ``adamw_multi_tensor`` reads after it goes, and each of those AdamW calls takes the clip
+coefficient as its ``grad_scale`` operand. The plugin registers it through ``blutrain_register_passes`` to run
+first in the compiler's default pipeline (before ``inplace-aliasing``).
 
 ``blutrain.optim.clip_grad_norm_`` scales every gradient in place by a 0-d device coefficient; the optimizer
 then reads every gradient again: in a GPT-2 124M step the scale alone reads and writes 124 M float32 elements
@@ -33,8 +34,9 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.passes import ModulePass
 from xdsl.rewriter import Rewriter
 
-from blutrain.compiler.dialect import (
+from blutrain.compiler import (
     Operand,
+    Scan,
     ViewOp,
     decode,
     encode,
@@ -42,9 +44,8 @@ from blutrain.compiler.dialect import (
     kernel_name,
     kernel_op_class,
     type_info,
+    written_operands,
 )
-from blutrain.compiler.passes.aliasing import written_operands
-from blutrain.compiler.passes.patterns import Scan
 
 SCALE = "scale_multi_tensor"
 ADAMW = "adamw_multi_tensor"
@@ -137,6 +138,7 @@ def with_grad_scale(adamw: Operation, coef: SSAValue) -> Operation:
 
 class AdamWGradScale(ModulePass):
     name = "adamw-grad-scale"
+    runs_before = "inplace-aliasing"  # first: on the traced step as recorded, before any pass rewrites it
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         scan = Scan(op)
