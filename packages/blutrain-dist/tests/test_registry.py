@@ -8,16 +8,13 @@ import pytest
 
 from blutrain.dist import comm_backends, parallel_modes
 from blutrain.tensor import NotRegisteredError
-from blutrain.tensor import plugins as bt_plugins
+from blutrain.tensor.testing import plugins_blocked
 
 
 @pytest.fixture
-def blocked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(bt_plugins.DISABLE_ENV, "ddp,zero,mpi")
-    bt_plugins.reload()
-    yield
-    monkeypatch.delenv(bt_plugins.DISABLE_ENV)
-    bt_plugins.reload()
+def blocked() -> Iterator[None]:
+    with plugins_blocked("ddp", "zero", "mpi"):
+        yield
 
 
 @pytest.mark.usefixtures("blocked")

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 import blutrain.tensor as bt
-from blutrain.tensor.testing import PackageReadme, second_host_device
+from blutrain.tensor import plugins
+from blutrain.tensor.testing import PackageReadme, plugins_blocked, second_host_device
 
 README_TEXT = """# pkg
 
@@ -60,3 +62,13 @@ def test_the_second_host_device_moves_tensors_and_is_gone_after_the_block() -> N
         assert moved.tolist() == [2.0, 4.0]
     with pytest.raises(bt.BluTrainError):
         bt.device("host2")
+
+
+def test_a_blocked_plugin_is_gone_inside_the_block_and_back_after_it() -> None:
+    assert "cpu-kernels" not in plugins.disabled_plugins()
+    with plugins_blocked("cpu-kernels"):
+        assert "cpu-kernels" in plugins.disabled_plugins()
+        with pytest.raises(bt.KernelNotFoundError):
+            bt.tensor([1.0]) + bt.tensor([2.0])
+    assert "cpu-kernels" not in plugins.disabled_plugins()
+    np.testing.assert_array_equal((bt.tensor([1.0]) + bt.tensor([2.0])).numpy(), [3.0])

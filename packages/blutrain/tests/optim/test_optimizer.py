@@ -35,6 +35,7 @@ from blutrain.tensor import (
 )
 from blutrain.tensor import plugins as bt_plugins
 from blutrain.tensor.plugins import hookimpl
+from blutrain.tensor.testing import plugins_blocked
 
 
 class Halve(Optimizer):
@@ -275,13 +276,10 @@ def test_step_scalars_keep_one_float64_array_per_site_refilled_in_place() -> Non
 
 
 @pytest.fixture
-def without_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def without_plugins() -> Iterator[None]:
     """The project's optimizer plugins blocked, as where only the blutrain facade is installed."""
-    monkeypatch.setenv(bt_plugins.DISABLE_ENV, "adamw,sgd")
-    bt_plugins.reload()
-    yield
-    monkeypatch.delenv(bt_plugins.DISABLE_ENV)
-    bt_plugins.reload()
+    with plugins_blocked("adamw", "sgd"):
+        yield
 
 
 @pytest.mark.usefixtures("without_plugins")
