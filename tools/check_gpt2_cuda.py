@@ -116,8 +116,8 @@ def torch_autocast_step(cfg: object, ref: object, x: np.ndarray, y: np.ndarray,
         return None
     if not torch.cuda.is_available():
         return None
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
-    from gpt2 import torch_reference  # the benchmark's reference model, with BluTrain's parameter names
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the benchmark's modules import as bench.*
+    from bench.gpt2_models import torch_reference  # the benchmark's reference model, BluTrain's parameter names
 
     model = torch_reference(cfg).cuda()
     state = {k: torch.from_numpy(np.asarray(v.numpy(), dtype=np.float32)) for k, v in ref.state_dict().items()}

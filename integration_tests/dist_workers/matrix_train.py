@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -51,11 +52,16 @@ def main() -> int:
     results: dict[str, Any] = {}
     rank = 0
     for spec in specs:
+        started = time.monotonic()
         try:
             results[spec["id"]] = train(spec, out.parent)
             rank = results[spec["id"]]["rank"]
         except Exception:
             results[spec["id"]] = {"error": traceback.format_exc()}
+        # progress on stderr, line by line: a launch stopped from outside still shows how far it got
+        status = "error" if "error" in results[spec["id"]] else "ok"
+        print(f"matrix_train: {spec['id']}: {status} in {time.monotonic() - started:.1f} s", file=sys.stderr,
+              flush=True)
     from blutrain import dist
 
     if dist.is_initialized():
