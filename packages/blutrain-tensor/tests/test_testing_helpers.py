@@ -10,7 +10,7 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain.tensor import plugins
-from blutrain.tensor.testing import PackageReadme, plugins_blocked, second_host_device
+from blutrain.tensor.testing import PackageReadme, plugin_registered, plugins_blocked, second_host_device
 
 README_TEXT = """# pkg
 
@@ -72,3 +72,19 @@ def test_a_blocked_plugin_is_gone_inside_the_block_and_back_after_it() -> None:
             bt.tensor([1.0]) + bt.tensor([2.0])
     assert "cpu-kernels" not in plugins.disabled_plugins()
     np.testing.assert_array_equal((bt.tensor([1.0]) + bt.tensor([2.0])).numpy(), [3.0])
+
+
+class _Doubling:
+    """Multiplication of float32 on cpu that adds one: wins the lookup only while it is registered."""
+
+    @bt.hookimpl
+    def blutrain_register_kernels(self, registry: bt.KernelRegistry) -> None:
+        registry.register("mul", "cpu", "float32", lambda a, b: np.asarray(a * b + 1, dtype=np.float32),
+                          priority=1000)
+
+
+def test_a_registered_plugin_serves_inside_the_block_and_is_gone_after_it_even_when_the_block_raises() -> None:
+    with pytest.raises(RuntimeError, match="inside"), plugin_registered(_Doubling(), "test-doubling"):
+        assert (bt.ones(2) * 2).tolist() == [3.0, 3.0]
+        raise RuntimeError("inside")
+    assert (bt.ones(2) * 2).tolist() == [2.0, 2.0]

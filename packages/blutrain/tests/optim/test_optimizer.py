@@ -33,9 +33,8 @@ from blutrain.tensor import (
     randn,
     tensor,
 )
-from blutrain.tensor import plugins as bt_plugins
 from blutrain.tensor.plugins import hookimpl
-from blutrain.tensor.testing import plugins_blocked
+from blutrain.tensor.testing import plugin_registered, plugins_blocked
 
 
 class Halve(Optimizer):
@@ -114,11 +113,8 @@ def third_party() -> Iterator[str]:
         def blutrain_register_optimizers(self, registry: Any) -> None:
             registry.register("halve", Halve)
 
-    bt_plugins.register(ThirdParty(), "halve-plugin")
-    try:
+    with plugin_registered(ThirdParty(), "halve-plugin"):
         yield "halve"
-    finally:
-        bt_plugins.unregister("halve-plugin")
 
 
 def test_a_third_party_optimizer_registered_at_run_time_is_selectable_by_name(third_party: str) -> None:

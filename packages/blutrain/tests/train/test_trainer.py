@@ -11,8 +11,8 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain.data import write_shard
-from blutrain.tensor import plugins
 from blutrain.tensor.plugins import hookimpl
+from blutrain.tensor.testing import plugin_registered
 from blutrain.train import CheckpointError, ConfigError, TrainConfig, Trainer, load_checkpoint
 
 from .conftest import MakeConfig
@@ -82,14 +82,11 @@ class _SignSGDPlugin:
 
 
 def test_third_party_optimizer_is_selectable_by_name(make_config: MakeConfig, tmp_path: Path) -> None:
-    plugins.register(_SignSGDPlugin(), "signsgd-test")
-    try:
+    with plugin_registered(_SignSGDPlugin(), "signsgd-test"):
         trainer = Trainer(make_config(out=str(tmp_path), optimizer="signsgd", max_steps=2, lr=1e-3))
         assert isinstance(trainer.optimizer, _SignSGD)
         trainer.run()
         assert trainer.optimizer.steps == 2
-    finally:
-        plugins.unregister("signsgd-test")
 
 
 def test_unknown_optimizer_lists_the_installed_ones(make_config: MakeConfig, tmp_path: Path) -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from blutrain.tensor import plugins
 from blutrain.tensor.backend import BackendRegistry
 from blutrain.tensor.cpu.backend import NumpyBackend
 from blutrain.tensor.cpu.kernels import TABLE, kernel_for
 from blutrain.tensor.device import Device, device
 from blutrain.tensor.kernel import KernelRegistry
 from blutrain.tensor.plugins import hookimpl
+from blutrain.tensor.testing.plugins import plugin_registered
 
 SECOND_HOST = "host2"
 
@@ -42,9 +42,5 @@ class _SecondHostPlugin:
 @contextmanager
 def second_host_device() -> Iterator[Device]:
     """Registers the "host2" device (NumPy under another name) for the ``with`` block and yields it."""
-    plugin_name = f"test-{SECOND_HOST}"
-    plugins.register(_SecondHostPlugin(), plugin_name)
-    try:
+    with plugin_registered(_SecondHostPlugin(), f"test-{SECOND_HOST}"):
         yield device(SECOND_HOST)
-    finally:
-        plugins.unregister(plugin_name)

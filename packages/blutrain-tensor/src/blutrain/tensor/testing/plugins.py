@@ -1,5 +1,6 @@
-"""Plugins blocked for a ``with`` block, as ``BLUTRAIN_DISABLE_PLUGINS`` blocks them for a process: for the tests of
-what a user sees where a plugin is not installed."""
+"""Plugins for the length of a ``with`` block: one registered at run time (a test's own hook implementations), or
+some blocked as ``BLUTRAIN_DISABLE_PLUGINS`` blocks them for a process (what a user sees where they are not
+installed). Either way the registries are rebuilt on entry and on exit, so none outlives the block."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from blutrain.tensor import plugins
+
+
+@contextmanager
+def plugin_registered(plugin: object, name: str) -> Iterator[None]:
+    """Registers ``plugin`` under ``name`` (:func:`blutrain.tensor.plugins.register`) for the block and unregisters
+    it after, also when the block raises."""
+    plugins.register(plugin, name)
+    try:
+        yield
+    finally:
+        plugins.unregister(name)
 
 
 @contextmanager
