@@ -68,7 +68,8 @@ from blutrain.train.throughput import Throughput
 
 
 def resolve_device(name: str) -> str:
-    """``auto`` → cuda when a CUDA backend is installed and sees a GPU, else cpu. A named device must be
+    """``auto`` → the first available accelerator (``blutrain.tensor.default_device``: cuda where a CUDA backend
+    is installed and sees a GPU), else cpu. A named device must be
     usable here: an installed backend that cannot run (no GPU, no CuPy) is a ConfigError saying why."""
     if name != "auto":
         try:
@@ -82,10 +83,7 @@ def resolve_device(name: str) -> str:
                 raise ConfigError(f"device {name!r} cannot be used here: {exc}; or train with --device cpu") from None
             raise ConfigError(f"device {name!r}: its backend reports no available device; train with --device cpu")
         return name
-    registry = bt.backends()
-    if "cuda" in registry and registry.get("cuda").is_available():
-        return "cuda"
-    return "cpu"
+    return bt.default_device()
 
 
 @dataclass
@@ -301,11 +299,11 @@ class Trainer:
         if dist.is_initialized():
             return dist.get_process_group()
         env = dist.detect()
-        if self.device == "cuda" and env.world_size > 1:
-            self.device = f"cuda:{env.local_rank}"
+        if env.world_size > 1 and ":" not in self.device and bt.backends().get(self.device).accelerator:
+            self.device = f"{self.device}:{env.local_rank}"  # each rank its own device
         backend = self.cfg.dist_backend
         if backend == "auto":
-            backend = "nccl" if self.device.startswith("cuda") else "mpi"
+            backend = dist.default_comm_backend(self.device)
         return dist.init_process_group(backend)
 
     def _parallel_modes(self) -> list[ParallelMode]:
