@@ -162,15 +162,19 @@ class Trainer:
         self.rank: int = self.group.rank if self.group is not None else 0
         self.world: int = self.group.size if self.group is not None else 1
         self.mesh: Any = None
-        # the data-parallel rank and size: ranks that differ only along the mesh's other dimensions train on the
-        # same rows
+        # the data-parallel rank and size: over the mesh dimensions whose modes split the batch (splits_batch);
+        # ranks that differ only along the others train on the same rows
         self.dp_rank, self.dp_size = self.rank, self.world
         if self.plan is not None and self.plan.mesh:
-            from blutrain.dist import DeviceMesh
+            from blutrain.dist import DeviceMesh, parallel_modes
 
             self.mesh = DeviceMesh(self.group, self.plan.mesh)
-            has_dp = "dp" in self.plan.mesh
-            self.dp_rank, self.dp_size = (self.mesh.local_rank("dp"), self.mesh.size("dp")) if has_dp else (0, 1)
+            on_dim = {cls.dim: cls for cls in (parallel_modes().get(name) for name, _, _ in self.plan.modes)}
+            self.dp_rank, self.dp_size = 0, 1
+            for dim in self.plan.mesh:  # outermost first
+                if on_dim[dim].splits_batch:
+                    self.dp_rank = self.dp_rank * self.mesh.size(dim) + self.mesh.local_rank(dim)
+                    self.dp_size *= self.mesh.size(dim)
         self.stream = (stream or sys.stdout) if self.rank == 0 else open(os.devnull, "w")  # noqa: SIM115
         # the run directory: checked before anything is built; created (and with --overwrite emptied) by run()
         self.default_out = not cfg.out
