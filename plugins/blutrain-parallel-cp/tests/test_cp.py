@@ -83,6 +83,7 @@ def test_cp_declares_its_own_loss_rewritten_layers_and_whole_state() -> None:
         "cp", True, True, 1, {"attn": "attn"})
     assert CP.shards_loss and CP.rewrites_layers
     assert not (CP.shards_gradients or CP.shards_state)
+    assert not CP.splits_batch  # cp ranks read the same rows (each its part of the sequence)
     assert CP.sequence_multiple(4) == 8  # two chunks of every sequence per rank
     with pytest.raises(DistArgumentError, match="CP: attn must be one of ring, allgather, ulysses, got 'star'"):
         CP.check_options(attn="star")

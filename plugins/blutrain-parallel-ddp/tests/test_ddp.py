@@ -88,6 +88,7 @@ def test_ddp_declares_the_mesh_form_along_dp_and_shards_nothing() -> None:
     assert (DDP.dim, DDP.compiles, DDP.on_mesh, DDP.mesh_order) == ("dp", True, True, 0)
     assert dict(DDP.mesh_options) == {"grad_dtype": "grad_dtype"}
     assert not (DDP.shards_loss or DDP.rewrites_layers or DDP.shards_gradients or DDP.shards_state)
+    assert DDP.splits_batch  # the trainer gives each replica its own rows
 
 
 def test_the_modes_no_sync_suspends_the_wrapped_models_averaging(group_of_one: ProcessGroup) -> None:

@@ -148,6 +148,7 @@ def test_tp_declares_every_capability_the_trainer_reads() -> None:
     assert (TP.dim, TP.compiles, TP.on_mesh, TP.mesh_order, dict(TP.mesh_options)) == (
         "tp", True, True, 2, {"async": "async_chunks"})
     assert TP.shards_loss and TP.rewrites_layers and TP.shards_gradients and TP.shards_state
+    assert not TP.splits_batch  # tp ranks read the same rows
     with pytest.raises(DistArgumentError, match="TP: async_chunks must be an int >= 1"):
         TP.check_options(async_chunks=-1)
     TP.check_options(async_chunks=0)  # synchronous

@@ -92,6 +92,7 @@ def test_the_optimizer_is_wrapped_after_the_model(group_of_one: ProcessGroup) ->
 
 def test_zero_declares_sharded_gradients_and_state_and_no_mesh_form() -> None:
     assert (ZeRO.dim, ZeRO.compiles, ZeRO.shards_gradients, ZeRO.shards_state) == ("dp", True, True, True)
+    assert ZeRO.splits_batch
     assert not (ZeRO.on_mesh or ZeRO.shards_loss or ZeRO.rewrites_layers)
     with pytest.raises(DistArgumentError, match="ZeRO: stage must be 1, 2 or 3, got 4"):
         ZeRO.check_options(4)
