@@ -15,20 +15,19 @@ import pytest
 if TYPE_CHECKING:
     from blutrain.dist.process_group import ProcessGroup
 
-# the backend that can make a group of one process on any machine (an MPI singleton needs no launcher and no GPU)
-BACKEND = "mpi"
-
 
 @pytest.fixture(scope="module")
 def group_of_one() -> Iterator[ProcessGroup]:
-    """This process alone as a process group (rank 0 of 1) of the "mpi" communication backend, destroyed after the
-    test module; skips the test where that backend is not installed."""
+    """This process alone as a process group (rank 0 of 1) of the communication backend the host device declares
+    (``default_comm_backend("cpu")``: it needs no launcher and no GPU), destroyed after the test module; skips the
+    test where that backend is not installed."""
+    from blutrain.dist.group import default_comm_backend
     from blutrain.dist.registry import comm_backends
 
-    backends = comm_backends()
-    if BACKEND not in backends:
-        pytest.skip(f"needs the {BACKEND!r} communication backend (install blutrain-comm-mpi)")
-    group: ProcessGroup = backends.get(BACKEND)(rank=0, world_size=1, store=None, timeout=30.0)
+    name, backends = default_comm_backend("cpu"), comm_backends()
+    if name not in backends:
+        pytest.skip(f"needs the host's communication backend {name!r}, which is not installed")
+    group: ProcessGroup = backends.get(name)(rank=0, world_size=1, store=None, timeout=30.0)
     try:
         yield group
     finally:
