@@ -28,6 +28,7 @@ import pytest
 from doc_blocks import DOCS, ROOT, Block, read_blocks
 
 from blutrain.tensor import plugins
+from blutrain.tensor.testing import plugin_registered
 
 GUIDES = ("user-guide.md", "plugin-guide.md", "architecture.md")
 RUNNABLE = ("python", "bash", "toml")
@@ -103,14 +104,11 @@ def test_plugin_module_block_imports_and_registers(block: Block) -> None:
     hooks = {k: v for k, v in namespace.items() if k.startswith("blutrain_") and callable(v)}
     assert hooks, f"{block.id} defines no hook function"
     name = f"docs-{Path(block.arg).parent.name}"
-    plugins.register(SimpleNamespace(**hooks), name)
-    try:
+    with plugin_registered(SimpleNamespace(**hooks), name):
         from blutrain.cli.plugins_command import collect
 
         (found,) = [p for p in collect() if p["name"] == name]
         assert found["hooks"] == sorted(hooks) and all(found["registered"].get(h) for h in hooks), found
-    finally:
-        plugins.unregister(name)
 
 
 def test_the_plugin_guide_gives_the_contract_of_every_hook_specification() -> None:

@@ -348,8 +348,10 @@ def test_checker_catches_a_use_of_the_dispatch_table() -> None:
 # -- the trainer reads declared capabilities (ARCHITECTURE.md §2: "Contracts, not internals") ----------------------
 
 TRAIN = PACKAGES / "blutrain" / "src" / "blutrain" / "train"
-# the names the project's own plugins register: the trainer must work the same with any other mode or optimizer
-BUILT_IN_NAMES = frozenset({"ddp", "zero", "tp", "cp", "adamw", "sgd"})
+# the names the project's own plugins register: the trainer must work the same with any other mode, optimizer,
+# device backend or comm backend (the device and comm backends declare what the trainer asks: accelerator,
+# comm_backend)
+BUILT_IN_NAMES = frozenset({"ddp", "zero", "tp", "cp", "adamw", "sgd", "cuda", "nccl", "mpi"})
 BACKEND_LIBRARIES = ("cupy", "cupyx", "blutrain_backend_cupy", "blutrain.kernels.cuda")
 
 
@@ -407,6 +409,8 @@ def test_capability_checker_catches_probes_names_and_backend_imports() -> None:
     assert len(_capability_violations("f = getattr(model, 'no_sync', None)\n")) == 1
     assert _capability_violations("f = getattr(cfg, name)\n") == []  # reading a known field by name
     assert _capability_violations("tp = 'tp' in plan.mesh\n") == ["1: names the built-in plugin 'tp'"]
+    assert sorted(_capability_violations("b = 'nccl' if device == 'cuda' else 'mpi'\n")) == [
+        f"1: names the built-in plugin {name!r}" for name in ("cuda", "mpi", "nccl")]
     assert len(_capability_violations("extra = {'betas': (0.9, 0.95)} if name == 'adamw' else {}\n")) == 1
     assert len(_capability_violations("from blutrain.kernels import cuda\n")) == 1
     assert len(_capability_violations("def f():\n    import cupy\n")) == 1

@@ -5,23 +5,14 @@ test_plugin_matrix.py (llama-cpu-*-tp2-*, llama-cpu-*-cp2-*)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 import blutrain.tensor as bt
-from blutrain.dist import parallel_modes
+from blutrain.dist import ProcessGroup, parallel_modes
 from blutrain.models import model_spec
-from blutrain_comm_mpi import create_group
-
-
-@pytest.fixture(scope="module")
-def group() -> Iterator[Any]:
-    g = create_group(rank=0, world_size=1, store=None, timeout=30.0)
-    yield g
-    g.destroy()
 
 
 def tiny(tied: bool) -> Any:
@@ -41,12 +32,12 @@ def grads_and_outputs(model: Any, wrapped: Any) -> tuple[np.ndarray, float, dict
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize(("mode", "options"), [("tp", {}), ("tp", {"async_chunks": 2}), ("cp", {"attn": "ring"}),
                                                ("cp", {"attn": "allgather"}), ("cp", {"attn": "ulysses"})])
-def test_the_mode_applied_to_llama_equals_the_plain_model(group: Any, tied: bool, mode: str,
+def test_the_mode_applied_to_llama_equals_the_plain_model(group_of_one: ProcessGroup, tied: bool, mode: str,
                                                           options: dict[str, Any]) -> None:
     ref = tiny(tied)
     want = grads_and_outputs(ref, ref)
     model = tiny(tied)
-    wrapped = parallel_modes().get(mode)(group, **options).wrap_model(model)
+    wrapped = parallel_modes().get(mode)(group_of_one, **options).wrap_model(model)
     got = grads_and_outputs(model, wrapped)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6)

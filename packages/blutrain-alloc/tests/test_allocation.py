@@ -209,8 +209,9 @@ def test_dropping_the_allocator_returns_every_segment_to_the_provider() -> None:
     assert provider.used_bytes == 0
 
 
-def test_allocated_memory_is_writable_over_the_whole_request() -> None:
-    allocator, _ = new_allocator()
+@pytest.mark.parametrize("expandable", [False, True], ids=["fixed-segments", "expandable-segments"])
+def test_allocated_memory_is_writable_over_the_whole_request(expandable: bool) -> None:
+    allocator = CachingAllocator(HostProvider(), expandable_segments=expandable)
     sizes = [3000, 700 * KiB, 5 * MiB]
     ptrs = [allocator.malloc(s) for s in sizes]
     for i, (ptr, size) in enumerate(zip(ptrs, sizes, strict=True)):

@@ -195,16 +195,6 @@ def test_a_growth_below_the_peak_keeps_holes_mapped_and_one_past_it_unmaps_them_
     assert (stats.reserved_bytes, stats.reserved_bytes_peak, provider.mapped_bytes) == (12 * MiB, 12 * MiB, 12 * MiB)
 
 
-def test_mapped_memory_is_writable_and_reads_back() -> None:
-    allocator, _ = new_allocator()
-    sizes = [3000, 700 * KiB, 5 * MiB]
-    ptrs = [allocator.malloc(s) for s in sizes]
-    for i, (ptr, size) in enumerate(zip(ptrs, sizes, strict=True)):
-        ctypes.memset(ptr, i + 1, size)
-    for i, (ptr, size) in enumerate(zip(ptrs, sizes, strict=True)):
-        assert ctypes.string_at(ptr, size) == bytes([i + 1]) * size
-
-
 def test_statistics_count_mapped_bytes_as_reserved_and_each_map_and_unmap() -> None:
     allocator, _ = new_allocator()
     allocator.trace_capacity = 100

@@ -188,22 +188,25 @@ def _index_select(data: st.DataObject, rng: np.random.Generator) -> Drawn:
     return [rng.standard_normal(shape)], lambda x: bt.index_select(x, d, idx)
 
 
-@case("gather")
-def _gather(data: st.DataObject, rng: np.random.Generator) -> Drawn:
+def _index_along_a_dim(data: st.DataObject, rng: np.random.Generator) -> tuple[tuple[int, ...], int, bt.Tensor]:
+    """(shape, dim d, index): an index of the shape's rank, any length along d and the shape's size elsewhere, with
+    values in range along d (what gather reads and scatter_add writes through)."""
     shape = data.draw(shapes(1, 3))
     d = data.draw(st.integers(0, len(shape) - 1))
     ishape = tuple(data.draw(st.integers(1, 4)) if i == d else s for i, s in enumerate(shape))
-    idx = bt.tensor(rng.integers(0, shape[d], size=ishape))
+    return shape, d, bt.tensor(rng.integers(0, shape[d], size=ishape))
+
+
+@case("gather")
+def _gather(data: st.DataObject, rng: np.random.Generator) -> Drawn:
+    shape, d, idx = _index_along_a_dim(data, rng)
     return [rng.standard_normal(shape)], lambda x: bt.gather(x, d, idx)
 
 
 @case("scatter_add")
 def _scatter_add(data: st.DataObject, rng: np.random.Generator) -> Drawn:
-    shape = data.draw(shapes(1, 3))
-    d = data.draw(st.integers(0, len(shape) - 1))
-    ishape = tuple(data.draw(st.integers(1, 4)) if i == d else s for i, s in enumerate(shape))
-    idx = bt.tensor(rng.integers(0, shape[d], size=ishape))
-    return [rng.standard_normal(shape), rng.standard_normal(ishape)], lambda x, s: bt.scatter_add(x, d, idx, s)
+    shape, d, idx = _index_along_a_dim(data, rng)
+    return [rng.standard_normal(shape), rng.standard_normal(idx.shape)], lambda x, s: bt.scatter_add(x, d, idx, s)
 
 
 @case("index_add")

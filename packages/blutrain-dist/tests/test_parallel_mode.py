@@ -24,7 +24,8 @@ class Plain(ParallelMode):
 
 
 def test_a_mode_changes_nothing_it_does_not_declare() -> None:
-    flags = ("compiles", "on_mesh", "shards_loss", "rewrites_layers", "shards_gradients", "shards_state")
+    flags = ("compiles", "on_mesh", "splits_batch", "shards_loss", "rewrites_layers", "shards_gradients",
+             "shards_state")
     assert [getattr(Plain, flag) for flag in flags] == [False] * len(flags)
     assert Plain.mesh_order == 0 and dict(Plain.mesh_options) == {}
     assert Plain.sequence_multiple(8) == 1

@@ -8,16 +8,13 @@ import pytest
 
 from blutrain.dist import comm_backends, parallel_modes
 from blutrain.tensor import NotRegisteredError
-from blutrain.tensor import plugins as bt_plugins
+from blutrain.tensor.testing import plugins_blocked
 
 
 @pytest.fixture
-def blocked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(bt_plugins.DISABLE_ENV, "ddp,zero,mpi")
-    bt_plugins.reload()
-    yield
-    monkeypatch.delenv(bt_plugins.DISABLE_ENV)
-    bt_plugins.reload()
+def blocked() -> Iterator[None]:
+    with plugins_blocked("ddp", "zero", "mpi"):
+        yield
 
 
 @pytest.mark.usefixtures("blocked")
@@ -37,3 +34,12 @@ def test_a_name_no_project_plugin_has_gets_no_install_hint() -> None:
     with pytest.raises(NotRegisteredError) as caught:
         parallel_modes().get("fsdp9")
     assert "install" not in str(caught.value).split("installed:", 1)[1]
+
+
+def test_a_devices_default_comm_backend_is_what_its_backend_declares() -> None:
+    from blutrain.dist import DistArgumentError, default_comm_backend
+
+    assert default_comm_backend("cpu") == "mpi"
+    assert default_comm_backend("cpu:0") == "mpi"
+    with pytest.raises(DistArgumentError, match="no device type 'tpu'"):
+        default_comm_backend("tpu:3")

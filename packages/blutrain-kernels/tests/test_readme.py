@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import blutrain.kernels as package
+from blutrain.tensor.testing import PackageReadme
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+README = PackageReadme.of_tests(__file__)
 
 
 def test_readme_example_runs() -> None:
-    (code,) = re.findall(r"```python\n(.*?)```", README, flags=re.S)
-    exec(compile(code, "README.md", "exec"), {})
+    README.run_the_example()
 
 
 def test_readme_public_api_section_lists_every_exported_name() -> None:
-    section = README.split("## Public API", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)", section))
-    assert sorted(set(package.__all__) - listed) == []
+    assert README.unlisted_exports(package) == []

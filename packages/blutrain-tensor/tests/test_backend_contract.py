@@ -63,3 +63,26 @@ def test_a_backend_lacking_a_declared_member_is_refused_naming_it() -> None:
     with pytest.raises(PluginError, match=r"backend 'noerf' lacks set_tf32, set_deterministic, erf of the "
                                           r"blutrain.tensor.Backend protocol"):
         registry.register(_NoErf())  # type: ignore[arg-type]
+
+
+def test_the_default_device_is_the_first_available_accelerator_else_the_host() -> None:
+    """The CPU backend declares itself no accelerator; where no accelerator backend is available (this machine has no
+    GPU, or the CUDA backend is not installed) ``--device auto`` is the host."""
+    registry = bt.backends()
+    cpu = registry.get("cpu")
+    assert cpu.accelerator is False and cpu.comm_backend == "mpi"
+    accelerators = [n for n in registry.names() if registry.get(n).accelerator and registry.get(n).is_available()]
+    assert bt.default_device() == (accelerators[0] if accelerators else "cpu")
+
+
+def test_a_backend_lacking_the_device_declarations_is_refused_naming_them() -> None:
+    class NoDeclarations(NumpyBackend):
+        name = "nodecl"
+
+        def __getattribute__(self, name: str) -> Any:
+            if name in ("accelerator", "comm_backend"):
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    with pytest.raises(PluginError, match=r"backend 'nodecl' lacks accelerator, comm_backend of the"):
+        BackendRegistry().register(NoDeclarations())  # type: ignore[arg-type]

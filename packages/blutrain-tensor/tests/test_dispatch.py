@@ -13,6 +13,7 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain.tensor import PluginError, dispatch, plugins
+from blutrain.tensor.testing import plugin_registered
 
 
 class _Override:
@@ -29,11 +30,8 @@ class _Override:
 
 @pytest.fixture
 def override() -> Iterator[None]:
-    plugins.register(_Override(priority=10), "test-override")
-    try:
+    with plugin_registered(_Override(priority=10), "test-override"):
         yield
-    finally:
-        plugins.unregister("test-override")
 
 
 def test_a_higher_priority_kernel_replaces_one_op_on_one_device_and_dtype(override: None) -> None:
@@ -52,13 +50,9 @@ def test_unregistering_the_plugin_restores_the_built_in_kernel(override: None) -
 
 
 def test_two_plugins_with_the_same_priority_for_one_kernel_is_an_error_naming_both() -> None:
-    plugins.register(_Override(priority=0), "test-tie")
-    try:
-        with pytest.raises(PluginError, match=r"kernel 'mul' for cpu/float32 registered by blutrain-tensor .* and "
-                                              r"by test-tie with the same priority 0"):
-            bt.ones(1) * 2
-    finally:
-        plugins.unregister("test-tie")
+    tie = r"kernel 'mul' for cpu/float32 registered by blutrain-tensor .* and by test-tie with the same priority 0"
+    with plugin_registered(_Override(priority=0), "test-tie"), pytest.raises(PluginError, match=tie):
+        bt.ones(1) * 2
 
 
 def test_ops_call_no_plugin_hook_once_the_registries_are_filled(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,7 @@ import pytest
 from blutrain.tensor import plugins
 from blutrain.tensor.errors import PluginError
 from blutrain.tensor.plugins import hookimpl
+from blutrain.tensor.testing import plugin_registered
 
 
 class _Optional:
@@ -23,11 +24,8 @@ class _Unmarked:
 
 
 def test_an_optional_hook_of_no_installed_package_is_accepted() -> None:
-    plugins.register(_Optional(), "optional-widgets")
-    try:
+    with plugin_registered(_Optional(), "optional-widgets"):
         assert "optional-widgets" in {info.name for info in plugins.plugin_infos()}
-    finally:
-        plugins.unregister("optional-widgets")
 
 
 def test_the_same_hook_unmarked_is_refused_as_a_misspelling() -> None:

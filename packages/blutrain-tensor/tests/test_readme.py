@@ -1,30 +1,24 @@
-"""The README's example runs as printed, and its API section names everything ``__all__`` exports."""
+"""The README's examples run as printed, and its API section names everything ``__all__`` exports."""
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import pytest
 
 import blutrain.tensor as package
+import blutrain.tensor.testing
+from blutrain.tensor.testing import PackageReadme
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
-
-
-EXAMPLES = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+README = PackageReadme.of_tests(__file__)
 
 
 def test_readme_has_examples() -> None:
-    assert len(EXAMPLES) >= 2
+    assert len(README.examples) >= 2
 
 
-@pytest.mark.parametrize("code", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
+@pytest.mark.parametrize("code", README.examples, ids=[f"example{i}" for i in range(len(README.examples))])
 def test_readme_example_runs(code: str) -> None:
-    exec(compile(code, "README.md", "exec"), {})
+    README.run(code)
 
 
 def test_readme_public_api_section_lists_every_exported_name() -> None:
-    section = README.split("## Public API", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)", section))
-    assert sorted(set(package.__all__) - listed) == []
+    assert README.unlisted_exports(package, blutrain.tensor.testing) == []

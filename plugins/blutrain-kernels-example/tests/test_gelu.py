@@ -38,18 +38,14 @@ def test_the_plugin_kernel_wins_gelu_on_both_devices_for_every_floating_dtype(de
     assert entry.priority == PRIORITY
 
 
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.cuda,
+                                pytest.mark.skipif(not _cuda_available(), reason="needs an NVIDIA GPU and CuPy")]),
+])
 @pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
-def test_the_cpu_kernel_passes_the_conformance_suite(dtype: bt.DType) -> None:
-    result = check_case(get_op(OP), dtype, bt.device("cpu"), examples=40)
-    assert result.provider == "kernels-example"
-    assert result.status == "passed", f"{result.message}\n{result.sample}"
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not _cuda_available(), reason="needs an NVIDIA GPU and CuPy")
-@pytest.mark.parametrize("dtype", FLOATS, ids=IDS)
-def test_the_cuda_kernel_passes_the_conformance_suite(dtype: bt.DType) -> None:
-    result = check_case(get_op(OP), dtype, bt.device("cuda"), examples=40)
+def test_the_kernel_passes_the_conformance_suite(device: str, dtype: bt.DType) -> None:
+    result = check_case(get_op(OP), dtype, bt.device(device), examples=40)
     assert result.provider == "kernels-example"
     assert result.status == "passed", f"{result.message}\n{result.sample}"
 

@@ -8,17 +8,9 @@ import numpy as np
 import pytest
 
 import blutrain.tensor as bt
-from blutrain.dist import DistArgumentError, parallel_modes
+from blutrain.dist import DistArgumentError, ProcessGroup, parallel_modes
 from blutrain.models import GPT2, GPT2Config
-from blutrain_comm_mpi import create_group
 from blutrain_parallel_cp import CP, ChunkLayout, ContextParallelModel
-
-
-@pytest.fixture(scope="module")
-def group():  # type: ignore[no-untyped-def]
-    g = create_group(rank=0, world_size=1, store=None, timeout=30.0)
-    yield g
-    g.destroy()
 
 
 def tiny() -> GPT2:
@@ -58,7 +50,7 @@ def test_a_sequence_that_does_not_split_in_two_chunks_per_rank_is_an_error() -> 
 
 
 @pytest.mark.parametrize("attn", ["ring", "allgather", "ulysses"])
-def test_each_attention_in_a_group_of_one_equals_gpt2(group, attn: str) -> None:  # type: ignore[no-untyped-def]
+def test_each_attention_in_a_group_of_one_equals_gpt2(group_of_one: ProcessGroup, attn: str) -> None:
     tokens = np.random.default_rng(0).integers(0, 256, (2, 9))
     x, y = bt.tensor(tokens[:, :-1]), bt.tensor(tokens[:, 1:])
     ref = tiny()
@@ -66,7 +58,7 @@ def test_each_attention_in_a_group_of_one_equals_gpt2(group, attn: str) -> None:
     assert ref_loss is not None
     ref_loss.backward()
     model = tiny()
-    _, loss = CP(group, attn=attn).wrap_model(model)(x, y)
+    _, loss = CP(group_of_one, attn=attn).wrap_model(model)(x, y)
     assert loss is not None
     loss.backward()
     np.testing.assert_allclose(loss.item(), ref_loss.item(), rtol=1e-6)
@@ -75,13 +67,13 @@ def test_each_attention_in_a_group_of_one_equals_gpt2(group, attn: str) -> None:
         np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_an_unknown_attention_is_an_error_naming_the_choices(group) -> None:  # type: ignore[no-untyped-def]
+def test_an_unknown_attention_is_an_error_naming_the_choices(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistArgumentError, match="attn must be one of ring, allgather, ulysses, got 'flash'"):
-        CP(group, attn="flash")
+        CP(group_of_one, attn="flash")
 
 
-def test_a_sequence_length_that_does_not_split_is_named_at_forward(group) -> None:  # type: ignore[no-untyped-def]
-    model = ContextParallelModel(tiny(), group)
+def test_a_sequence_length_that_does_not_split_is_named_at_forward(group_of_one: ProcessGroup) -> None:
+    model = ContextParallelModel(tiny(), group_of_one)
     with pytest.raises(DistArgumentError, match="sequence length 7 must be a multiple of 2·cp = 2"):
         model(bt.zeros(1, 7, dtype="int64"))
 
@@ -91,6 +83,7 @@ def test_cp_declares_its_own_loss_rewritten_layers_and_whole_state() -> None:
         "cp", True, True, 1, {"attn": "attn"})
     assert CP.shards_loss and CP.rewrites_layers
     assert not (CP.shards_gradients or CP.shards_state)
+    assert not CP.splits_batch  # cp ranks read the same rows (each its part of the sequence)
     assert CP.sequence_multiple(4) == 8  # two chunks of every sequence per rank
     with pytest.raises(DistArgumentError, match="CP: attn must be one of ring, allgather, ulysses, got 'star'"):
         CP.check_options(attn="star")

@@ -9,16 +9,8 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain import nn
-from blutrain.dist import DistArgumentError, DistError, parallel_modes
-from blutrain_comm_mpi import create_group
+from blutrain.dist import DistArgumentError, DistError, ProcessGroup, parallel_modes
 from blutrain_parallel_ddp import DDP, DistributedDataParallel
-
-
-@pytest.fixture(scope="module")
-def group():  # type: ignore[no-untyped-def]
-    g = create_group(rank=0, world_size=1, store=None, timeout=30.0)
-    yield g
-    g.destroy()
 
 
 def mlp() -> nn.Module:
@@ -30,9 +22,9 @@ def test_the_plugin_registers_ddp() -> None:
     assert parallel_modes().get("ddp") is DDP
 
 
-def test_buckets_follow_reverse_parameter_order_and_the_size_cap(group) -> None:  # type: ignore[no-untyped-def]
+def test_buckets_follow_reverse_parameter_order_and_the_size_cap(group_of_one: ProcessGroup) -> None:
     model = mlp()
-    ddp = DistributedDataParallel(model, group, bucket_cap_mb=(16 * 16 * 4) / 2**20)
+    ddp = DistributedDataParallel(model, group_of_one, bucket_cap_mb=(16 * 16 * 4) / 2**20)
     names = [n for b in ddp.buckets for n in b.names]
     assert names == [n for n, _ in reversed(list(model.named_parameters()))]
     assert len(ddp.buckets) > 1
@@ -40,12 +32,12 @@ def test_buckets_follow_reverse_parameter_order_and_the_size_cap(group) -> None:
         assert sum(p.numel() for p in b.params) * 4 >= 16 * 16 * 4
 
 
-def test_gradients_equal_the_unwrapped_model_and_accumulate_under_no_sync(group) -> None:  # type: ignore[no-untyped-def]
+def test_gradients_equal_the_unwrapped_model_and_accumulate_under_no_sync(group_of_one: ProcessGroup) -> None:
     x = bt.tensor(np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32))
     ref = mlp()
     (ref(x).sum() * 2).backward()
     model = mlp()
-    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.001)
+    ddp = DistributedDataParallel(model, group_of_one, bucket_cap_mb=0.001)
     with ddp.no_sync():
         ddp(x).sum().backward()
     ddp(x).sum().backward()
@@ -54,9 +46,9 @@ def test_gradients_equal_the_unwrapped_model_and_accumulate_under_no_sync(group)
         np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-6, err_msg=name)
 
 
-def test_a_parameter_without_gradient_is_named_at_the_next_forward(group) -> None:  # type: ignore[no-untyped-def]
+def test_a_parameter_without_gradient_is_named_at_the_next_forward(group_of_one: ProcessGroup) -> None:
     model = mlp()
-    ddp = DistributedDataParallel(model, group)
+    ddp = DistributedDataParallel(model, group_of_one)
     x = bt.ones(2, 8)
     hidden = model[1](model[0](x))  # the last layer takes no part
     hidden.sum().backward()
@@ -64,18 +56,18 @@ def test_a_parameter_without_gradient_is_named_at_the_next_forward(group) -> Non
         ddp(x)
 
 
-def test_bucket_cap_must_be_positive(group) -> None:  # type: ignore[no-untyped-def]
+def test_bucket_cap_must_be_positive(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistError, match="bucket_cap_mb must be a number > 0, got 0"):
-        DistributedDataParallel(mlp(), group, bucket_cap_mb=0)
+        DistributedDataParallel(mlp(), group_of_one, bucket_cap_mb=0)
 
 
-def test_bf16_gradient_averages_widen_back_into_float32_gradients(group) -> None:  # type: ignore[no-untyped-def]
+def test_bf16_gradient_averages_widen_back_into_float32_gradients(group_of_one: ProcessGroup) -> None:
     """In a group of one the average is the gradient itself: what comes back is its bf16 rounding, in float32."""
     x = bt.tensor(np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32))
     ref = mlp()
     ref(x).sum().backward()
     model = mlp()
-    ddp = DistributedDataParallel(model, group, bucket_cap_mb=0.001, grad_dtype="bf16")
+    ddp = DistributedDataParallel(model, group_of_one, bucket_cap_mb=0.001, grad_dtype="bf16")
     ddp(x).sum().backward()
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert p.grad is not None and q.grad is not None and p.grad.dtype is bt.float32
@@ -84,22 +76,23 @@ def test_bf16_gradient_averages_widen_back_into_float32_gradients(group) -> None
     assert "grad_dtype=bfloat16" in repr(ddp)
 
 
-def test_an_unknown_gradient_dtype_is_refused_naming_the_choices(group) -> None:  # type: ignore[no-untyped-def]
+def test_an_unknown_gradient_dtype_is_refused_naming_the_choices(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistError, match="grad_dtype must be one of bf16, bfloat16, fp16, float16, fp32, float32, "
                                         "got 'int8'"):
-        DistributedDataParallel(mlp(), group, grad_dtype="int8")
+        DistributedDataParallel(mlp(), group_of_one, grad_dtype="int8")
     with pytest.raises(DistError, match="ddp: grad_dtype must be one of"):
-        DDP(group, grad_dtype="half")
+        DDP(group_of_one, grad_dtype="half")
 
 
 def test_ddp_declares_the_mesh_form_along_dp_and_shards_nothing() -> None:
     assert (DDP.dim, DDP.compiles, DDP.on_mesh, DDP.mesh_order) == ("dp", True, True, 0)
     assert dict(DDP.mesh_options) == {"grad_dtype": "grad_dtype"}
     assert not (DDP.shards_loss or DDP.rewrites_layers or DDP.shards_gradients or DDP.shards_state)
+    assert DDP.splits_batch  # the trainer gives each replica its own rows
 
 
-def test_the_modes_no_sync_suspends_the_wrapped_models_averaging(group) -> None:  # type: ignore[no-untyped-def]
-    mode = DDP(group)
+def test_the_modes_no_sync_suspends_the_wrapped_models_averaging(group_of_one: ProcessGroup) -> None:
+    mode = DDP(group_of_one)
     with mode.no_sync():  # before wrap_model: nothing to suspend
         pass
     model = mode.wrap_model(mlp())

@@ -10,17 +10,9 @@ import pytest
 import blutrain.tensor as bt
 from blutrain import nn
 from blutrain import optim as bt_optim
-from blutrain.dist import DistArgumentError, parallel_modes
+from blutrain.dist import DistArgumentError, ProcessGroup, parallel_modes
 from blutrain.models import GPT2, GPT2Config
-from blutrain_comm_mpi import create_group
 from blutrain_parallel_tp import TP, Shard, TensorParallelModel, slice_shard, vocab_parallel_cross_entropy
-
-
-@pytest.fixture(scope="module")
-def group():  # type: ignore[no-untyped-def]
-    g = create_group(rank=0, world_size=1, store=None, timeout=30.0)
-    yield g
-    g.destroy()
 
 
 def tiny() -> GPT2:
@@ -49,7 +41,7 @@ def test_a_shape_that_does_not_split_is_an_error_naming_it() -> None:
         slice_shard(bt.zeros(10, 2), Shard(0, parts=3), rank=0, size=2)
 
 
-def test_the_rewritten_model_in_a_group_of_one_equals_gpt2(group) -> None:  # type: ignore[no-untyped-def]
+def test_the_rewritten_model_in_a_group_of_one_equals_gpt2(group_of_one: ProcessGroup) -> None:
     tokens = np.random.default_rng(0).integers(0, 256, (2, 9))
     x, y = bt.tensor(tokens[:, :-1]), bt.tensor(tokens[:, 1:])
     ref = tiny()
@@ -57,7 +49,7 @@ def test_the_rewritten_model_in_a_group_of_one_equals_gpt2(group) -> None:  # ty
     assert ref_loss is not None
     ref_loss.backward()
     model = tiny()
-    tp = TP(group).wrap_model(model)
+    tp = TP(group_of_one).wrap_model(model)
     assert isinstance(tp, TensorParallelModel)
     logits, loss = tp(x, y)
     assert loss is not None
@@ -71,7 +63,7 @@ def test_the_rewritten_model_in_a_group_of_one_equals_gpt2(group) -> None:  # ty
     assert list(full) == [n for n, _ in ref.named_parameters()]
 
 
-def test_vocab_parallel_cross_entropy_matches_float64_reference(group) -> None:  # type: ignore[no-untyped-def]
+def test_vocab_parallel_cross_entropy_matches_float64_reference(group_of_one: ProcessGroup) -> None:
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((5, 11)) * 4
     target = np.array([3, 0, -1, 10, 7])
@@ -81,22 +73,22 @@ def test_vocab_parallel_cross_entropy_matches_float64_reference(group) -> None: 
     probs = np.exp(logits - lse[:, None])
     probs[np.arange(5)[valid], target[valid]] -= 1
     x = bt.tensor(logits, dtype="float64", requires_grad=True)
-    loss = vocab_parallel_cross_entropy(x, bt.tensor(target), group, 0, ignore_index=-1)
+    loss = vocab_parallel_cross_entropy(x, bt.tensor(target), group_of_one, 0, ignore_index=-1)
     loss.backward()
     assert x.grad is not None
     np.testing.assert_allclose(loss.item(), want, rtol=1e-13)
     np.testing.assert_allclose(x.grad.numpy(), probs * valid[:, None] / valid.sum(), atol=1e-14)
 
 
-def test_vocab_parallel_cross_entropy_names_a_bad_target(group) -> None:  # type: ignore[no-untyped-def]
+def test_vocab_parallel_cross_entropy_names_a_bad_target(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistArgumentError, match=r"target must be an integer Tensor of shape \[4\].*got shape \[3\]"):
-        vocab_parallel_cross_entropy(bt.zeros(4, 6), bt.tensor([1, 2, 3]), group, 0)
+        vocab_parallel_cross_entropy(bt.zeros(4, 6), bt.tensor([1, 2, 3]), group_of_one, 0)
 
 
-def test_wrapping_something_else_than_gpt2_is_an_error(group) -> None:  # type: ignore[no-untyped-def]
+def test_wrapping_something_else_than_gpt2_is_an_error(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistArgumentError, match=r"model must be a blutrain.models.Model with a parallel_plan .*, got "
                                                 r"Linear"):
-        TP(group).wrap_model(nn.Linear(2, 2))
+        TP(group_of_one).wrap_model(nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize(("shape", "shard", "size"), [((12, 2), Shard(0, parts=3), 2), ((3, 8), Shard(1), 4),
@@ -115,15 +107,15 @@ def test_a_shards_range_names_the_elements_of_its_block_in_its_order(shape: tupl
         np.testing.assert_array_equal(picked, block.numpy().reshape(-1))
 
 
-def test_async_chunks_must_be_a_positive_int(group) -> None:  # type: ignore[no-untyped-def]
+def test_async_chunks_must_be_a_positive_int(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistArgumentError, match=r"TP: async_chunks must be an int >= 1 .* got -2"):
-        TP(group, async_chunks=-2)
+        TP(group_of_one, async_chunks=-2)
 
 
-def trained_one_step(group, seed: int) -> tuple[TensorParallelModel, bt_optim.Optimizer]:  # type: ignore[no-untyped-def]
+def trained_one_step(group_of_one: ProcessGroup, seed: int) -> tuple[TensorParallelModel, bt_optim.Optimizer]:
     tokens = np.random.default_rng(seed).integers(0, 256, (2, 9))
     bt.manual_seed(seed)
-    tp = TP(group).wrap_model(GPT2(GPT2Config.preset("tiny", n_layer=2, n_head=4, n_embd=32, block_size=8)))
+    tp = TP(group_of_one).wrap_model(GPT2(GPT2Config.preset("tiny", n_layer=2, n_head=4, n_embd=32, block_size=8)))
     optimizer = bt_optim.create("adamw", list(tp.module.parameters()), lr=1e-2)
     _, loss = tp(bt.tensor(tokens[:, :-1]), bt.tensor(tokens[:, 1:]))
     assert loss is not None
@@ -132,16 +124,16 @@ def trained_one_step(group, seed: int) -> tuple[TensorParallelModel, bt_optim.Op
     return tp, optimizer
 
 
-def test_a_checkpoint_shard_merges_into_the_full_state_and_loads_back(group) -> None:  # type: ignore[no-untyped-def]
+def test_a_checkpoint_shard_merges_into_the_full_state_and_loads_back(group_of_one: ProcessGroup) -> None:
     from blutrain.dist import merge_shards
 
-    tp, optimizer = trained_one_step(group, seed=2)
+    tp, optimizer = trained_one_step(group_of_one, seed=2)
     model_state, optimizer_state = merge_shards([tp.checkpoint_shard(optimizer)])
     full = tp.full_state_dict()
     assert sorted(model_state) == sorted(full)
     for name, t in full.items():
         np.testing.assert_array_equal(model_state[name].numpy(), t.numpy(), err_msg=name)
-    other, other_optimizer = trained_one_step(group, seed=3)  # other weights and moments, overwritten
+    other, other_optimizer = trained_one_step(group_of_one, seed=3)  # other weights and moments, overwritten
     other.load_full_state_dict(model_state)
     other.load_full_optimizer_state_dict(other_optimizer, optimizer_state)
     for (name, p), q in zip(other.module.named_parameters(), tp.module.parameters(), strict=True):
@@ -156,13 +148,14 @@ def test_tp_declares_every_capability_the_trainer_reads() -> None:
     assert (TP.dim, TP.compiles, TP.on_mesh, TP.mesh_order, dict(TP.mesh_options)) == (
         "tp", True, True, 2, {"async": "async_chunks"})
     assert TP.shards_loss and TP.rewrites_layers and TP.shards_gradients and TP.shards_state
+    assert not TP.splits_batch  # tp ranks read the same rows
     with pytest.raises(DistArgumentError, match="TP: async_chunks must be an int >= 1"):
         TP.check_options(async_chunks=-1)
     TP.check_options(async_chunks=0)  # synchronous
 
 
-def test_the_modes_norm_and_state_are_its_wrapped_models(group) -> None:  # type: ignore[no-untyped-def]
-    mode = TP(group)
+def test_the_modes_norm_and_state_are_its_wrapped_models(group_of_one: ProcessGroup) -> None:
+    mode = TP(group_of_one)
     with pytest.raises(DistArgumentError, match=r"TP\.full_state_dict: call wrap_model first"):
         mode.full_state_dict()
     ref = tiny()
@@ -179,7 +172,7 @@ def test_the_modes_norm_and_state_are_its_wrapped_models(group) -> None:  # type
     state = mode.full_state_dict()
     assert set(state) == set(ref.state_dict())
     assert set(mode.state_shard(optimizer).params) == set(ref.state_dict())  # one rank holds every block
-    other = TP(group)
+    other = TP(group_of_one)
     other.wrap_model(tiny())
     fresh = bt_optim.create("adamw", other.model.module.parameters(), lr=1e-2)  # type: ignore[union-attr]
     other.load_full_state(state, fresh, optimizer.state_dict())

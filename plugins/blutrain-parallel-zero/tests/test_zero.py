@@ -9,17 +9,9 @@ import pytest
 
 import blutrain.tensor as bt
 from blutrain import nn
-from blutrain.dist import DistArgumentError, DistError, merge_shards, parallel_modes
+from blutrain.dist import DistArgumentError, DistError, ProcessGroup, merge_shards, parallel_modes
 from blutrain.optim import create
-from blutrain_comm_mpi import create_group
 from blutrain_parallel_zero import ZeRO, ZeroModel
-
-
-@pytest.fixture(scope="module")
-def group():  # type: ignore[no-untyped-def]
-    g = create_group(rank=0, world_size=1, store=None, timeout=30.0)
-    yield g
-    g.destroy()
 
 
 def mlp() -> nn.Module:
@@ -44,11 +36,11 @@ def test_the_plugin_registers_zero() -> None:
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_every_stage_trains_as_the_unwrapped_model(group, stage: int) -> None:  # type: ignore[no-untyped-def]
+def test_every_stage_trains_as_the_unwrapped_model(group_of_one: ProcessGroup, stage: int) -> None:
     ref = mlp()
     ref_losses = train(ref, create("adamw", list(ref.parameters()), lr=1e-2))
     net = mlp()
-    mode = ZeRO(group, stage=stage, bucket_cap_mb=(16 * 16 * 4) / 2**20)
+    mode = ZeRO(group_of_one, stage=stage, bucket_cap_mb=(16 * 16 * 4) / 2**20)
     model = mode.wrap_model(net)
     optimizer = mode.wrap_optimizer(create("adamw", list(net.parameters()), lr=1e-2))
     np.testing.assert_allclose(train(model, optimizer), ref_losses, rtol=1e-6)
@@ -57,9 +49,9 @@ def test_every_stage_trains_as_the_unwrapped_model(group, stage: int) -> None:  
         np.testing.assert_allclose(state[name].numpy(), p.numpy(), rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-def test_stage_3_keeps_parameters_sharded_outside_forward_and_backward(group) -> None:  # type: ignore[no-untyped-def]
+def test_stage_3_keeps_parameters_sharded_outside_forward_and_backward(group_of_one: ProcessGroup) -> None:
     net = mlp()
-    model = ZeroModel(net, group, stage=3)
+    model = ZeroModel(net, group_of_one, stage=3)
     assert [u.size for u in model.units] == [0, 2, 2, 2]  # the root, then each member of the Sequential
     assert [p.shape for p in net.parameters()] == [(0, 0), (0,)] * 3  # dims kept
     model(bt.ones(2, 8)).sum().backward()
@@ -67,9 +59,9 @@ def test_stage_3_keeps_parameters_sharded_outside_forward_and_backward(group) ->
     assert all(float(bt.norm(b.shard_grad).item()) > 0 for b in model.buckets)
 
 
-def test_a_sharded_state_merges_into_whole_optimizer_state(group) -> None:  # type: ignore[no-untyped-def]
+def test_a_sharded_state_merges_into_whole_optimizer_state(group_of_one: ProcessGroup) -> None:
     net = mlp()
-    mode = ZeRO(group, stage=2)
+    mode = ZeRO(group_of_one, stage=2)
     model = mode.wrap_model(net)
     optimizer = mode.wrap_optimizer(create("sgd", list(net.parameters()), lr=0.1, momentum=0.9))
     train(model, optimizer, steps=1)
@@ -78,36 +70,37 @@ def test_a_sharded_state_merges_into_whole_optimizer_state(group) -> None:  # ty
     assert sorted(state["state"]) == list(range(6)) and "momentum_buffer" in state["state"][0]
 
 
-def test_a_parameter_without_gradient_is_named_at_the_next_forward(group) -> None:  # type: ignore[no-untyped-def]
+def test_a_parameter_without_gradient_is_named_at_the_next_forward(group_of_one: ProcessGroup) -> None:
     net = mlp()
-    model = ZeroModel(net, group, stage=2)
+    model = ZeroModel(net, group_of_one, stage=2)
     x = bt.ones(2, 8)
     net[1](net[0](x)).sum().backward()  # the last layer takes no part
     with pytest.raises(DistError, match=r"did not produce gradients for 2\.(bias|weight)"):
         model(x)
 
 
-def test_stage_must_be_1_2_or_3(group) -> None:  # type: ignore[no-untyped-def]
+def test_stage_must_be_1_2_or_3(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistError, match="stage must be 1, 2 or 3, got 4"):
-        ZeRO(group, stage=4)
+        ZeRO(group_of_one, stage=4)
 
 
-def test_the_optimizer_is_wrapped_after_the_model(group) -> None:  # type: ignore[no-untyped-def]
+def test_the_optimizer_is_wrapped_after_the_model(group_of_one: ProcessGroup) -> None:
     net = mlp()
     with pytest.raises(DistError, match="call wrap_model first"):
-        ZeRO(group).wrap_optimizer(create("adamw", list(net.parameters())))
+        ZeRO(group_of_one).wrap_optimizer(create("adamw", list(net.parameters())))
 
 
 def test_zero_declares_sharded_gradients_and_state_and_no_mesh_form() -> None:
     assert (ZeRO.dim, ZeRO.compiles, ZeRO.shards_gradients, ZeRO.shards_state) == ("dp", True, True, True)
+    assert ZeRO.splits_batch
     assert not (ZeRO.on_mesh or ZeRO.shards_loss or ZeRO.rewrites_layers)
     with pytest.raises(DistArgumentError, match="ZeRO: stage must be 1, 2 or 3, got 4"):
         ZeRO.check_options(4)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_the_modes_norm_and_state_are_its_optimizers_and_models(group, stage: int) -> None:  # type: ignore[no-untyped-def]
-    mode = ZeRO(group, stage=stage)
+def test_the_modes_norm_and_state_are_its_optimizers_and_models(group_of_one: ProcessGroup, stage: int) -> None:
+    mode = ZeRO(group_of_one, stage=stage)
     model = mode.wrap_model(mlp())
     optimizer = mode.wrap_optimizer(create("adamw", list(model.module.parameters()), lr=1e-2))
     x = bt.tensor(np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32))
@@ -125,7 +118,7 @@ def test_the_modes_norm_and_state_are_its_optimizers_and_models(group, stage: in
     merged_model, merged_optimizer = merge_shards([shard])
     for name, t in state.items():
         np.testing.assert_array_equal(merged_model[name].numpy(), t.numpy(), err_msg=name)
-    other = ZeRO(group, stage=stage)
+    other = ZeRO(group_of_one, stage=stage)
     fresh = other.wrap_model(mlp())
     fresh_optimizer = other.wrap_optimizer(create("adamw", list(fresh.module.parameters()), lr=1e-2))
     other.load_full_state(merged_model, fresh_optimizer, merged_optimizer)
@@ -133,6 +126,6 @@ def test_the_modes_norm_and_state_are_its_optimizers_and_models(group, stage: in
         np.testing.assert_array_equal(t.numpy(), state[name].numpy(), err_msg=name)
 
 
-def test_the_modes_capabilities_need_the_wrapped_model_and_optimizer(group) -> None:  # type: ignore[no-untyped-def]
+def test_the_modes_capabilities_need_the_wrapped_model_and_optimizer(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistArgumentError, match=r"ZeRO\.grad_norm: call wrap_model and wrap_optimizer first"):
-        ZeRO(group).grad_norm()
+        ZeRO(group_of_one).grad_norm()

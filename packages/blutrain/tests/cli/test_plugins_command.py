@@ -16,6 +16,7 @@ import blutrain.tensor as bt
 from blutrain.cli import main
 from blutrain.kernels import CATALOGUE
 from blutrain.tensor import plugins
+from blutrain.tensor.testing import plugin_registered
 
 
 def _cuda_available() -> bool:
@@ -33,11 +34,8 @@ class _WrongMul:
 
 @pytest.fixture
 def wrong_mul() -> Iterator[None]:
-    plugins.register(_WrongMul(), "test-wrong-mul")
-    try:
+    with plugin_registered(_WrongMul(), "test-wrong-mul"):
         yield
-    finally:
-        plugins.unregister("test-wrong-mul")
 
 
 def test_listing_names_every_plugin_with_what_it_registered(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from blutrain.models import GPT2, GPT2Config, ModelError
-from blutrain.tensor import float64, from_numpy, manual_seed, rand, tensor
+from blutrain.tensor import Tensor, float64, from_numpy, manual_seed, rand, tensor
 
 from .conftest import max_gradient_error, relative_error
 
@@ -149,6 +149,19 @@ def test_tiny_forward_backward_in_float32_matches_float64() -> None:
     assert worst < 1e-4, f"gradient of {where}: relative error {worst:.2e}"
 
 
+def _backward_on_the_same_tokens(*models: GPT2, target_seed: int = 3) -> list[Tensor]:
+    """Each model's loss (detached) on one batch of SMALL's tokens, after its backward has filled its gradients."""
+    x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
+    y = from_numpy(_tokens((2, 16), SMALL.vocab_size, seed=target_seed))
+    losses = []
+    for m in models:
+        _, loss = m(x, y)
+        assert loss is not None
+        loss.backward()
+        losses.append(loss.detach())
+    return losses
+
+
 def _fused_against_plain(monkeypatch: pytest.MonkeyPatch, module: Any, op: str, hooked: tuple[str, ...],
                          calls_per_layer: int) -> None:
     """The model's fused path (``op`` of ``module`` counted) against the plain module path (a forward hook on
@@ -165,14 +178,7 @@ def _fused_against_plain(monkeypatch: pytest.MonkeyPatch, module: Any, op: str, 
             for part in name.split("."):
                 sub = getattr(sub, part)
             sub.register_forward_hook(lambda module, args, out: None)
-    x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
-    y = from_numpy(_tokens((2, 16), SMALL.vocab_size, seed=3))
-    losses = []
-    for m in (fused, plain):
-        _, loss = m(x, y)
-        assert loss is not None
-        loss.backward()
-        losses.append(float(loss.item()))
+    losses = [float(loss.item()) for loss in _backward_on_the_same_tokens(fused, plain)]
     assert len(calls) == calls_per_layer * SMALL.n_layer  # the fused model only
     assert losses[0] == pytest.approx(losses[1], rel=1e-13)
     assert max_gradient_error(fused, plain)[0] < 1e-12
@@ -203,14 +209,7 @@ def test_packed_attention_gives_exactly_the_split_heads_loss_and_gradients(dtype
         block.attn.packed = False
     if dtype == "float64":
         packed, split = packed.to(float64), split.to(float64)
-    x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
-    y = from_numpy(_tokens((2, 16), SMALL.vocab_size, seed=3))
-    losses = []
-    for m in (packed, split):
-        _, loss = m(x, y)
-        assert loss is not None
-        loss.backward()
-        losses.append(loss.detach().numpy())
+    losses = [loss.numpy() for loss in _backward_on_the_same_tokens(packed, split)]
     assert losses[0] == losses[1]
     grads = dict(split.named_parameters())
     for name, p in packed.named_parameters():
@@ -222,12 +221,7 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients() -> None:
     plain = _model().to(float64)
     ckpt = GPT2(GPT2Config(**{**SMALL.to_dict(), "checkpoint_activations": True})).to(float64)
     ckpt.load_state_dict(plain.state_dict())
-    x = from_numpy(_tokens((2, 16), SMALL.vocab_size))
-    y = from_numpy(_tokens((2, 16), SMALL.vocab_size, seed=2))
-    for m in (plain, ckpt):
-        _, loss = m(x, y)
-        assert loss is not None
-        loss.backward()
+    _backward_on_the_same_tokens(plain, ckpt, target_seed=2)
     assert max_gradient_error(ckpt, plain)[0] < 1e-12
 
 

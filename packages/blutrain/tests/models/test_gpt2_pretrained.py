@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,32 +109,31 @@ def test_weights_set_directly_equal_the_loaded_hugging_face_file(tmp_path: Path)
     np.testing.assert_array_equal(_logits(GPT2.from_pretrained(tmp_path)), _logits(direct))
 
 
+def _write_damaged(directory: Path, damage: Callable[[dict[str, Tensor]], object], prefix: str = "",
+                   with_head: bool = False) -> None:
+    """Write ``_model()``'s weights Hugging Face style, then write the file again with ``damage`` done to them."""
+    _write_hf_style(directory, _model(), prefix, False, with_head)
+    tensors = load_file(directory / "model.safetensors")
+    damage(tensors)
+    save_file(tensors, directory / "model.safetensors")
+
+
 def test_an_untied_head_is_refused(tmp_path: Path) -> None:
-    m = _model()
-    _write_hf_style(tmp_path, m, "transformer.", False, True)
-    tensors = load_file(tmp_path / "model.safetensors")
-    tensors["lm_head.weight"] = from_numpy(np.asarray(tensors["lm_head.weight"]) + 1)
-    save_file(tensors, tmp_path / "model.safetensors")
+    _write_damaged(tmp_path, lambda t: t.update({"lm_head.weight": from_numpy(np.asarray(t["lm_head.weight"]) + 1)}),
+                   prefix="transformer.", with_head=True)
     with pytest.raises(PretrainedError, match=r"lm_head\.weight differs from the token embedding"):
         GPT2.from_pretrained(tmp_path)
 
 
 def test_a_missing_weight_is_named(tmp_path: Path) -> None:
-    m = _model()
-    _write_hf_style(tmp_path, m, "", False, False)
-    tensors = load_file(tmp_path / "model.safetensors")
-    del tensors["h.1.ln_2.bias"]
-    save_file(tensors, tmp_path / "model.safetensors")
+    _write_damaged(tmp_path, lambda t: t.pop("h.1.ln_2.bias"))
     with pytest.raises(StateDictError, match=r"missing keys: transformer.h.1.ln_2.bias"):
         GPT2.from_pretrained(tmp_path)
 
 
 def test_a_conv1d_weight_in_linear_layout_is_a_shape_error(tmp_path: Path) -> None:
-    m = _model()
-    _write_hf_style(tmp_path, m, "", False, False)
-    tensors = load_file(tmp_path / "model.safetensors")
-    tensors["h.0.mlp.c_fc.weight"] = from_numpy(np.asarray(tensors["h.0.mlp.c_fc.weight"]).T.copy())
-    save_file(tensors, tmp_path / "model.safetensors")
+    c_fc = "h.0.mlp.c_fc.weight"
+    _write_damaged(tmp_path, lambda t: t.update({c_fc: from_numpy(np.asarray(t[c_fc]).T.copy())}))
     with pytest.raises(StateDictError, match=r"'transformer.h.0.mlp.c_fc.weight': expected shape \[64, 16\], "
                                              r"got \[16, 64\]"):
         GPT2.from_pretrained(tmp_path)

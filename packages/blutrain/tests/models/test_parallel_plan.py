@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import blutrain.tensor as bt
+from blutrain.dist import DistArgumentError
 from blutrain.models import (
     GPT2,
     GPT2Config,
@@ -16,6 +17,7 @@ from blutrain.models import (
     module_at,
     plan_of,
     replace_module,
+    require_plan,
 )
 from blutrain.nn import CausalSelfAttention, Embedding, Linear
 
@@ -72,3 +74,10 @@ def test_an_attention_core_replaces_only_the_attention_step() -> None:
 def test_plan_of_gives_a_models_plan_and_none_for_anything_else() -> None:
     assert plan_of(tiny()) is GPT2.parallel_plan
     assert plan_of(Linear(2, 2)) is None and plan_of("transformer") is None
+
+
+def test_require_plan_gives_the_plan_or_an_error_naming_the_mode_and_what_it_got() -> None:
+    assert require_plan("TP", tiny()) is GPT2.parallel_plan
+    with pytest.raises(DistArgumentError, match=r"^CP: model must be a blutrain.models.Model with a parallel_plan "
+                                                r"\(a ModelParallelPlan\), got Linear; register the family with one$"):
+        require_plan("CP", Linear(2, 2))

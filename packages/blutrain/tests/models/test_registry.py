@@ -16,6 +16,7 @@ from blutrain.cli import main
 from blutrain.models import GPT2, PRESETS, GPT2Config, HFMapping, ModelError, ModelSpec, model_spec, models
 from blutrain.tensor import plugins
 from blutrain.tensor.errors import NotRegisteredError, PluginError
+from blutrain.tensor.testing import plugin_registered
 from blutrain.train import ConfigError, Trainer
 
 COPY = ModelSpec(name="gpt2-copy", model_class=GPT2, config_class=GPT2Config, presets={"tiny": PRESETS["tiny"]},
@@ -36,11 +37,8 @@ class _MisnamedPlugin:
 
 @pytest.fixture
 def copy_family() -> Iterator[None]:
-    plugins.register(_CopyPlugin(), "test-gpt2-copy")
-    try:
+    with plugin_registered(_CopyPlugin(), "test-gpt2-copy"):
         yield
-    finally:
-        plugins.unregister("test-gpt2-copy")
 
 
 def test_gpt2_is_registered_by_the_builtin_plugin() -> None:
@@ -68,12 +66,9 @@ def test_an_unknown_family_lists_the_installed_ones() -> None:
 
 
 def test_a_spec_registered_under_another_name_is_refused() -> None:
-    plugins.register(_MisnamedPlugin(), "test-misnamed-model")
-    try:
-        with pytest.raises(PluginError, match=r"registered as 'other' has ModelSpec.name 'gpt2-copy'"):
-            models()
-    finally:
-        plugins.unregister("test-misnamed-model")
+    with (plugin_registered(_MisnamedPlugin(), "test-misnamed-model"),
+          pytest.raises(PluginError, match=r"registered as 'other' has ModelSpec.name 'gpt2-copy'")):
+        models()
 
 
 def test_plugins_lists_the_models(capsys: pytest.CaptureFixture[str], copy_family: None) -> None:

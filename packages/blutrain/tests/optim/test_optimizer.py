@@ -33,8 +33,8 @@ from blutrain.tensor import (
     randn,
     tensor,
 )
-from blutrain.tensor import plugins as bt_plugins
 from blutrain.tensor.plugins import hookimpl
+from blutrain.tensor.testing import plugin_registered, plugins_blocked
 
 
 class Halve(Optimizer):
@@ -113,11 +113,8 @@ def third_party() -> Iterator[str]:
         def blutrain_register_optimizers(self, registry: Any) -> None:
             registry.register("halve", Halve)
 
-    bt_plugins.register(ThirdParty(), "halve-plugin")
-    try:
+    with plugin_registered(ThirdParty(), "halve-plugin"):
         yield "halve"
-    finally:
-        bt_plugins.unregister("halve-plugin")
 
 
 def test_a_third_party_optimizer_registered_at_run_time_is_selectable_by_name(third_party: str) -> None:
@@ -275,13 +272,10 @@ def test_step_scalars_keep_one_float64_array_per_site_refilled_in_place() -> Non
 
 
 @pytest.fixture
-def without_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def without_plugins() -> Iterator[None]:
     """The project's optimizer plugins blocked, as where only the blutrain facade is installed."""
-    monkeypatch.setenv(bt_plugins.DISABLE_ENV, "adamw,sgd")
-    bt_plugins.reload()
-    yield
-    monkeypatch.delenv(bt_plugins.DISABLE_ENV)
-    bt_plugins.reload()
+    with plugins_blocked("adamw", "sgd"):
+        yield
 
 
 @pytest.mark.usefixtures("without_plugins")

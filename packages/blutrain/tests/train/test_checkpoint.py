@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import blutrain.tensor as bt
-from blutrain.tensor import plugins
 from blutrain.tensor.plugins import hookimpl
+from blutrain.tensor.testing import plugin_registered
 from blutrain.train import CheckpointError, CheckpointWriter, TrainConfig, Trainer, load_checkpoint, save_checkpoint
 from blutrain.train.checkpoint import STALL_VARIABLE, remove_stale_temporaries, stage_checkpoint
 
@@ -223,11 +223,8 @@ def test_a_failed_async_write_surfaces_at_the_next_step(make_config: MakeConfig,
     trainer = Trainer(make_config(max_steps=5, checkpoint_every=2, async_checkpoint=True), stream=io.StringIO())
     blocker = tmp_path / "out" / "step_000002.safetensors" / "occupied"
     blocker.mkdir(parents=True)  # the rename onto a non-empty directory fails
-    plugins.register(_WaitForWriter(trainer), "wait-for-writer")
-    try:
-        with pytest.raises(CheckpointError, match=r"asynchronous checkpoint write failed: .*step_000002\.safetensors"):
-            trainer.run()
-    finally:
-        plugins.unregister("wait-for-writer")
+    with (plugin_registered(_WaitForWriter(trainer), "wait-for-writer"),
+          pytest.raises(CheckpointError, match=r"asynchronous checkpoint write failed: .*step_000002\.safetensors")):
+        trainer.run()
     assert trainer.step == 2  # step 3 never ran
     assert not list((tmp_path / "out").glob(".*.tmp"))

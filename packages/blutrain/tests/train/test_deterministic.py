@@ -8,16 +8,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import blutrain.tensor as bt
-from blutrain.train import TrainConfig, Trainer
+from blutrain.train import Trainer
 
-MakeConfig = Callable[..., TrainConfig]
-
+from .conftest import MakeConfig
 
 # One process: the CLI's flags into a trainer, four steps, the losses as JSON (no evaluation, sample or plot).
 _RUN = """

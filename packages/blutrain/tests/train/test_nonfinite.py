@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import blutrain.tensor as bt
-from blutrain.tensor import plugins
 from blutrain.tensor.plugins import hookimpl
+from blutrain.tensor.testing import plugin_registered
 from blutrain.train import CheckpointError, ConfigError, NonFiniteError, TrainConfig, Trainer, load_checkpoint
 from blutrain.train.trainer import Trainer as TrainerClass
 
@@ -51,11 +51,8 @@ def test_skip_leaves_a_nan_loss_step_out_and_logs_it(make_config: MakeConfig) ->
     ln_f[0] = np.nan  # every position's logits become NaN
     weights, moments = _weights(trainer), _optimizer_tensors(trainer)
     events = _Events()
-    plugins.register(events, "nonfinite-events")
-    try:
+    with plugin_registered(events, "nonfinite-events"):
         m = trainer.train_step()
-    finally:
-        plugins.unregister("nonfinite-events")
     assert m["skipped"] is True and m["step"] == 2 and math.isnan(m["loss"])
     after = _weights(trainer)
     for name, w in weights.items():

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import blutrain.tensor as bt
 from blutrain.models.gpt2 import GPT2Config
-from blutrain.train import TrainConfig, Trainer
+from blutrain.train import Trainer
 from blutrain.train.throughput import Throughput, peak_flops
 
-MakeConfig = Callable[..., TrainConfig]  # the make_config fixture of conftest.py
+from .conftest import MakeConfig
 
 
 def test_flops_per_token_of_the_tiny_preset_equal_a_hand_count() -> None:

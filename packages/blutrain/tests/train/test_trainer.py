@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sysconfig
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -11,41 +10,23 @@ import numpy as np
 import pytest
 
 import blutrain.tensor as bt
-from blutrain.data import get_tokenizer, prepare, write_shard
-from blutrain.tensor import plugins
+from blutrain.data import write_shard
 from blutrain.tensor.plugins import hookimpl
+from blutrain.tensor.testing import plugin_registered
 from blutrain.train import CheckpointError, ConfigError, TrainConfig, Trainer, load_checkpoint
 
-SMALL_MODEL = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32, "dropout": 0.1}
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Byte-level shards of a few real stdlib files: small, real text."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = [stdlib / name for name in ("functools.py", "textwrap.py", "shlex.py", "fnmatch.py")]
-    out = tmp_path_factory.mktemp("data")
-    prepare(files, out, get_tokenizer("byte"), val_fraction=0.1)
-    return out
-
-
-def _config(dataset: Path, out: Path, **changes: Any) -> TrainConfig:
-    cfg = TrainConfig(preset="tiny", data=str(dataset), device="cpu", batch_size=4, seq_len=16, max_steps=6,
-                      lr=3e-3, warmup_steps=2, eval_every=0, eval_batches=2, out=str(out), seed=7,
-                      model_overrides=dict(SMALL_MODEL))
-    for key, value in changes.items():
-        setattr(cfg, key, value)
-    return cfg
+from .conftest import MakeConfig
 
 
 def _losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit(dataset: Path, tmp_path: Path) -> None:
-    Trainer(_config(dataset, tmp_path / "full")).run()
-    Trainer(_config(dataset, tmp_path / "part", max_steps=3)).run()
-    resumed = _config(dataset, tmp_path / "part", resume=str(tmp_path / "part" / "final.safetensors"))
+def test_resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit(make_config: MakeConfig,
+                                                                      tmp_path: Path) -> None:
+    Trainer(make_config(out=str(tmp_path / "full"))).run()
+    Trainer(make_config(out=str(tmp_path / "part"), max_steps=3)).run()
+    resumed = make_config(out=str(tmp_path / "part"), resume=str(tmp_path / "part" / "final.safetensors"))
     Trainer(resumed).run()
     full, part = _losses(tmp_path / "full"), _losses(tmp_path / "part")
     assert len(full) == len(part) == 6
@@ -53,9 +34,9 @@ def test_resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit(dataset: Pa
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
-def test_each_builtin_optimizer_lowers_the_loss(dataset: Path, tmp_path: Path, optimizer: str) -> None:
+def test_each_builtin_optimizer_lowers_the_loss(make_config: MakeConfig, tmp_path: Path, optimizer: str) -> None:
     lr = 3e-3 if optimizer == "adamw" else 0.3
-    cfg = _config(dataset, tmp_path, optimizer=optimizer, max_steps=25, lr=lr, warmup_steps=0)
+    cfg = make_config(out=str(tmp_path), optimizer=optimizer, max_steps=25, lr=lr, warmup_steps=0)
     cfg.model_overrides["dropout"] = 0.0
     Trainer(cfg).run()
     losses = _losses(tmp_path)
@@ -100,24 +81,21 @@ class _SignSGDPlugin:
         registry.register("signsgd", _SignSGD)
 
 
-def test_third_party_optimizer_is_selectable_by_name(dataset: Path, tmp_path: Path) -> None:
-    plugins.register(_SignSGDPlugin(), "signsgd-test")
-    try:
-        trainer = Trainer(_config(dataset, tmp_path, optimizer="signsgd", max_steps=2, lr=1e-3))
+def test_third_party_optimizer_is_selectable_by_name(make_config: MakeConfig, tmp_path: Path) -> None:
+    with plugin_registered(_SignSGDPlugin(), "signsgd-test"):
+        trainer = Trainer(make_config(out=str(tmp_path), optimizer="signsgd", max_steps=2, lr=1e-3))
         assert isinstance(trainer.optimizer, _SignSGD)
         trainer.run()
         assert trainer.optimizer.steps == 2
-    finally:
-        plugins.unregister("signsgd-test")
 
 
-def test_unknown_optimizer_lists_the_installed_ones(dataset: Path, tmp_path: Path) -> None:
+def test_unknown_optimizer_lists_the_installed_ones(make_config: MakeConfig, tmp_path: Path) -> None:
     with pytest.raises(LookupError, match=r"no optimizer 'lion'; installed: adamw \(blutrain-optim-adamw"):
-        Trainer(_config(dataset, tmp_path, optimizer="lion"))
+        Trainer(make_config(out=str(tmp_path), optimizer="lion"))
 
 
-def test_checkpoint_with_one_flipped_byte_fails_naming_the_damage(dataset: Path, tmp_path: Path) -> None:
-    result = Trainer(_config(dataset, tmp_path, max_steps=1)).run()
+def test_checkpoint_with_one_flipped_byte_fails_naming_the_damage(make_config: MakeConfig, tmp_path: Path) -> None:
+    result = Trainer(make_config(out=str(tmp_path), max_steps=1)).run()
     path = Path(result["checkpoint"])
     raw = bytearray(path.read_bytes())
     raw[-100] ^= 0x01  # a byte inside the last tensor's data
@@ -126,26 +104,25 @@ def test_checkpoint_with_one_flipped_byte_fails_naming_the_damage(dataset: Path,
         load_checkpoint(path)
 
 
-def test_truncated_checkpoint_fails_clearly(dataset: Path, tmp_path: Path) -> None:
-    result = Trainer(_config(dataset, tmp_path, max_steps=1)).run()
+def test_truncated_checkpoint_fails_clearly(make_config: MakeConfig, tmp_path: Path) -> None:
+    result = Trainer(make_config(out=str(tmp_path), max_steps=1)).run()
     path = Path(result["checkpoint"])
     path.write_bytes(path.read_bytes()[:-1000])
     with pytest.raises(CheckpointError, match=r"final\.safetensors: .*truncated"):
         load_checkpoint(path)
 
 
-def test_truncated_shard_fails_before_training_naming_the_file(tmp_path: Path) -> None:
+def test_truncated_shard_fails_before_training_naming_the_file(make_config: MakeConfig, tmp_path: Path) -> None:
     shard = tmp_path / "train_000000.bin"
     write_shard(shard, np.arange(5000, dtype=np.uint16) % 256)
     shard.write_bytes(shard.read_bytes()[:-10])
-    cfg = _config(tmp_path, tmp_path / "out")
-    cfg.data = str(shard)
+    cfg = make_config(data=str(shard))
     with pytest.raises(ValueError, match=r"train_000000\.bin"):
         Trainer(cfg)
 
 
-def test_run_writes_metrics_config_checkpoint_and_plot(dataset: Path, tmp_path: Path) -> None:
-    result = Trainer(_config(dataset, tmp_path, max_steps=2, eval_every=1)).run()
+def test_run_writes_metrics_config_checkpoint_and_plot(make_config: MakeConfig, tmp_path: Path) -> None:
+    result = Trainer(make_config(out=str(tmp_path), max_steps=2, eval_every=1)).run()
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2]
     assert {"step", "loss", "lr", "grad_norm", "tok_per_s"} <= set(lines[0])
@@ -173,11 +150,11 @@ def test_unknown_config_key_is_named(tmp_path: Path) -> None:
         TrainConfig.from_toml(toml)
 
 
-def test_generate_command_continues_a_prompt_from_a_checkpoint(dataset: Path, tmp_path: Path,
+def test_generate_command_continues_a_prompt_from_a_checkpoint(make_config: MakeConfig, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from blutrain.cli import main
 
-    result = Trainer(_config(dataset, tmp_path, max_steps=1)).run()
+    result = Trainer(make_config(out=str(tmp_path), max_steps=1)).run()
     capsys.readouterr()
     code = main(["generate", "--checkpoint", result["checkpoint"], "--prompt", "def ", "--max-new-tokens", "12",
                  "--device", "cpu"])
@@ -187,8 +164,9 @@ def test_generate_command_continues_a_prompt_from_a_checkpoint(dataset: Path, tm
     assert len(out.rstrip("\n").encode("utf-8", "replace")) >= len("def ")
 
 
-def test_bf16_autocast_training_keeps_float32_master_weights_and_learns(dataset: Path, tmp_path: Path) -> None:
-    cfg = _config(dataset, tmp_path, dtype="bf16", max_steps=20, warmup_steps=0)
+def test_bf16_autocast_training_keeps_float32_master_weights_and_learns(make_config: MakeConfig,
+                                                                         tmp_path: Path) -> None:
+    cfg = make_config(out=str(tmp_path), dtype="bf16", max_steps=20, warmup_steps=0)
     cfg.model_overrides["dropout"] = 0.0
     trainer = Trainer(cfg)
     trainer.run()
@@ -197,8 +175,9 @@ def test_bf16_autocast_training_keeps_float32_master_weights_and_learns(dataset:
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.2
 
 
-def test_the_trainer_builds_the_optimizer_with_its_declared_trainer_defaults(dataset: Path, tmp_path: Path) -> None:
-    adamw = Trainer(_config(dataset, tmp_path, max_steps=1))
+def test_the_trainer_builds_the_optimizer_with_its_declared_trainer_defaults(make_config: MakeConfig,
+                                                                              tmp_path: Path) -> None:
+    adamw = Trainer(make_config(out=str(tmp_path), max_steps=1))
     assert [g["betas"] for g in adamw.optimizer.param_groups] == [(0.9, 0.95)] * len(adamw.optimizer.param_groups)
-    sgd = Trainer(_config(dataset, tmp_path / "sgd", optimizer="sgd", max_steps=1))
+    sgd = Trainer(make_config(out=str(tmp_path / "sgd"), optimizer="sgd", max_steps=1))
     assert all(g["momentum"] == 0.0 and g["lr"] == sgd.cfg.lr for g in sgd.optimizer.param_groups)

@@ -136,6 +136,8 @@ class CupyBackend:
 
     name = "cuda"
     dlpack_device_type = DLPACK_CUDA
+    accelerator = True
+    comm_backend = "nccl"  # blutrain-comm-nccl: collectives between GPUs, inside CUDA graphs too
     xp: ModuleType
     array_type: type
 

@@ -51,7 +51,7 @@ from blutrain.dist import (
     get_process_group,
     traceable,
 )
-from blutrain.models import ModelParallelPlan, module_at, plan_of
+from blutrain.models import module_at, require_plan
 from blutrain.nn import Module
 from blutrain.tensor import Tensor, cross_entropy, float64, full_like, stack
 from blutrain.tensor.errors import ShapeError
@@ -111,15 +111,6 @@ def _sequence_loss_backward(node: Any, grads: list[Any], create_graph: bool) -> 
     return (g * node.attrs["scale"].to(dtype=g.dtype),)
 
 
-def _plan(where: str, model: Any) -> ModelParallelPlan:
-    """The parallel plan ``model`` declares; an error naming what was given when it is no model or declares none."""
-    plan = plan_of(model)
-    if plan is None:
-        raise DistArgumentError(f"{where}: model must be a blutrain.models.Model with a parallel_plan (a "
-                                f"ModelParallelPlan), got {type(model).__name__}; register the family with one")
-    return plan
-
-
 class ContextParallelModel(Module):
     """``model`` (a :class:`blutrain.models.Model`) with its planned attentions made context-parallel over
     ``group``.
@@ -137,7 +128,7 @@ class ContextParallelModel(Module):
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
         super().__init__()
         where = "ContextParallelModel"
-        self.plan = _plan(where, model)
+        self.plan = require_plan(where, model)
         if attn not in ATTENTION_KINDS:
             raise DistArgumentError(f"{where}: attn must be one of {', '.join(ATTENTION_KINDS)}, got {attn!r}")
         heads = self.plan.head_attributes[0]  # the query heads: K/V heads are repeated to them

@@ -109,6 +109,7 @@ class DDP(ParallelMode):
     The mesh form's ``grad_dtype=`` sets :attr:`grad_dtype` (``--parallel dp=2,grad_dtype=bf16``)."""
 
     dim = "dp"
+    splits_batch = True  # each replica trains on its own rows of the batch
     compiles = True  # its group is declared with blutrain.dist.traceable (see the module doc)
     on_mesh = True
     mesh_order = 0  # outermost: replicas exchange gradients once per step

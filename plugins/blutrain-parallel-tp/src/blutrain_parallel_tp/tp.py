@@ -46,7 +46,7 @@ from blutrain.dist import (
     get_process_group,
     traceable,
 )
-from blutrain.models import ModelParallelPlan, module_at, plan_of, replace_module
+from blutrain.models import module_at, replace_module, require_plan
 from blutrain.nn import Embedding, Linear, Module
 from blutrain.tensor import Tensor, clamp, norm, stack, zeros
 from blutrain.tensor.errors import ShapeError
@@ -71,15 +71,6 @@ def _expect(where: str, what: str, value: object, kind: type) -> Any:
     return value
 
 
-def _plan(where: str, model: Any) -> ModelParallelPlan:
-    """The parallel plan ``model`` declares; an error naming what was given when it is no model or declares none."""
-    plan = plan_of(model)
-    if plan is None:
-        raise DistArgumentError(f"{where}: model must be a blutrain.models.Model with a parallel_plan (a "
-                                f"ModelParallelPlan), got {type(model).__name__}; register the family with one")
-    return plan
-
-
 class TensorParallelModel(Module):
     """``model`` (a :class:`blutrain.models.Model`) rewritten for tensor parallelism over ``group`` as its
     ``parallel_plan`` says.
@@ -94,7 +85,7 @@ class TensorParallelModel(Module):
                  async_chunks: int = 0) -> None:
         super().__init__()
         where = "TensorParallelModel"
-        self.plan = _plan(where, model)
+        self.plan = require_plan(where, model)
         self.async_chunks = check_chunks(where, async_chunks) if async_chunks else 0
         size = group.size
         c = model.config

@@ -21,6 +21,7 @@ class ZeRO(ParallelMode):
     ZeRO runs alone over every rank (it knows no tp or cp group): it is not the mesh form's "dp" mode."""
 
     dim = "dp"
+    splits_batch = True  # each replica trains on its own rows of the batch
     compiles = True  # ZeroModel declares its group with blutrain.dist.traceable (see blutrain_parallel_zero.model)
     shards_gradients = True
     shards_state = True

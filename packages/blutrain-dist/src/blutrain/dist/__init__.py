@@ -22,6 +22,7 @@ from blutrain.dist.grad_buckets import (
 )
 from blutrain.dist.group import (
     before_destroy,
+    default_comm_backend,
     destroy_process_group,
     get_process_group,
     get_rank,
@@ -41,5 +42,5 @@ from blutrain.dist.traceable import TraceableGroup, traceable
 __all__ = ["DEFAULT_BUCKET_CAP_MB", "REDUCE_OPS", "RUN_ID_ENV", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
            "DistEnv", "DistEnvironmentError", "DistError", "GradBucket", "GradientAverager", "LaunchError", "ParallelMode", "ParallelModeRegistry",
            "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "TraceableGroup",
-           "Work", "WorkList", "all_reduce_coalesced", "before_destroy", "broadcast_from_rank0", "bucket_parameters", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
+           "Work", "WorkList", "all_reduce_coalesced", "before_destroy", "default_comm_backend", "broadcast_from_rank0", "bucket_parameters", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
            "get_world_size", "init_process_group", "is_initialized", "merge_shards", "parallel_modes", "sendrecv", "traceable"]

@@ -43,11 +43,25 @@ def before_destroy(callback: Callable[[], None]) -> None:
     _default.before_destroy.append(ref)
 
 
-def _default_backend() -> str:
+def default_comm_backend(device: str) -> str:
+    """The comm backend ranks on ``device`` (a device type, or a device such as "cuda:1") use unless told
+    otherwise: what its backend declares (``Backend.comm_backend``)."""
     from blutrain.tensor import backends
 
-    cuda = "cuda" in backends() and backends().get("cuda").is_available()
-    return "nccl" if cuda and "nccl" in comm_backends() else "mpi"
+    kind = device.partition(":")[0]
+    registry = backends()
+    if kind not in registry.names():
+        raise DistArgumentError(f"default_comm_backend: no device type {kind!r}; installed: "
+                                f"{', '.join(registry.names())}")
+    return registry.get(kind).comm_backend
+
+
+def _default_backend() -> str:
+    """The default device's comm backend where it is installed, else the host's."""
+    from blutrain.tensor import default_device
+
+    name = default_comm_backend(default_device())
+    return name if name in comm_backends() else default_comm_backend("cpu")
 
 
 def _connect_store(env: DistEnv) -> Store | None:
@@ -65,8 +79,8 @@ def init_process_group(backend: str | None = None, *, timeout: float | None = No
                        environ: dict[str, str] | None = None, **options: Any) -> ProcessGroup:
     """Create the default group of every rank of this job and return it.
 
-    ``backend``: a registered comm backend ("mpi", "nccl", ...; default "nccl" where a GPU and the
-    plugin are there, else "mpi"). ``timeout`` (seconds) bounds every operation of the group
+    ``backend``: a registered comm backend ("mpi", "nccl", ...; default: the one the default device's backend
+    declares, where it is installed, else the host's). ``timeout`` (seconds) bounds every operation of the group
     (default ``BLUTRAIN_DIST_TIMEOUT`` or 1800). ``options`` go to the backend's factory.
     """
     if _default.group is not None:
@@ -129,5 +143,5 @@ def destroy_process_group() -> None:
         _default.server = None
 
 
-__all__ = ["before_destroy", "destroy_process_group", "get_process_group", "get_rank", "get_store", "get_world_size",
+__all__ = ["before_destroy", "default_comm_backend", "destroy_process_group", "get_process_group", "get_rank", "get_store", "get_world_size",
            "init_process_group", "is_initialized"]

@@ -43,6 +43,9 @@ class ParallelMode:
       first: data parallelism outermost, the dimension whose ranks talk most innermost (neighbours on a node).
       ``mesh_options``: the mesh form's keys that configure this mode → the keyword argument each sets
       (``attn`` → ``attn``).
+    - ``splits_batch``: ranks along ``dim`` train on different rows of the batch (data parallelism); the
+      trainer's data rank and size are taken over the mesh dimensions whose modes declare it (ranks that
+      differ only along the others, tp or cp, read the same rows).
     - ``shards_loss``: the wrapped model's forward computes the loss itself, from logits sharded over the
       ranks; it takes no ``return_logits`` option.
     - ``rewrites_layers``: ``wrap_model`` rewrote the model's layers for sharded inputs, so the model alone no
@@ -58,6 +61,7 @@ class ParallelMode:
     on_mesh: ClassVar[bool] = False
     mesh_order: ClassVar[int] = 0
     mesh_options: ClassVar[Mapping[str, str]] = {}
+    splits_batch: ClassVar[bool] = False
     shards_loss: ClassVar[bool] = False
     rewrites_layers: ClassVar[bool] = False
     shards_gradients: ClassVar[bool] = False

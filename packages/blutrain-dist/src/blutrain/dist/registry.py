@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from blutrain.dist import hookspecs
+from blutrain.dist.parallel import ParallelMode
 from blutrain.tensor import plugins
 from blutrain.tensor.errors import PluginError
 from blutrain.tensor.registry import Registry
-
-from blutrain.dist import hookspecs
-from blutrain.dist.parallel import ParallelMode
 
 ProcessGroupFactory = Callable[..., Any]
 
@@ -39,10 +38,8 @@ class ParallelModeRegistry(Registry[type[ParallelMode]]):
 
 
 def comm_backends() -> CommBackendRegistry:
-    plugins.add_hookspecs(hookspecs)
-    return plugins.registry("blutrain_register_comm_backends", CommBackendRegistry)
+    return plugins.registry("blutrain_register_comm_backends", CommBackendRegistry, hookspecs)
 
 
 def parallel_modes() -> ParallelModeRegistry:
-    plugins.add_hookspecs(hookspecs)
-    return plugins.registry("blutrain_register_parallel_modes", ParallelModeRegistry)
+    return plugins.registry("blutrain_register_parallel_modes", ParallelModeRegistry, hookspecs)

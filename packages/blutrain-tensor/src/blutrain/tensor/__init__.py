@@ -9,6 +9,7 @@ from blutrain.tensor.backend import (
     Generator,
     array_module,
     backends,
+    default_device,
     get_backend,
 )
 from blutrain.tensor.debug import DebugMode, debug_mode, is_debug_mode
@@ -205,6 +206,7 @@ __all__ = [
     "cos",
     "cross_entropy",
     "debug_mode",
+    "default_device",
     "device",
     "dispatch",
     "div",

@@ -62,6 +62,11 @@ class Backend(DeviceProperties, Protocol):
     xp: ModuleType
     array_type: type
     dlpack_device_type: int
+    # an accelerator: ``default_device()`` (``--device auto``) takes the first available one, else "cpu"; each
+    # rank of a launch on one takes its own device (its local rank)
+    accelerator: bool
+    # the comm backend (``blutrain_register_comm_backends``) that ranks on this device use unless told otherwise
+    comm_backend: str
 
     def is_available(self) -> bool: ...
     def device_count(self) -> int: ...
@@ -141,7 +146,8 @@ class BackendRegistry(Registry[Backend]):
                 raise PluginError(f"{self.current_provider.plugin}: register(backend) got only a name {name!r}")
             obj, name = name, name.name
         assert isinstance(name, str)
-        missing = [a for a in ("xp", "array_type", "empty", "from_host", "to_host", "data_ptr", "synchronize",
+        missing = [a for a in ("xp", "array_type", "accelerator", "comm_backend",
+                               "empty", "from_host", "to_host", "data_ptr", "synchronize",
                                "generator", "manual_seed", "is_available", "device_count", "set_tf32",
                                "set_deterministic", "erf", "device_name", "max_memory_allocated")
                    if not hasattr(obj, a)]
@@ -157,6 +163,17 @@ class BackendRegistry(Registry[Backend]):
 def backends() -> BackendRegistry:
     """Every installed backend (loads plugins on first use)."""
     return plugins.registry("blutrain_register_backends", BackendRegistry)
+
+
+def default_device() -> str:
+    """The device type ``--device auto`` means: the first available accelerator among the registered backends
+    (by name), else "cpu"."""
+    registry = backends()
+    for name in registry.names():
+        backend = registry.get(name)
+        if backend.accelerator and backend.is_available():
+            return name
+    return "cpu"
 
 
 def get_backend(name: str) -> Backend:

@@ -236,8 +236,12 @@ def on_change(listener: Callable[[], None]) -> None:
     _state.listeners.append(listener)
 
 
-def registry(hook_name: str, factory: Callable[[], R]) -> R:
-    """The registry filled by ``hook_name``: built by ``factory`` and filled once, then cached."""
+def registry(hook_name: str, factory: Callable[[], R], specs: ModuleType | None = None) -> R:
+    """The registry filled by ``hook_name``: built by ``factory`` and filled once, then cached. ``specs``, the
+    hookspecs module that declares ``hook_name``, is made known first (:func:`add_hookspecs`), so that a package's
+    registry works where its entry-point metadata is missing."""
+    if specs is not None:
+        add_hookspecs(specs)
     cached = _state.registries.get(hook_name)
     if cached is not None:
         return cached  # type: ignore[return-value]

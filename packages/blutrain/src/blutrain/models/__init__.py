@@ -6,10 +6,18 @@ is installed and :func:`model_spec` finds one by name. ``blutrain.models.gpt2`` 
 
 from blutrain.models.errors import ModelError, PretrainedError
 from blutrain.models.gpt2 import GPT2, PRESETS, GPT2Config
-from blutrain.models.parallel_plan import ModelParallelPlan, PlannedAttention, module_at, plan_of, replace_module
+from blutrain.models.parallel_plan import (
+    ModelParallelPlan,
+    PlannedAttention,
+    module_at,
+    plan_of,
+    replace_module,
+    require_plan,
+)
 from blutrain.models.registry import DEFAULT_MODEL, ModelRegistry, model_spec, models
 from blutrain.models.spec import ConfigClass, HFMapping, Model, ModelClass, ModelConfig, ModelSpec
 
 __all__ = ["DEFAULT_MODEL", "GPT2", "PRESETS", "ConfigClass", "GPT2Config", "HFMapping", "Model", "ModelClass",
            "ModelConfig", "ModelError", "ModelParallelPlan", "ModelRegistry", "ModelSpec", "PlannedAttention",
-           "PretrainedError", "model_spec", "models", "module_at", "plan_of", "replace_module"]
+           "PretrainedError", "model_spec", "models", "module_at", "plan_of", "replace_module",
+           "require_plan"]

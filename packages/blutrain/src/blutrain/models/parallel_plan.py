@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from blutrain.dist import DistArgumentError
 from blutrain.models.errors import ModelError
 from blutrain.nn import AttentionCore, Module
 
@@ -67,6 +68,16 @@ def plan_of(model: object) -> ModelParallelPlan | None:
     model. What a parallelism mode calls on the model it is given, to refuse anything else by name."""
     plan = getattr(type(model), "parallel_plan", None) if isinstance(model, Module) else None
     return plan if isinstance(plan, ModelParallelPlan) else None
+
+
+def require_plan(where: str, model: object) -> ModelParallelPlan:
+    """The parallel plan ``model`` declares, for a parallelism mode (``where`` names it in the message) that applies
+    it; anything without one is the mode's argument error (:class:`blutrain.dist.DistArgumentError`)."""
+    plan = plan_of(model)
+    if plan is None:
+        raise DistArgumentError(f"{where}: model must be a blutrain.models.Model with a parallel_plan (a "
+                                f"ModelParallelPlan), got {type(model).__name__}; register the family with one")
+    return plan
 
 
 def module_at(root: Module, path: str) -> Any:

@@ -29,8 +29,7 @@ class ModelRegistry(Registry[ModelSpec]):
 
 def models() -> ModelRegistry:
     """Every installed model family (loads plugins on first use)."""
-    plugins.add_hookspecs(hookspecs)
-    return plugins.registry("blutrain_register_models", ModelRegistry)
+    return plugins.registry("blutrain_register_models", ModelRegistry, hookspecs)
 
 
 def model_spec(name: str = DEFAULT_MODEL) -> ModelSpec:

@@ -10,7 +10,7 @@ in :meth:`state_dict`.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, Self, TypeGuard, TypeVar
 
 from blutrain.autograd import no_grad
@@ -55,6 +55,22 @@ def _check_name(kind: str, name: object) -> str:
 def _forward_unimplemented(self: Module, *args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
+
+def _named_tensors(groups: Iterable[tuple[str, Iterable[tuple[str, Tensor | None]]]],
+                   remove_duplicate: bool) -> Iterator[tuple[str, Tensor]]:
+    """(dotted name, tensor) for each (module prefix, that module's named tensors) of ``groups``, in order, passing
+    over None entries; with ``remove_duplicate`` a tensor met before (a tied weight) is passed over, so it comes
+    once, under the first name."""
+    seen: set[int] = set()
+    for prefix, entries in groups:
+        for name, t in entries:
+            if t is None:
+                continue
+            if remove_duplicate:
+                if id(t) in seen:
+                    continue
+                seen.add(id(t))
+            yield (f"{prefix}.{name}" if prefix else name), t
 
 class Module:
     """Base class of every layer and model; subclasses set attributes in ``__init__`` and define
@@ -228,18 +244,9 @@ class Module:
 
     def _named_members(self, kind: str, prefix: str, recurse: bool,
                        remove_duplicate: bool) -> Iterator[tuple[str, Tensor]]:
-        seen: set[int] = set()
         mods = self.named_modules(prefix, remove_duplicate) if recurse else iter([(prefix, self)])
-        for mod_prefix, mod in mods:
-            members: dict[str, Any] = mod._parameters if kind == "parameters" else mod._buffers
-            for name, t in members.items():
-                if t is None:
-                    continue
-                if remove_duplicate:
-                    if id(t) in seen:
-                        continue
-                    seen.add(id(t))
-                yield (f"{mod_prefix}.{name}" if mod_prefix else name), t
+        return _named_tensors(((mod_prefix, (mod._parameters if kind == "parameters" else mod._buffers).items())
+                               for mod_prefix, mod in mods), remove_duplicate)
 
     def named_parameters(self, prefix: str = "", recurse: bool = True,
                          remove_duplicate: bool = True) -> Iterator[tuple[str, Parameter]]:
@@ -269,19 +276,9 @@ class Module:
     # -- state -----------------------------------------------------------------------------
     def _state_entries(self, remove_duplicate: bool) -> Iterator[tuple[str, Tensor]]:
         """Parameters and persistent buffers, in module order."""
-        seen: set[int] = set()
-        for mod_prefix, mod in self.named_modules(remove_duplicate=remove_duplicate):
-            entries = itertools.chain(
-                mod._parameters.items(),
-                ((n, b) for n, b in mod._buffers.items() if n not in mod._non_persistent))
-            for name, t in entries:
-                if t is None:
-                    continue
-                if remove_duplicate:
-                    if id(t) in seen:
-                        continue
-                    seen.add(id(t))
-                yield (f"{mod_prefix}.{name}" if mod_prefix else name), t
+        return _named_tensors(((mod_prefix, itertools.chain(
+            mod._parameters.items(), ((n, b) for n, b in mod._buffers.items() if n not in mod._non_persistent)))
+            for mod_prefix, mod in self.named_modules(remove_duplicate=remove_duplicate)), remove_duplicate)
 
     def state_dict(self, keep_vars: bool = False) -> dict[str, Tensor]:
         """Dotted name → tensor for every parameter and persistent buffer, sharing storage with the

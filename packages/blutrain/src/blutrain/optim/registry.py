@@ -30,8 +30,7 @@ class OptimizerRegistry(Registry[type]):
 
 def optimizers() -> OptimizerRegistry:
     """Every installed optimizer (loads plugins on first use)."""
-    plugins.add_hookspecs(hookspecs)
-    return plugins.registry("blutrain_register_optimizers", OptimizerRegistry)
+    return plugins.registry("blutrain_register_optimizers", OptimizerRegistry, hookspecs)
 
 
 def create(name: str, params: Any, **hyperparameters: Any) -> Any:

@@ -115,7 +115,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels (e.g. the cuda embedding backward): bit-identical runs
     auto_batch: bool = False  # find the largest micro-batch that fits; accumulation keeps the global batch
     parallel: str = ""  # "MODE[=VALUE]" ("ddp", "zero=2") or mesh sizes ("dp=2,tp=2"); "" → one process
-    dist_backend: str = "auto"  # the comm backend of --parallel: "mpi", "nccl"; auto → nccl on cuda, else mpi
+    dist_backend: str = "auto"  # the comm backend of --parallel ("mpi", "nccl"); auto: the device's declared one
     log: list[str] = field(default_factory=list)  # loggers of the training events, by plugin name: csv, tensorboard
     model_overrides: dict[str, Any] = field(default_factory=dict)
 

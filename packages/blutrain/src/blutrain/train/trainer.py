@@ -68,7 +68,8 @@ from blutrain.train.throughput import Throughput
 
 
 def resolve_device(name: str) -> str:
-    """``auto`` → cuda when a CUDA backend is installed and sees a GPU, else cpu. A named device must be
+    """``auto`` → the first available accelerator (``blutrain.tensor.default_device``: cuda where a CUDA backend
+    is installed and sees a GPU), else cpu. A named device must be
     usable here: an installed backend that cannot run (no GPU, no CuPy) is a ConfigError saying why."""
     if name != "auto":
         try:
@@ -82,10 +83,7 @@ def resolve_device(name: str) -> str:
                 raise ConfigError(f"device {name!r} cannot be used here: {exc}; or train with --device cpu") from None
             raise ConfigError(f"device {name!r}: its backend reports no available device; train with --device cpu")
         return name
-    registry = bt.backends()
-    if "cuda" in registry and registry.get("cuda").is_available():
-        return "cuda"
-    return "cpu"
+    return bt.default_device()
 
 
 @dataclass
@@ -164,15 +162,19 @@ class Trainer:
         self.rank: int = self.group.rank if self.group is not None else 0
         self.world: int = self.group.size if self.group is not None else 1
         self.mesh: Any = None
-        # the data-parallel rank and size: ranks that differ only along the mesh's other dimensions train on the
-        # same rows
+        # the data-parallel rank and size: over the mesh dimensions whose modes split the batch (splits_batch);
+        # ranks that differ only along the others train on the same rows
         self.dp_rank, self.dp_size = self.rank, self.world
         if self.plan is not None and self.plan.mesh:
-            from blutrain.dist import DeviceMesh
+            from blutrain.dist import DeviceMesh, parallel_modes
 
             self.mesh = DeviceMesh(self.group, self.plan.mesh)
-            has_dp = "dp" in self.plan.mesh
-            self.dp_rank, self.dp_size = (self.mesh.local_rank("dp"), self.mesh.size("dp")) if has_dp else (0, 1)
+            on_dim = {cls.dim: cls for cls in (parallel_modes().get(name) for name, _, _ in self.plan.modes)}
+            self.dp_rank, self.dp_size = 0, 1
+            for dim in self.plan.mesh:  # outermost first
+                if on_dim[dim].splits_batch:
+                    self.dp_rank = self.dp_rank * self.mesh.size(dim) + self.mesh.local_rank(dim)
+                    self.dp_size *= self.mesh.size(dim)
         self.stream = (stream or sys.stdout) if self.rank == 0 else open(os.devnull, "w")  # noqa: SIM115
         # the run directory: checked before anything is built; created (and with --overwrite emptied) by run()
         self.default_out = not cfg.out
@@ -301,11 +303,11 @@ class Trainer:
         if dist.is_initialized():
             return dist.get_process_group()
         env = dist.detect()
-        if self.device == "cuda" and env.world_size > 1:
-            self.device = f"cuda:{env.local_rank}"
+        if env.world_size > 1 and ":" not in self.device and bt.backends().get(self.device).accelerator:
+            self.device = f"{self.device}:{env.local_rank}"  # each rank its own device
         backend = self.cfg.dist_backend
         if backend == "auto":
-            backend = "nccl" if self.device.startswith("cuda") else "mpi"
+            backend = dist.default_comm_backend(self.device)
         return dist.init_process_group(backend)
 
     def _parallel_modes(self) -> list[ParallelMode]:

@@ -68,6 +68,8 @@ class NumpyBackend:
     xp: ModuleType = np
     array_type: type = np.ndarray
     dlpack_device_type: int = _DLPACK_CPU
+    accelerator: bool = False
+    comm_backend: str = "mpi"  # blutrain-comm-mpi: host memory between processes
 
     def __init__(self) -> None:
         self._generator = PhiloxGenerator(0)
