@@ -235,19 +235,6 @@ __device__ __forceinline__ LseState lse_combine(LseState a, LseState b) {
     return LseState{m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
 
-// st with VEC more values folded in: one rescale of the running sum to the new max, not one per value.
-template <int VEC> __device__ __forceinline__ LseState lse_add_vec(LseState st, const float (&v)[VEC]) {
-    float vmax = v[0];
-#pragma unroll
-    for (int k = 1; k < VEC; ++k) vmax = fmaxf(vmax, v[k]);
-    const float m = fmaxf(st.m, vmax);
-    if (m == -BT_INF) return st;
-    float s = st.s * expf(st.m - m);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) s += expf(v[k] - m);
-    return LseState{m, s};
-}
-
 __device__ __forceinline__ LseState warp_lse(LseState v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {

@@ -16,27 +16,6 @@
 //              ignored rows. Bytes: read N*C, write N*C.
 #include "common.cuh"
 
-// One row's gradient of the smoothed cross-entropy, (softmax - (1-eps) onehot(t) - eps/C) * scale, written by the
-// block's threads VEC columns at a time; softmax is recomputed from the logits xr and the row's log-sum-exp.
-template <typename T, int VEC>
-__device__ __forceinline__ void ce_grad_row(const T* __restrict__ xr, T* __restrict__ gr, int C, float lse,
-                                            long long t, float smoothing, float scale) {
-    const float uniform = smoothing / (float)C;
-    const int nv = C / VEC;
-    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        float v[VEC], o[VEC];
-        load_vec<VEC>(xr + (long long)i * VEC, v);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-            const long long col = (long long)i * VEC + k;
-            float p = expf(v[k] - lse) - uniform;
-            if (col == t) p -= 1.f - smoothing;
-            o[k] = p * scale;
-        }
-        store_vec<VEC>(gr + (long long)i * VEC, o);
-    }
-}
-
 template <typename T, int VEC>
 __device__ __forceinline__ void ce_fwd(const T* __restrict__ logits, const long long* __restrict__ target, int C,
                                        long long ignore_index, float smoothing, float* __restrict__ loss_rows,
@@ -52,7 +31,16 @@ __device__ __forceinline__ void ce_fwd(const T* __restrict__ logits, const long 
     for (int i = threadIdx.x; i < nv; i += blockDim.x) {
         float v[VEC];
         load_vec<VEC>(xr + (long long)i * VEC, v);
-        st = lse_add_vec<VEC>(st, v);
+        float vmax = v[0];
+#pragma unroll
+        for (int k = 1; k < VEC; ++k) vmax = fmaxf(vmax, v[k]);
+        const float m = fmaxf(st.m, vmax);
+        if (m != -BT_INF) {
+            float s = st.s * expf(st.m - m);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) s += expf(v[k] - m);
+            st = LseState{m, s};
+        }
 #pragma unroll
         for (int k = 0; k < VEC; ++k) sum += v[k];
     }
@@ -76,7 +64,20 @@ __device__ __forceinline__ void ce_fwd(const T* __restrict__ logits, const long 
         float scale = valid ? 1.f : 0.f;
         // 'mean': 1/count on valid rows; with no valid row at all 0/0 = NaN everywhere, as the loss.
         if (valid_count != nullptr) scale /= (float)(*valid_count);
-        ce_grad_row<T, VEC>(xr, dlogits + row * (long long)C, C, lse, t, smoothing, scale);
+        const float uniform = smoothing / (float)C;
+        T* gr = dlogits + row * (long long)C;
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float v[VEC], o[VEC];
+            load_vec<VEC>(xr + (long long)i * VEC, v);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                const long long col = (long long)i * VEC + k;
+                float p = expf(v[k] - lse) - uniform;
+                if (col == t) p -= 1.f - smoothing;
+                o[k] = p * scale;
+            }
+            store_vec<VEC>(gr + (long long)i * VEC, o);
+        }
     }
 }
 
@@ -105,7 +106,23 @@ __device__ __forceinline__ void ce_bwd(const T* __restrict__ grad, const T* __re
     if (t != ignore_index) scale = to_float(grad[mode == 0 ? row : 0]);
     // 'mean': divided by the number of valid rows; with none at all 0/0 = NaN, as the loss.
     if (mode == 2) scale /= (float)(*valid_count);
-    ce_grad_row<T, VEC>(logits + row * (long long)C, dlogits + row * (long long)C, C, lse[row], t, smoothing, scale);
+    const float l = lse[row];
+    const float uniform = smoothing / (float)C;
+    const T* xr = logits + row * (long long)C;
+    T* gr = dlogits + row * (long long)C;
+    const int nv = C / VEC;
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        float v[VEC], o[VEC];
+        load_vec<VEC>(xr + (long long)i * VEC, v);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const long long col = (long long)i * VEC + k;
+            float p = expf(v[k] - l) - uniform;
+            if (col == t) p -= 1.f - smoothing;
+            o[k] = p * scale;
+        }
+        store_vec<VEC>(gr + (long long)i * VEC, o);
+    }
 }
 
 #define CE_KERNELS(SUFFIX, T, VEC)                                                                      \

@@ -21,7 +21,16 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
     for (int i = threadIdx.x; i < nv; i += blockDim.x) {
         float v[VEC];
         load_vec<VEC>(xr + (long long)i * VEC, v);
-        st = lse_add_vec<VEC>(st, v);
+        float vmax = v[0];
+#pragma unroll
+        for (int k = 1; k < VEC; ++k) vmax = fmaxf(vmax, v[k]);
+        const float m = fmaxf(st.m, vmax);
+        if (m != -BT_INF) {
+            float s = st.s * expf(st.m - m);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) s += expf(v[k] - m);
+            st = LseState{m, s};
+        }
     }
     st = block_lse(st, red);
     const float lse = st.m + logf(st.s);
