@@ -50,8 +50,8 @@ _FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
                       "dp=2,tp=2[,async=K], dp=2,cp=2[,attn=ring|allgather|ulysses], tp=N, cp=N, "
                       "dp=N[,grad_dtype=bf16] (ddp); async=K: async TP, each all-reduce in K row blocks overlapping "
                       "the GEMMs"),
-    ("dist-backend", str, "the process group's comm backend for --parallel: mpi or nccl (default: nccl on cuda, "
-                          "else mpi)"),
+    ("dist-backend", str, "the process group's comm backend for --parallel: mpi or nccl (default: the one the "
+                          "device's backend declares: nccl on cuda, mpi on cpu)"),
 )
 
 _SWITCHES: tuple[tuple[str, str], ...] = (
