@@ -330,6 +330,18 @@ def sdpa(q: Array, k: Array, v: Array, mask: Array | None, causal: bool, scale: 
     """softmax(q kᵀ·scale + mask) v, returning the output and the row log-sum-exp."""
     xp = array_module(q)
     s = _scores(q, k, mask, causal, scale)
+    if mask is None:
+        # every row sees at least one key (causal: its own position), so its max is finite: the scores are
+        # exponentiated once, in place, and the output normalised after the product (T·D divisions, not T·T)
+        m = xp.max(s, axis=-1, keepdims=True)
+        s -= m
+        with _quiet():
+            xp.exp(s, out=s)
+        total = xp.sum(s, axis=-1, keepdims=True, dtype=s.dtype)
+        out = xp.matmul(s, v)
+        out /= total
+        lse = (xp.log(total) + m)[..., 0]
+        return out.astype(q.dtype, copy=False), lse.astype(q.dtype, copy=False)
     lse = logsumexp(s, (s.ndim - 1,), False)
     with _quiet():
         p = xp.exp(s - lse[..., None])
@@ -341,15 +353,22 @@ def sdpa_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Ar
     """Flash-attention backward: P is recomputed from the saved log-sum-exp; D = rowsum(dO ∘ O)."""
     xp = array_module(q)
     s = _scores(q, k, mask, causal, scale)
-    with _quiet():
-        p = xp.exp(s - lse[..., None])
-    p = xp.where(xp.isfinite(s), p, 0)
+    if mask is None:  # no row is wholly masked (see sdpa): P in place of the scores, no NaN to clear
+        s -= lse[..., None]
+        with _quiet():
+            p = xp.exp(s, out=s)
+    else:
+        with _quiet():
+            p = xp.exp(s - lse[..., None])
+        p = xp.where(xp.isfinite(s), p, 0)
     dv = xp.matmul(xp.swapaxes(p, -1, -2), grad)
-    dp = xp.matmul(grad, xp.swapaxes(v, -1, -2))
-    d = (grad * out).sum(axis=-1, keepdims=True, dtype=q.dtype)
-    ds = p * (dp - d)
-    dq = xp.matmul(ds, k) * scale
-    dk = xp.matmul(xp.swapaxes(ds, -1, -2), q) * scale
+    ds = xp.matmul(grad, xp.swapaxes(v, -1, -2))  # dP, then dS = P ∘ (dP − D) in the same buffer
+    ds -= (grad * out).sum(axis=-1, keepdims=True, dtype=q.dtype)
+    ds *= p
+    dq = xp.matmul(ds, k)
+    dq *= scale
+    dk = xp.matmul(xp.swapaxes(ds, -1, -2), q)
+    dk *= scale
     return dq.astype(q.dtype, copy=False), dk.astype(q.dtype, copy=False), dv.astype(q.dtype, copy=False)
 
 
@@ -364,21 +383,24 @@ def _heads(x: Array, n_head: int, parts: int) -> list[Array]:
 
 def sdpa_packed(qkv: Array, n_head: int, causal: bool, scale: float) -> tuple[Array, Array]:
     """Self-attention over a packed [B, T, 3C] projection (q | k | v): y [B, T, C] and the lse [B, H, T]. The
-    same arithmetic as ``sdpa`` on the split heads, so the two paths agree exactly."""
-    q, k, v = _heads(qkv, n_head, 3)
+    same arithmetic as ``sdpa`` on the split heads, so the two paths agree exactly. The heads are copied
+    contiguous first: the batched products run faster on them than on the strided views."""
+    xp = array_module(qkv)
+    q, k, v = (xp.ascontiguousarray(h) for h in _heads(qkv, n_head, 3))
     out, lse = sdpa(q, k, v, None, causal, scale)
     B, T, _ = qkv.shape
-    return array_module(qkv).swapaxes(out, 1, 2).reshape(B, T, -1), lse
+    return xp.swapaxes(out, 1, 2).reshape(B, T, -1), lse
 
 
 def sdpa_packed_backward(grad: Array, qkv: Array, out: Array, lse: Array, n_head: int, causal: bool,
                          scale: float) -> Array:
     """dqkv [B, T, 3C]: the three gradients of ``sdpa_backward`` on the split heads, each written once into its
     block (no zero fill, no sum)."""
-    q, k, v = _heads(qkv, n_head, 3)
-    (g,), (o,) = _heads(grad, n_head, 1), _heads(out, n_head, 1)
+    xp = array_module(qkv)
+    q, k, v = (xp.ascontiguousarray(h) for h in _heads(qkv, n_head, 3))  # as in sdpa_packed
+    g, o = xp.ascontiguousarray(_heads(grad, n_head, 1)[0]), xp.ascontiguousarray(_heads(out, n_head, 1)[0])
     grads = sdpa_backward(g, q, k, v, o, lse, None, causal, scale)
-    dqkv = array_module(qkv).empty(qkv.shape, dtype=grads[0].dtype)
+    dqkv = xp.empty(qkv.shape, dtype=grads[0].dtype)
     for part, d in zip(_heads(dqkv, n_head, 3), grads, strict=True):
         part[...] = d
     return dqkv
