@@ -317,8 +317,8 @@ def _above_diagonal(xp: Any, t: int, u: int) -> Array:
 
 def _scores(q: Array, k: Array, mask: Array | None, causal: bool, scale: float) -> Array:
     xp = array_module(q)
-    s = xp.matmul(q, xp.swapaxes(k, -1, -2))
-    s *= scale
+    # the scale on q (T·D products) rather than on the scores (T·T)
+    s = xp.matmul(q * xp.asarray(scale, dtype=q.dtype), xp.swapaxes(k, -1, -2))
     if causal:
         xp.copyto(s, -xp.inf, where=_above_diagonal(xp, s.shape[-2], s.shape[-1]))
     elif mask is not None:
