@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.arguments import choice_list
 from bench.dispatch_breakdown import CATEGORIES, profile
 from bench.dispatch_cases import OPS, SHAPES, Case, Framework, blutrain_framework, cases, prepare, torch_framework
 from bench.dispatch_timing import CupyClock, DeviceTimer, TorchClock, host_time
@@ -53,28 +54,16 @@ def _positive(text: str) -> int:
     return value
 
 
-def _choices(allowed: Sequence[str], what: str) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        items = [x.strip() for x in text.split(",") if x.strip()]
-        bad = [x for x in items if x not in allowed]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what} from "
-                                             f"{', '.join(allowed)}; got {text!r}")
-        return items
-
-    return parse
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     results = Path(__file__).parent / "results"
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="compute dtype of every op but the casts (default float32)")
-    p.add_argument("--sizes", type=_choices(tuple(SHAPES), "sizes"), default=None,
+    p.add_argument("--sizes", type=choice_list(tuple(SHAPES)), default=None,
                    help="comma-separated shape sets (default: small on cpu, small,gpt2 on cuda)")
-    p.add_argument("--ops", type=_choices(OPS, "ops"), default=list(OPS), help="a subset of the op set")
-    p.add_argument("--frameworks", type=_choices(FRAMEWORKS, "frameworks"), default=list(FRAMEWORKS))
+    p.add_argument("--ops", type=choice_list(OPS), default=list(OPS), help="a subset of the op set")
+    p.add_argument("--frameworks", type=choice_list(FRAMEWORKS), default=list(FRAMEWORKS))
     p.add_argument("--calls", type=_positive, default=None,
                    help="calls per timed batch, small shapes (default 1000 on cpu; 200 on cuda, so that a batch "
                         "stays under the ~1,000 launches the queue holds)")

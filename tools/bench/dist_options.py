@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.arguments import choice_list
 from bench.dist_report import FRAMEWORKS, IMPLS, MODES, STAGES, TORCH_MODES
 
 from blutrain.models import DEFAULT_MODEL
@@ -70,17 +71,6 @@ def torch_families() -> tuple[str, ...]:
     return tuple(bench_gpt2.TORCH_MODELS)
 
 
-def _csv(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        items = [s.strip() for s in text.split(",") if s.strip()]
-        bad = [s for s in items if s not in choices]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(choices)}, got {text!r}")
-        return list(dict.fromkeys(items))
-
-    return parse
-
-
 def _sizes(text: str) -> list[int]:
     try:
         sizes = sorted({int(s) for s in text.split(",") if s.strip()})
@@ -97,14 +87,14 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--gpus", type=int, help="G: the most GPUs (CPU ranks) of a run (default: every visible GPU; "
                                              "2 ranks on cpu)")
     ap.add_argument("--sizes", type=_sizes, help="GPU counts to run (default 1, 2, 4, ... up to G, and G)")
-    ap.add_argument("--stages", type=_csv(STAGES), default=list(STAGES), help="default scaling,equivalence")
-    ap.add_argument("--frameworks", type=_csv(FRAMEWORKS),
+    ap.add_argument("--stages", type=choice_list(STAGES), default=list(STAGES), help="default scaling,equivalence")
+    ap.add_argument("--frameworks", type=choice_list(FRAMEWORKS),
                     help="default blutrain,torch (blutrain alone for a family tools/bench/gpt2.py has no PyTorch "
                          "implementation of)")
-    ap.add_argument("--impls", type=_csv(IMPLS), default=list(IMPLS), help="default eager,compiled (scaling)")
-    ap.add_argument("--modes", type=_csv(MODES), default=list(MODES),
+    ap.add_argument("--impls", type=choice_list(IMPLS), default=list(IMPLS), help="default eager,compiled (scaling)")
+    ap.add_argument("--modes", type=choice_list(MODES), default=list(MODES),
                     help="BluTrain's modes on N > 1 GPUs (default ddp,zero1,zero2,zero3)")
-    ap.add_argument("--torch-modes", type=_csv(TORCH_MODES), default=["ddp"],
+    ap.add_argument("--torch-modes", type=choice_list(TORCH_MODES), default=["ddp"],
                     help="PyTorch's (default ddp; zero1 = DDP + ZeroRedundancyOptimizer, zero2/zero3 = FSDP "
                          "SHARD_GRAD_OP/FULL_SHARD, fsdp2 = fully_shard per block and the root, bf16 through "
                          "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), compiled per block "

@@ -82,7 +82,6 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +89,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
+from bench.arguments import choice_list
 from bench.gpt2_measure import (
     GIB,
     Meter,
@@ -646,18 +646,6 @@ class Bench(ParityStage, ProfileStages):
 
 
 # -- small helpers -----------------------------------------------------------------------------------------
-def _csv(choices: tuple[str, ...] | None) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        items = [s.strip() for s in text.split(",") if s.strip()]
-        bad = [s for s in items if choices is not None and s not in choices]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(choices or ())}, "
-                                             f"got {text!r}")
-        return items
-
-    return parse
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -667,8 +655,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--preset", help="the family's preset (default gpt2-124m on cuda, tiny on cpu)")
     ap.add_argument("--batch-size", type=int, default=16, help="micro-batch (default 16)")
     ap.add_argument("--seq-len", type=int, help="T (default 1024 on cuda, 128 on cpu; at most block_size)")
-    ap.add_argument("--precision", type=_csv(PRECISIONS), help="default fp32,tf32,bf16 (cuda), fp32 (cpu)")
-    ap.add_argument("--impl", type=_csv(IMPLS),
+    ap.add_argument("--precision", type=choice_list(PRECISIONS), help="default fp32,tf32,bf16 (cuda), fp32 (cpu)")
+    ap.add_argument("--impl", type=choice_list(IMPLS),
                     help="default blutrain,torch,torch-compile (cuda; no torch-compile with --quick), "
                          "blutrain,torch (cpu); blutrain-compile only when named")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per configuration (default 20)")
