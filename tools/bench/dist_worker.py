@@ -189,13 +189,11 @@ class BluTrainRank:
         return float(t.item()) > 0.5
 
     def profiler(self, name: str, entry: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
-        if self.cuda and self.rank == 0 and self.job.trace_dir:
-            import cupy
-
-            return _kineto_traced(Path(self.job.trace_dir), name, entry, cupy.cuda.runtime.deviceSynchronize)
-        if not (self.cuda and os.environ.get(UNDER_NSYS_ENV)):
+        if not self.cuda:
             return contextlib.nullcontext()
-        return _cupy_profiled(name, entry)
+        import cupy
+
+        return step_profiler(self.job, self.rank, name, entry, cupy.cuda.runtime.deviceSynchronize, "cupy.cuda")
 
     def run(self, c: Config, report: RankReport, entry: dict[str, Any]) -> None:
         try:
@@ -247,12 +245,16 @@ class BluTrainRank:
             dist.destroy_process_group()
 
 
-@contextlib.contextmanager
-def _cupy_profiled(name: str, entry: dict[str, Any]) -> Any:
-    import cupy
-
-    with _profiled(name, entry, cupy.cuda.runtime.deviceSynchronize, "cupy.cuda.profiler", "cupy.cuda.nvtx"):
-        yield
+def step_profiler(job: Job, rank: int, name: str, entry: dict[str, Any], synchronize: Callable[[], Any],
+                  cuda_module: str) -> contextlib.AbstractContextManager[None]:
+    """What a cuda rank's profiled steps run under: rank 0 under ``torch.profiler`` where the driver asked for
+    traces (``job.trace_dir``), a rank under nsys in the CUDA profiler's capture range and an NVTX range (from
+    ``cuda_module``'s ``profiler`` and ``nvtx``: "cupy.cuda" or "torch.cuda"), else nothing."""
+    if rank == 0 and job.trace_dir:
+        return _kineto_traced(Path(job.trace_dir), name, entry, synchronize)
+    if os.environ.get(UNDER_NSYS_ENV):
+        return _profiled(name, entry, synchronize, f"{cuda_module}.profiler", f"{cuda_module}.nvtx")
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -312,11 +314,9 @@ class TorchRank:
         return float(t.item()) > 0.5
 
     def profiler(self, name: str, entry: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
-        if self.cuda and self.rank == 0 and self.job.trace_dir:
-            return _kineto_traced(Path(self.job.trace_dir), name, entry, self.torch.cuda.synchronize)
-        if not (self.cuda and os.environ.get(UNDER_NSYS_ENV)):
+        if not self.cuda:
             return contextlib.nullcontext()
-        return _torch_profiled(self.torch, name, entry)
+        return step_profiler(self.job, self.rank, name, entry, self.torch.cuda.synchronize, "torch.cuda")
 
     def run(self, c: Config, report: RankReport, entry: dict[str, Any]) -> None:
         try:
@@ -447,12 +447,6 @@ def transformer_blocks(torch: Any, model: Any) -> Any:
         raise ValueError(f"{type(model).__name__}: FSDP shards the blocks of the model's one nn.ModuleList; found "
                          f"{len(lists)} ModuleList(s)")
     return lists[0]
-
-
-@contextlib.contextmanager
-def _torch_profiled(torch: Any, name: str, entry: dict[str, Any]) -> Any:
-    with _profiled(name, entry, torch.cuda.synchronize, "torch.cuda.profiler", "torch.cuda.nvtx"):
-        yield
 
 
 @contextlib.contextmanager
