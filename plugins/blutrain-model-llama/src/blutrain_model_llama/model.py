@@ -20,9 +20,9 @@ import os
 from typing import Any
 
 from blutrain.autograd import checkpoint, is_grad_enabled
-from blutrain.models import ModelError, ModelParallelPlan
+from blutrain.models import ModelError, ModelParallelPlan, check_token_ids
 from blutrain.models.sampling import sample_tokens
-from blutrain.nn import AttentionCore, Embedding, KVCache, Linear, Module, ModuleList, RMSNorm
+from blutrain.nn import AttentionCore, Embedding, KVCache, Linear, Module, ModuleList, RMSNorm, attend_cached
 from blutrain.nn import init as nn_init
 from blutrain.nn.module import is_plain
 from blutrain.tensor import (
@@ -33,13 +33,11 @@ from blutrain.tensor import (
     float64,
     linear_add,
     linear_cross_entropy,
-    ones,
     rope,
     scaled_dot_product_attention,
     swiglu,
-    tril,
 )
-from blutrain.tensor.errors import ShapeError, TensorTypeError
+from blutrain.tensor.errors import ShapeError
 from blutrain_model_llama.config import LlamaConfig
 
 
@@ -107,13 +105,7 @@ class LlamaAttention(Module):
         S, group = keys.shape[2], self.n_head // kv
         q5 = q.transpose(1, 2).reshape(B, kv, group, T, D)
         k5, v5 = (t.unsqueeze(2).expand(B, kv, group, S, D) for t in (keys, values))
-        if T == 1:  # the newest position sees every cached one: no mask
-            y = scaled_dot_product_attention(q5, k5, v5)
-        elif S == T:  # nothing was cached: plain causal attention
-            y = scaled_dot_product_attention(q5, k5, v5, is_causal=True)
-        else:  # query i is position S - T + i and sees keys 0..S - T + i
-            mask = tril(ones(T, S, dtype="bool", device=x.device), diagonal=S - T)
-            y = scaled_dot_product_attention(q5, k5, v5, attn_mask=mask)
+        y = attend_cached(q5, k5, v5)
         y = y.reshape(B, self.n_head, T, D).transpose(1, 2).reshape(B, T, self.n_head * D)
         out: Tensor = self.o_proj(y)
         return out if residual is None else residual + out
@@ -257,13 +249,7 @@ class Llama(Module):
 
     def check_ids(self, idx: Tensor, argument: str = "idx", check_length: bool = True) -> None:
         """Refuse anything but (batch, time) integer token ids no longer than ``block_size``."""
-        if not isinstance(idx, Tensor) or idx.dtype.is_floating or idx.dtype.name == "bool":
-            got = idx.dtype.name if isinstance(idx, Tensor) else type(idx).__name__
-            raise TensorTypeError(f"Llama: {argument} must be an integer Tensor of token ids, got {got}")
-        if idx.ndim != 2:
-            raise ShapeError(f"Llama: {argument} must be (batch, time), got shape {list(idx.shape)}")
-        if check_length and idx.shape[1] > self.config.block_size:
-            raise ShapeError(f"Llama: sequence length {idx.shape[1]} exceeds block_size {self.config.block_size}")
+        check_token_ids("Llama", idx, self.config.block_size, argument, check_length)
 
     def hidden_states(self, idx: Tensor, positions: Tensor | None = None) -> Tensor:
         """The final-RMSNorm hidden states (B, T, n_embd) of ``idx`` at ``positions`` (default 0 .. T-1)."""

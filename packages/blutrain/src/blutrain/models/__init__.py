@@ -15,9 +15,17 @@ from blutrain.models.parallel_plan import (
     require_plan,
 )
 from blutrain.models.registry import DEFAULT_MODEL, ModelRegistry, model_spec, models
-from blutrain.models.spec import ConfigClass, HFMapping, Model, ModelClass, ModelConfig, ModelSpec
+from blutrain.models.spec import (
+    ConfigClass,
+    HFMapping,
+    Model,
+    ModelClass,
+    ModelConfig,
+    ModelSpec,
+    check_token_ids,
+)
 
 __all__ = ["DEFAULT_MODEL", "GPT2", "PRESETS", "ConfigClass", "GPT2Config", "HFMapping", "Model", "ModelClass",
            "ModelConfig", "ModelError", "ModelParallelPlan", "ModelRegistry", "ModelSpec", "PlannedAttention",
-           "PretrainedError", "model_spec", "models", "module_at", "plan_of", "replace_module",
+           "PretrainedError", "check_token_ids", "model_spec", "models", "module_at", "plan_of", "replace_module",
            "require_plan"]

@@ -24,6 +24,7 @@ from blutrain.autograd import checkpoint, is_grad_enabled
 from blutrain.models.errors import ModelError, PretrainedError
 from blutrain.models.parallel_plan import ModelParallelPlan
 from blutrain.models.sampling import sample_tokens
+from blutrain.models.spec import check_token_ids
 from blutrain.nn import (
     GELU,
     CausalSelfAttention,
@@ -45,7 +46,7 @@ from blutrain.tensor import (
     linear_cross_entropy,
     linear_gelu,
 )
-from blutrain.tensor.errors import ShapeError, TensorTypeError
+from blutrain.tensor.errors import ShapeError
 from blutrain.tensor.serialization import SerializationError, load_file, save_file
 
 # Name → architecture. ``tiny`` is the model `blutrain train` trains with no arguments on the byte-level
@@ -281,14 +282,7 @@ class GPT2(Module):
     # -- forward -----------------------------------------------------------------------------
     def check_ids(self, idx: Tensor, argument: str = "idx", check_length: bool = True) -> None:
         """Refuse anything but (batch, time) integer token ids no longer than ``block_size``."""
-        if not isinstance(idx, Tensor) or idx.dtype.is_floating or idx.dtype.name == "bool":
-            got = idx.dtype.name if isinstance(idx, Tensor) else type(idx).__name__
-            raise TensorTypeError(f"GPT2: {argument} must be an integer Tensor of token ids, got {got}")
-        if idx.ndim != 2:
-            raise ShapeError(f"GPT2: {argument} must be (batch, time), got shape {list(idx.shape)}")
-        if check_length and idx.shape[1] > self.config.block_size:
-            raise ShapeError(f"GPT2: sequence length {idx.shape[1]} exceeds block_size "
-                             f"{self.config.block_size}")
+        check_token_ids("GPT2", idx, self.config.block_size, argument, check_length)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *,
                 return_logits: bool = True) -> tuple[Tensor | None, Tensor | None]:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from blutrain.models.errors import ModelError
 from blutrain.models.parallel_plan import ModelParallelPlan
 from blutrain.tensor import Tensor
+from blutrain.tensor.errors import ShapeError, TensorTypeError
 
 
 class ModelConfig(Protocol):
@@ -148,4 +149,16 @@ class ModelSpec:
         return self.model_class.from_pretrained(directory, **overrides)
 
 
-__all__ = ["ConfigClass", "HFMapping", "Model", "ModelClass", "ModelConfig", "ModelSpec"]
+def check_token_ids(owner: str, idx: Tensor, block_size: int, argument: str = "idx", check_length: bool = True) -> None:
+    """What a family's ``check_ids`` refuses: anything but (batch, time) integer token ids, and (with
+    ``check_length``) more than ``block_size`` of them; ``owner`` (the model class's name) starts the message."""
+    if not isinstance(idx, Tensor) or idx.dtype.is_floating or idx.dtype.name == "bool":
+        got = idx.dtype.name if isinstance(idx, Tensor) else type(idx).__name__
+        raise TensorTypeError(f"{owner}: {argument} must be an integer Tensor of token ids, got {got}")
+    if idx.ndim != 2:
+        raise ShapeError(f"{owner}: {argument} must be (batch, time), got shape {list(idx.shape)}")
+    if check_length and idx.shape[1] > block_size:
+        raise ShapeError(f"{owner}: sequence length {idx.shape[1]} exceeds block_size {block_size}")
+
+
+__all__ = ["ConfigClass", "HFMapping", "Model", "ModelClass", "ModelConfig", "ModelSpec", "check_token_ids"]

@@ -3,7 +3,7 @@ Llama-style models."""
 
 from blutrain.nn import functional, init
 from blutrain.nn.activation import GELU, Dropout
-from blutrain.nn.attention import AttentionCore, CausalSelfAttention
+from blutrain.nn.attention import AttentionCore, CausalSelfAttention, attend_cached
 from blutrain.nn.container import ModuleList, Sequential
 from blutrain.nn.embedding import Embedding
 from blutrain.nn.errors import ModuleError, StateDictError
@@ -15,4 +15,4 @@ from blutrain.nn.parameter import Parameter
 
 __all__ = ["GELU", "AttentionCore", "CausalSelfAttention", "Dropout", "Embedding", "KVCache", "LayerNorm", "Linear",
            "LoadResult", "Module", "ModuleError", "ModuleList", "Parameter", "RMSNorm", "RemovableHandle", "Sequential",
-           "StateDictError", "functional", "init"]
+           "StateDictError", "attend_cached", "functional", "init"]

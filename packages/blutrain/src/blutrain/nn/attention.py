@@ -70,14 +70,7 @@ class CausalSelfAttention(Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.reshape(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v))
         keys, values = cache.extend(layer, k, v)
-        S = keys.shape[2]
-        if T == 1:  # the newest position sees every cached one: no mask
-            y = scaled_dot_product_attention(q, keys, values)
-        elif S == T:  # nothing was cached: plain causal attention
-            y = scaled_dot_product_attention(q, keys, values, is_causal=True)
-        else:  # query i is position S - T + i and sees keys 0..S - T + i
-            mask = tril(ones(T, S, dtype="bool", device=x.device), diagonal=S - T)
-            y = scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        y = attend_cached(q, keys, values)
         return project(self.c_proj, self.resid_dropout, y.transpose(1, 2).reshape(B, T, C), residual)
 
     def _split_heads_attention(self, qkv: Tensor) -> Tensor:
@@ -98,4 +91,17 @@ class CausalSelfAttention(Module):
         return f"n_embd={self.n_embd}, n_head={self.n_head}{packed}{core}"
 
 
-__all__ = ["AttentionCore", "CausalSelfAttention"]
+def attend_cached(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+    """Causal attention of the newest T positions' queries ``q`` (..., T, D) over every position so far: ``keys``
+    and ``values`` (..., S, D), the cache with the new positions last. Query i is position S - T + i and sees
+    keys 0 .. S - T + i: no mask for one new position, plain causal attention where nothing was cached."""
+    T, S = q.shape[-2], keys.shape[-2]
+    if T == 1:
+        return scaled_dot_product_attention(q, keys, values)
+    if S == T:
+        return scaled_dot_product_attention(q, keys, values, is_causal=True)
+    mask = tril(ones(T, S, dtype="bool", device=q.device), diagonal=S - T)
+    return scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+
+__all__ = ["AttentionCore", "CausalSelfAttention", "attend_cached"]
