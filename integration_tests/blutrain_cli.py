@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 # A model small enough that a CLI run of a few steps takes seconds even with GPT-2's 50,257-token vocabulary;
@@ -112,3 +113,25 @@ def tree_digest(root: Path) -> dict[str, str]:
     """Relative path → sha256 of every file under ``root``: to show that nothing was lost or overwritten."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def quick_workdir(root: Path) -> Path:
+    """``root`` made a quick run's directory: quick.toml (QUICK_RUN_TOML) and data/ (byte shards of two stdlib
+    files, train and val)."""
+    from blutrain.data import get_tokenizer, prepare
+
+    (root / "quick.toml").write_text(QUICK_RUN_TOML)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    prepare([stdlib / "textwrap.py", stdlib / "shlex.py"], root / "data", get_tokenizer("byte"), val_fraction=0.1)
+    return root
+
+
+def small_trained_run(root: Path) -> Path:
+    """``root`` made a user's directory with byte-level data (data/) and a two-step run of a small model on it
+    (run/), through the CLI as a user runs it."""
+    (root / "small.toml").write_text(SMALL_RUN_TOML)
+    docs = write_documents(root / "text")
+    ok(blutrain("prepare", *docs, "--out", "data", "--tokenizer", "byte", "--val-fraction", "0.1", cwd=root))
+    ok(blutrain("train", "--config", "small.toml", "--data", "data", "--max-steps", "2", "--batch-size", "2",
+                "--seq-len", "32", "--eval-every", "0", "--out", "run", cwd=root))
+    return root

@@ -7,19 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
-from blutrain_cli import SMALL_RUN_TOML, blutrain, ok, one_line_error, tree_digest, write_documents
+from blutrain_cli import blutrain, ok, one_line_error, small_trained_run, tree_digest
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level dataset and a two-step run on it, in a user's directory."""
-    work = tmp_path_factory.mktemp("generate-user")
-    (work / "small.toml").write_text(SMALL_RUN_TOML)
-    docs = write_documents(work / "text")
-    ok(blutrain("prepare", *docs, "--out", "data", "--tokenizer", "byte", "--val-fraction", "0.1", cwd=work))
-    ok(blutrain("train", "--config", "small.toml", "--data", "data", "--max-steps", "2", "--batch-size", "2",
-                "--seq-len", "32", "--eval-every", "0", "--out", "run", cwd=work))
-    return work
+    return small_trained_run(tmp_path_factory.mktemp("generate-user"))
 
 
 def _generate(run_dir: Path, *args: str) -> str:

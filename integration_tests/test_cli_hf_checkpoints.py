@@ -15,7 +15,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from blutrain_cli import SMALL_RUN_TOML, assert_flags_exist, blutrain, ok, one_line_error, tree_digest, write_documents
+from blutrain_cli import (
+    assert_flags_exist,
+    blutrain,
+    ok,
+    one_line_error,
+    small_trained_run,
+    tree_digest,
+)
 
 from blutrain.train import load_checkpoint
 
@@ -95,13 +102,8 @@ def assert_same_weights(model: dict[str, Any], expected: dict[str, np.ndarray]) 
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user's directory: byte-level data, and a two-step run of a small model on it."""
     root = tmp_path_factory.mktemp("hf-user")
-    (root / "small.toml").write_text(SMALL_RUN_TOML)
     (root / "end.toml").write_text(END_TOML)
-    docs = write_documents(root / "text")
-    ok(blutrain("prepare", *docs, "--out", "data", "--tokenizer", "byte", "--val-fraction", "0.1", cwd=root))
-    ok(blutrain("train", "--config", "small.toml", "--data", "data", "--max-steps", "2", "--batch-size", "2",
-                "--seq-len", "32", "--eval-every", "0", "--out", "run", cwd=root))
-    return root
+    return small_trained_run(root)
 
 
 def test_a_run_starts_from_a_hugging_face_directory_written_from_numpy(work: Path, tmp_path: Path) -> None:

@@ -10,24 +10,18 @@ import csv
 import json
 import math
 import os
-import sysconfig
 from pathlib import Path
 
 import pytest
-from blutrain_cli import QUICK_RUN_TOML, blutrain, one_line_error, tree_digest
+from blutrain_cli import QUICK_RUN_TOML, blutrain, one_line_error, quick_workdir, tree_digest
 
-from blutrain.data import get_tokenizer, prepare
 from blutrain.dist import launcher
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with quick.toml and data/ (byte shards of a few stdlib files, train and val)."""
-    root = tmp_path_factory.mktemp("first-hour")
-    (root / "quick.toml").write_text(QUICK_RUN_TOML)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    prepare([stdlib / "textwrap.py", stdlib / "shlex.py"], root / "data", get_tokenizer("byte"), val_fraction=0.1)
-    return root
+    return quick_workdir(tmp_path_factory.mktemp("first-hour"))
 
 
 @pytest.fixture(scope="module")

@@ -10,23 +10,16 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sysconfig
 import time
 from pathlib import Path
 
 import pytest
-from blutrain_cli import QUICK_RUN_TOML, blutrain, command_line
-
-from blutrain.data import get_tokenizer, prepare
+from blutrain_cli import blutrain, command_line, quick_workdir
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("signals")
-    (root / "quick.toml").write_text(QUICK_RUN_TOML)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    prepare([stdlib / "textwrap.py", stdlib / "shlex.py"], root / "data", get_tokenizer("byte"), val_fraction=0.1)
-    return root
+    return quick_workdir(tmp_path_factory.mktemp("signals"))
 
 
 def _interrupt_line(proc: subprocess.CompletedProcess[str], status: int) -> str:
