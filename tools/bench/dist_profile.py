@@ -229,18 +229,20 @@ def costs_from_exports(paths: Iterable[Path], steps: dict[str, int]) -> tuple[di
 TORCH_TRACE_SUFFIX = ".trace.json"  # one Chrome trace per profiled configuration: <config name>.trace.json
 
 
-def read_chrome_trace(path: Path) -> list[Kernel]:
-    """Every kernel of a ``torch.profiler`` Chrome trace: complete events (``"ph": "X"``) of category
-    ``kernel``, their ``ts``/``dur`` (µs) as nanoseconds, on the device its ``args.device`` names."""
+def read_chrome_trace(path: Path, categories: Sequence[str] = ("kernel",)) -> list[Kernel]:
+    """Device activity of a ``torch.profiler`` Chrome trace: complete events (``"ph": "X"``) of ``categories``
+    (default the kernels; also e.g. "gpu_memcpy", "gpu_memset", named ``[category] name``), their
+    ``ts``/``dur`` (µs) as nanoseconds, on the device its ``args.device`` names."""
     data = json.loads(path.read_text())
     events = data.get("traceEvents", []) if isinstance(data, dict) else data
     out = []
     for e in events:
-        if isinstance(e, dict) and e.get("cat") == "kernel" and e.get("ph") == "X":
+        if isinstance(e, dict) and e.get("cat") in categories and e.get("ph") == "X":
             start = float(e["ts"]) * 1e3
             args = e.get("args") or {}
-            out.append(Kernel(str(e.get("name", "")), start, start + float(e.get("dur", 0.0)) * 1e3,
-                              int(args.get("device", 0))))
+            name = str(e.get("name", ""))
+            out.append(Kernel(name if e["cat"] == "kernel" else f"[{e['cat']}] {name}", start,
+                              start + float(e.get("dur", 0.0)) * 1e3, int(args.get("device", 0))))
     return out
 
 

@@ -5,8 +5,6 @@ bench."""
 from __future__ import annotations
 
 import gzip
-import json
-import math
 import shutil
 import statistics
 import time
@@ -14,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.dist_profile import read_chrome_trace
 from bench.gpt2_measure import PhaseRecorder, free_device_caches, nvtx_functions, sync_device
 from bench.gpt2_models import BluTrainCompiledRunner, Runner, build_runner, set_precision
 
@@ -154,25 +153,16 @@ class ProfileStages:
 
 def kernel_table(trace: Path) -> dict[str, Any]:
     """Device activity of a Chrome trace grouped by name: calls, total ms, share of the busy time."""
-    data = json.loads(trace.read_text())
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    cats = ("kernel", "gpu_memcpy", "gpu_memset")
+    activity = read_chrome_trace(trace, ("kernel", "gpu_memcpy", "gpu_memset"))
+    if not activity:
+        return {"kernels_note": "the profiler saw no device kernels: run under nsys to use the NVTX ranges"}
     agg: dict[str, list[float]] = {}
-    first, last = math.inf, -math.inf
-    for ev in events:
-        cat = ev.get("cat", "")
-        if ev.get("ph") != "X" or cat not in cats:
-            continue
-        name = ev.get("name", "?") if cat == "kernel" else f"[{cat}] {ev.get('name', '?')}"
-        a = agg.setdefault(name, [0, 0.0])
+    for k in activity:
+        a = agg.setdefault(k.name, [0, 0.0])
         a[0] += 1
-        a[1] += float(ev.get("dur", 0.0)) / 1e3
-        first = min(first, float(ev.get("ts", 0.0)))
-        last = max(last, float(ev.get("ts", 0.0)) + float(ev.get("dur", 0.0)))
+        a[1] += (k.end - k.start) / 1e6
     busy = sum(v[1] for v in agg.values())
     rows = sorted(({"name": k, "calls": int(v[0]), "total_ms": v[1], "share": v[1] / busy if busy else 0.0}
                    for k, v in agg.items()), key=lambda r: -r["total_ms"])
-    if not rows:
-        return {"kernels_note": "the profiler saw no device kernels: run under nsys to use the NVTX ranges"}
-    return {"kernels": rows, "kernel_count": int(sum(v[0] for v in agg.values())), "busy_ms": busy,
-            "span_ms": (last - first) / 1e3 if rows else 0.0}
+    span = max(k.end for k in activity) - min(k.start for k in activity)
+    return {"kernels": rows, "kernel_count": len(activity), "busy_ms": busy, "span_ms": span / 1e6}
