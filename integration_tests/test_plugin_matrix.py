@@ -9,6 +9,7 @@ combination, with an id such as ``llama-cpu-adamw-ddp2-eager``, so ``-k`` picks 
 
     uv run pytest integration_tests/test_plugin_matrix.py -k "cpu and sgd"
     uv run pytest integration_tests/test_plugin_matrix.py -k "llama and zero2"
+    uv run pytest integration_tests/test_plugin_matrix.py -k "llama and stage3"
 
 Each combination trains a tiny model of its family (``dist_workers/matrix_train.py``: the family's
 ``tiny`` preset made smaller) for 4 steps through ``blutrain.train.Trainer`` (what ``blutrain train``
@@ -52,6 +53,10 @@ WORKER = Path(__file__).parent / "dist_workers" / "matrix_train.py"
 RANKS = 2
 BATCH = 4  # the reference's batch: a "dp" mode gets BATCH // RANKS per rank, other modes BATCH
 COMPILE = {"eager": False, "compiled": True}
+# ZeRO's stages beyond its default (2), each a cell of its own with AdamW (the stage decides what is sharded:
+# optimizer state, gradients, parameters; the optimizer plugin does not change that): ids such as
+# ``llama-cuda-adamw-zero2-stage3-compiled``
+ZERO_STAGES = ("1", "3")
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,13 @@ class Combo:
     batch_size: int
     flag: str = ""  # the trainer's --parallel for this mode on RANKS ranks
     skip: str = ""  # why the combination does not run here
+    stage: str = ""  # a ZeRO stage other than the default, from ZERO_STAGES
 
     @property
     def parallel(self) -> str:
-        return f"{self.mode}{RANKS}" if self.mode else "single"
+        if not self.mode:
+            return "single"
+        return f"{self.mode}{RANKS}" + (f"-stage{self.stage}" if self.stage else "")
 
     @property
     def id(self) -> str:
@@ -113,9 +121,13 @@ def combinations() -> list[Combo]:
                     # a data-parallel mode over every rank ("ddp", "zero": the mode's defaults); a mode that splits
                     # the model or the sequence as a mesh dimension of RANKS ("tp=2"), so every rank reads the batch
                     flag = mode if data_parallel else f"{mode}={RANKS}"
+                    stages = ZERO_STAGES if mode == "zero" and optimizer == "adamw" else ()
                     for compiled in COMPILE.values():
                         skip = _device_skip(device, RANKS if mode else 1) or _refusal(flag, compiled)
                         out.append(Combo(model, device, optimizer, mode, compiled, batch, flag, skip))
+                        for stage in stages:
+                            out.append(Combo(model, device, optimizer, mode, compiled, batch, f"{mode}={stage}",
+                                             skip, stage))
     return out
 
 
@@ -191,6 +203,9 @@ def test_the_matrix_holds_every_registered_plugin_of_each_axis() -> None:
                     assert f"{model}-{device}-{name}-{mode}{RANKS}-eager" in ids
                     assert f"{model}-{device}-{name}-{mode}{RANKS}-compiled" in ids
     assert "gpt2-cpu-adamw-ddp2-eager" in ids and "llama-cpu-sgd-single-compiled" in ids
+    for model in models().names():
+        for stage in ZERO_STAGES:
+            assert BY_ID[f"{model}-cpu-adamw-zero{RANKS}-stage{stage}-compiled"].flag == f"zero={stage}"
 
 
 def test_every_built_in_parallel_mode_runs_compiled() -> None:
