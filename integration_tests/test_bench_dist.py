@@ -263,7 +263,8 @@ def test_more_gpus_than_visible_is_refused_with_what_to_give(capsys: pytest.Capt
 def test_a_misspelt_mode_is_refused_naming_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         args("--modes", "ddp,zero4")
-    assert "expected a comma-separated list of ddp, zero1, zero2, zero3, got 'ddp,zero4'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "expected a comma-separated list of ddp, zero1, zero2, zero3, ddp-bf16, got 'ddp,zero4'" in err
 
 
 def test_a_model_family_runs_its_preset_and_pytorch_shards_it_with_fsdp2() -> None:
@@ -285,7 +286,7 @@ def test_a_model_family_runs_its_preset_and_pytorch_shards_it_with_fsdp2() -> No
     (("--model", "llama", "--preset", "llama-1b", "--seq-len", "4096"),
      "--seq-len 4096 exceeds preset llama-1b's block_size 2048; give --seq-len 2048 or less"),
     (("--model", "no-such-family"), "--model: no model 'no-such-family'; installed: "),
-    (("--modes", "fsdp2"), "expected a comma-separated list of ddp, zero1, zero2, zero3, got 'fsdp2'"),
+    (("--modes", "fsdp2"), "expected a comma-separated list of ddp, zero1, zero2, zero3, ddp-bf16, got 'fsdp2'"),
 ])
 def test_a_model_or_preset_that_does_not_fit_is_refused_in_one_line(capsys: pytest.CaptureFixture[str],
                                                                     argv: tuple[str, ...], message: str) -> None:

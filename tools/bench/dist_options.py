@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.arguments import choice_list
-from bench.dist_report import FRAMEWORKS, IMPLS, MODES, STAGES, TORCH_MODES
+from bench.dist_report import DEFAULT_MODES, FRAMEWORKS, IMPLS, MODES, STAGES, TORCH_MODES
 
 from blutrain.models import DEFAULT_MODEL
 
@@ -92,8 +92,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                     help="default blutrain,torch (blutrain alone for a family tools/bench/gpt2.py has no PyTorch "
                          "implementation of)")
     ap.add_argument("--impls", type=choice_list(IMPLS), default=list(IMPLS), help="default eager,compiled (scaling)")
-    ap.add_argument("--modes", type=choice_list(MODES), default=list(MODES),
-                    help="BluTrain's modes on N > 1 GPUs (default ddp,zero1,zero2,zero3)")
+    ap.add_argument("--modes", type=choice_list(MODES), default=list(DEFAULT_MODES),
+                    help="BluTrain's modes on N > 1 GPUs (default ddp,zero1,zero2,zero3; ddp-bf16: "
+                         "--parallel ddp,grad_dtype=bf16, gradients reduced in bf16)")
     ap.add_argument("--torch-modes", type=choice_list(TORCH_MODES), default=["ddp"],
                     help="PyTorch's (default ddp; zero1 = DDP + ZeroRedundancyOptimizer, zero2/zero3 = FSDP "
                          "SHARD_GRAD_OP/FULL_SHARD, fsdp2 = fully_shard per block and the root, bf16 through "

@@ -15,8 +15,11 @@ GIB = 1024**3
 STAGES = ("scaling", "equivalence")
 FRAMEWORKS = ("blutrain", "torch")
 IMPLS = ("eager", "compiled")
-MODES = ("ddp", "zero1", "zero2", "zero3")
-# PyTorch's: the same four through DDP, ZeroRedundancyOptimizer and FSDP, and fsdp2 (fully_shard per block)
+# ddp-bf16: DDP with its gradients reduced in bf16 (BluTrain: ``--parallel ddp,grad_dtype=bf16``, float32 master
+# gradients kept; PyTorch: DDP's bf16_compress_hook); not in the default --modes
+MODES = ("ddp", "zero1", "zero2", "zero3", "ddp-bf16")
+DEFAULT_MODES = MODES[:4]
+# PyTorch's: the same through DDP, ZeroRedundancyOptimizer and FSDP, and fsdp2 (fully_shard per block)
 TORCH_MODES = (*MODES, "fsdp2")
 
 # issue 21's acceptance, reported against, never asserted
@@ -194,7 +197,7 @@ def goals(rows: Sequence[Row]) -> list[str]:
         c = r.config
         if c.framework != "blutrain" or r.efficiency is None:
             continue
-        goal = (GOAL_EAGER_DDP if c.impl == "eager" and c.mode == "ddp" else
+        goal = (GOAL_EAGER_DDP if c.impl == "eager" and c.mode in ("ddp", "ddp-bf16") else
                 GOAL_COMPILED_ZERO3 if c.impl == "compiled" and c.mode == "zero3" else
                 GOAL_COMPILED if c.impl == "compiled" else None)
         if goal is not None:
@@ -302,13 +305,13 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
                   f"   efficiency = tokens/s(N) / (N × tokens/s(1)) of the same framework and implementation: "
                   f"compiled against compiled 1 {unit}, eager against eager 1 {unit}",
                   "   comm / exposed = ms per step of NCCL kernels / of NCCL kernels with no compute kernel "
-                  "running (rank 0, nsys; '-': not profiled); wall s = the configuration's time, build and compile "
-                  "included",
-                  f"{'framework':<9} {'impl':<8} {'mode':<6} {unit + 's':>4} {'step ms':>8} {'tokens/s':>11} "
+                  "running (rank 0's profiled steps, --profile; '-': not profiled); wall s = the configuration's "
+                  "time, build and compile included",
+                  f"{'framework':<9} {'impl':<8} {'mode':<8} {unit + 's':>4} {'step ms':>8} {'tokens/s':>11} "
                   f"{'effic.':>7} {'alloc GiB':>9} {'comm':>6} {'exposed':>7} {'exp.%':>6} {'wall s':>6}  result"]
         for r in scaling:
             c = r.config
-            lines.append(f"{c.framework:<9} {c.impl:<8} {c.mode:<6} {c.gpus:>4} {_num(r.step_ms, '8.2f'):>8} "
+            lines.append(f"{c.framework:<9} {c.impl:<8} {c.mode:<8} {c.gpus:>4} {_num(r.step_ms, '8.2f'):>8} "
                          f"{_num(r.tokens_per_s, '11,.0f'):>11} {_num(r.efficiency, '7.1%'):>7} "
                          f"{_gib(r.peak_allocated):>9} {_num(r.comm_ms, '6.2f'):>6} {_num(r.exposed_ms, '7.2f'):>7} "
                          f"{_num(r.exposed_share, '6.1%'):>6} {_num(r.wall_s, '6.0f'):>6}  {_result(r)}")

@@ -44,7 +44,8 @@ from bench.dist_report import Config
 
 WORKER_FAILED = 3  # a rank's exit code after it wrote its error to its JSON
 TEARDOWN_S = 30.0  # seconds a rank waits for its process group to come apart after writing its results
-TRAINER_MODES = {"single": "", "ddp": "ddp", "zero1": "zero=1", "zero2": "zero=2", "zero3": "zero=3"}
+TRAINER_MODES = {"single": "", "ddp": "ddp", "zero1": "zero=1", "zero2": "zero=2", "zero3": "zero=3",
+                 "ddp-bf16": "ddp,grad_dtype=bf16"}
 HYPER = {"lr": 6e-4, "weight_decay": 0.1, "clip": 1.0}  # tools/bench/gpt2.py's recipe, constant learning rate
 
 
@@ -382,8 +383,11 @@ class TorchRank:
         params = list(model.parameters())
         if mode == "single":
             return model, lambda v: torch.nn.utils.clip_grad_norm_(params, v)
-        if mode in ("ddp", "zero1"):
+        if mode in ("ddp", "zero1", "ddp-bf16"):
             ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[self.local] if self.cuda else None)
+            if mode == "ddp-bf16":  # gradients cast to bf16 for the all-reduce, the average back in float32
+                hooks: Any = importlib.import_module("torch.distributed.algorithms.ddp_comm_hooks.default_hooks")
+                ddp.register_comm_hook(None, hooks.bf16_compress_hook)
             return ddp, lambda v: torch.nn.utils.clip_grad_norm_(params, v)
         fsdp_api: Any = importlib.import_module("torch.distributed.fsdp")
         wrap_api: Any = importlib.import_module("torch.distributed.fsdp.wrap")
