@@ -5,14 +5,17 @@ Usage: ``matrix_train.py OUT.json SPEC.json``; SPEC is a list of ``{"id", "model
 "parallel", "compile", "batch_size"}``. Run alone for single-process combinations, under ``blutrain run -n N`` for
 parallel ones (every rank runs the same list in the same order, so their collectives meet). Each
 combination's per-step losses (averaged over ranks, as the trainer logs them), the sum of squares of the
-parameters before and after (single process), and the optimizer's class go to OUT.json from rank 0; an
-exception is recorded as that combination's error and the next combination runs.
+parameters before and after (single process), and the optimizer's class go to OUT.json from rank 0. In a single
+process an exception is recorded as that combination's error and the next combination runs; on several ranks
+the rank that raised prints it and exits 1, and ``blutrain run`` stops the others (they would otherwise wait for
+it in the combination's collectives).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import time
 import traceback
@@ -58,6 +61,12 @@ def main() -> int:
             rank = results[spec["id"]]["rank"]
         except Exception:
             results[spec["id"]] = {"error": traceback.format_exc()}
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                # the other ranks would wait for this one in the combination's collectives (a collective
+                # captured in a CUDA graph has no timeout): end the launch, the error in its output
+                print(f"matrix_train: {spec['id']}: error on this rank, stopping the launch:\n"
+                      f"{results[spec['id']]['error']}", file=sys.stderr, flush=True)
+                return 1
         # progress on stderr, line by line: a launch stopped from outside still shows how far it got
         status = "error" if "error" in results[spec["id"]] else "ok"
         print(f"matrix_train: {spec['id']}: {status} in {time.monotonic() - started:.1f} s", file=sys.stderr,

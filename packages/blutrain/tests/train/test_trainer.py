@@ -181,3 +181,22 @@ def test_the_trainer_builds_the_optimizer_with_its_declared_trainer_defaults(mak
     assert [g["betas"] for g in adamw.optimizer.param_groups] == [(0.9, 0.95)] * len(adamw.optimizer.param_groups)
     sgd = Trainer(make_config(out=str(tmp_path / "sgd"), optimizer="sgd", max_steps=1))
     assert all(g["momentum"] == 0.0 and g["lr"] == sgd.cfg.lr for g in sgd.optimizer.param_groups)
+
+
+def test_each_rank_of_a_launch_gets_its_own_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare accelerator name gets the rank's local index (also when the process group was made before the
+    trainer: Trainer._init_distributed asks before it returns the existing group); the CPU, an indexed name and a
+    single process are left as given."""
+    from types import SimpleNamespace
+
+    from blutrain.dist import detect
+    from blutrain.train.trainer import rank_device
+
+    real = bt.backends()
+    fake = SimpleNamespace(get=lambda name: SimpleNamespace(accelerator=True) if name == "gpu" else real.get(name))
+    monkeypatch.setattr(bt, "backends", lambda: fake)
+    second_of_four = detect({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"})
+    assert rank_device("gpu", second_of_four) == "gpu:1"
+    assert rank_device("gpu:3", second_of_four) == "gpu:3"
+    assert rank_device("cpu", second_of_four) == "cpu"
+    assert rank_device("gpu", detect({})) == "gpu"

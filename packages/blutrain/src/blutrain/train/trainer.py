@@ -32,7 +32,7 @@ from blutrain.data import (
     stdlib_corpus,
 )
 from blutrain.data.prepare import PrepareReport
-from blutrain.dist import ParallelMode
+from blutrain.dist import DistEnv, ParallelMode
 from blutrain.models import ModelError, model_spec
 from blutrain.optim import clip_grad_norm_, optimizers, warmup_cosine, weight_decay_groups
 from blutrain.tensor.errors import BluTrainError
@@ -84,6 +84,15 @@ def resolve_device(name: str) -> str:
             raise ConfigError(f"device {name!r}: its backend reports no available device; train with --device cpu")
         return name
     return bt.default_device()
+
+
+def rank_device(name: str, env: DistEnv) -> str:
+    """The device of this rank: an accelerator named without an index (``cuda``) gets the rank's local index
+    among several ranks (``cuda:1``), so that every rank of a node has a device of its own; an indexed name, a
+    single process and the CPU are left as they are."""
+    if env.world_size > 1 and ":" not in name and bt.backends().get(name).accelerator:
+        return f"{name}:{env.local_rank}"
+    return name
 
 
 @dataclass
@@ -300,11 +309,10 @@ class Trainer:
             raise ConfigError(f"parallel {self.plan.text!r} lays out {self.plan.ranks} ranks ({sizes}), but this run "
                               f"has {world} rank(s); launch `blutrain run -n {self.plan.ranks}` or give sizes that "
                               f"multiply to {world}")
+        # also in a group made before this trainer (a second trainer in the process, or the caller's group)
+        self.device = rank_device(self.device, dist.detect())
         if dist.is_initialized():
             return dist.get_process_group()
-        env = dist.detect()
-        if env.world_size > 1 and ":" not in self.device and bt.backends().get(self.device).accelerator:
-            self.device = f"{self.device}:{env.local_rank}"  # each rank its own device
         backend = self.cfg.dist_backend
         if backend == "auto":
             backend = dist.default_comm_backend(self.device)
