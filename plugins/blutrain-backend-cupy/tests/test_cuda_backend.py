@@ -214,6 +214,31 @@ def test_gemm_into_multiplies_row_major_matrices_and_accumulates(trans_a: bool, 
                        trans_b=trans_b)
 
 
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_gemms_planned_for_fewer_sms_give_the_same_products(epilogue: bool) -> None:
+    """With an SM carve-out cuBLAS (SM count target) and cuBLASLt (a plan of its own per target) choose
+    algorithms for fewer SMs; the products are the same to float32 rounding, and 0 plans for every SM again."""
+    import cupy as cp
+
+    from blutrain_backend_cupy import gemm
+
+    r = np.random.default_rng(5)
+    a = cp.asarray(r.standard_normal((512, 384)).astype(bt.bfloat16.np))
+    b = cp.asarray(r.standard_normal((384, 640)).astype(bt.bfloat16.np))
+    bias = cp.asarray(r.standard_normal(640).astype(np.float32)) if epilogue else None
+    want = cp.asnumpy(a).astype(np.float64) @ cp.asnumpy(b).astype(np.float64)
+    if bias is not None:
+        want += cp.asnumpy(bias)
+    try:
+        for sms in (24, 0):
+            gemm.set_gemm_sm_carveout(sms)
+            out = cp.empty((512, 640), np.float32)
+            gemm.gemm_into(a, b, out, bias=bias)
+            assert rel(cp.asnumpy(out).astype(np.float64), want) < 1e-5, sms
+    finally:
+        gemm.set_gemm_sm_carveout(0)
+
+
 @pytest.mark.parametrize("fp32_gemm", ["cublas", "3xtf32"])
 @pytest.mark.parametrize(("trans_a", "trans_b"), [(False, True), (True, False)])
 @pytest.mark.parametrize(("operands", "result"), [("float32", "float32"), ("bfloat16", "float32"),

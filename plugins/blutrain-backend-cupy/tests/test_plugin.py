@@ -113,3 +113,21 @@ def test_the_environment_sets_the_gemm_modes_only_where_it_names_one(monkeypatch
     monkeypatch.setenv("BLUTRAIN_FP32_GEMM", "3xtf32")
     monkeypatch.setenv("CUPY_TF32", "0")
     assert gemm.fp32_gemm_requested_by_env() == "3xtf32" and gemm.tf32_requested_by_env() is False
+
+
+def test_the_gemm_sm_carveout_is_off_by_default_and_refuses_what_is_not_a_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from blutrain_backend_cupy import gemm
+
+    assert gemm.gemm_sm_carveout() == 0
+    for bad in (-1, 2.5, True, "24"):
+        with pytest.raises(ValueError, match="sms must be an int >= 0"):
+            gemm.set_gemm_sm_carveout(bad)  # type: ignore[arg-type]
+    assert gemm.gemm_sm_carveout() == 0
+    monkeypatch.delenv("BLUTRAIN_GEMM_SM_CARVEOUT", raising=False)
+    assert gemm.gemm_sm_carveout_requested_by_env() is None
+    monkeypatch.setenv("BLUTRAIN_GEMM_SM_CARVEOUT", "24")
+    assert gemm.gemm_sm_carveout_requested_by_env() == 24
+    monkeypatch.setenv("BLUTRAIN_GEMM_SM_CARVEOUT", "all")
+    with pytest.raises(ValueError, match="BLUTRAIN_GEMM_SM_CARVEOUT must be a number of SMs >= 0, got 'all'"):
+        gemm.gemm_sm_carveout_requested_by_env()

@@ -10,7 +10,14 @@
 from __future__ import annotations
 
 from blutrain_backend_cupy.backend import CudaUnavailableError, backend, unavailable_error
-from blutrain_backend_cupy.gemm import fp32_gemm, set_fp32_gemm, set_tf32, tf32_enabled
+from blutrain_backend_cupy.gemm import (
+    fp32_gemm,
+    gemm_sm_carveout,
+    set_fp32_gemm,
+    set_gemm_sm_carveout,
+    set_tf32,
+    tf32_enabled,
+)
 from blutrain_backend_cupy.memory import (
     CudaAllocatorError,
     allocator_name,
@@ -62,6 +69,7 @@ __all__ = [
     "device_count",
     "empty_cache",
     "fp32_gemm",
+    "gemm_sm_carveout",
     "is_available",
     "manual_seed",
     "max_memory_allocated",
@@ -74,6 +82,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "save_memory_snapshot",
     "set_fp32_gemm",
+    "set_gemm_sm_carveout",
     "set_tf32",
     "stream",
     "synchronize",

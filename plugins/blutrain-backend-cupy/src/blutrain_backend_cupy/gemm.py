@@ -71,6 +71,48 @@ def fp32_gemm() -> str:
     return _fp32_gemm
 
 
+# SMs that GEMMs leave to kernels running beside them (NCCL's collectives under backward take one SM per CTA,
+# 24 on 4 H100s): cuBLAS and cuBLASLt then choose their algorithm for the SMs that are left (a persistent
+# kernel sized for every SM would otherwise wait for a second wave); 0, the default, plans for all of them.
+# Read when a plan is made: a compiled step keeps the algorithms of its capture.
+_sm_carveout = 0
+
+
+def set_gemm_sm_carveout(sms: int) -> None:
+    """Plan GEMMs for the device's SM count less ``sms`` (0: every SM), as ``BLUTRAIN_GEMM_SM_CARVEOUT`` does."""
+    global _sm_carveout
+    if not isinstance(sms, int) or isinstance(sms, bool) or sms < 0:
+        raise ValueError(f"set_gemm_sm_carveout: sms must be an int >= 0, got {sms!r}")
+    _sm_carveout = sms
+
+
+def gemm_sm_carveout() -> int:
+    return _sm_carveout
+
+
+def gemm_sm_carveout_requested_by_env() -> int | None:
+    """``BLUTRAIN_GEMM_SM_CARVEOUT`` as an int, or None when unset; anything but an int >= 0 is refused."""
+    raw = os.environ.get("BLUTRAIN_GEMM_SM_CARVEOUT", "")
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"BLUTRAIN_GEMM_SM_CARVEOUT must be a number of SMs >= 0, got {raw!r}; unset it to "
+                         "plan GEMMs for every SM")
+    return int(raw)
+
+
+def _sm_target(dev: int) -> int:
+    """The SM count GEMMs on ``dev`` are planned for: 0 (the device's own) without a carve-out."""
+    if not _sm_carveout:
+        return 0
+    count = _SM_COUNTS.get(dev)
+    if count is None:
+        import cupy as cp
+
+        count = _SM_COUNTS[dev] = int(cp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
+    return max(1, count - _sm_carveout)
+
+
 def fp32_gemm_requested_by_env() -> str | None:
     """``BLUTRAIN_FP32_GEMM``, or None when unset (the setting then stays as :func:`set_fp32_gemm` left it,
     "cublas" by default); an unknown value is refused when the backend registers."""
@@ -96,6 +138,8 @@ class CublasError(RuntimeError):
 
 
 _LIB: dict[str, Any] = {}
+_SM_COUNTS: dict[int, int] = {}  # per device: its SM count (for a carve-out)
+_HANDLE_SM_TARGETS: dict[int, int] = {}  # per cuBLAS handle: the SM count target last set on it
 _WORKSPACES: dict[int, Any] = {}  # per device: the workspace cuBLAS and cuBLASLt are given (kept alive here)
 WORKSPACE_BYTES = 32 * 2**20  # what PyTorch gives cuBLAS on Hopper
 
@@ -119,7 +163,8 @@ def _cublas() -> Any:
         lib.cublasSetWorkspace_v2.argtypes = [ptr, ptr, ctypes.c_size_t]
         lib.cublasGemmEx.argtypes = [ptr, i32, i32, i32, i32, i32, ptr, ptr, i32, i32, ptr, i32, i32, ptr, ptr, i32,
                                      i32, i32, i32]
-        for fn in (lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx):
+        lib.cublasSetSmCountTarget.argtypes = [ptr, i32]
+        for fn in (lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx, lib.cublasSetSmCountTarget):
             fn.restype = i32
         _LIB["cublas"] = lib
     return lib
@@ -139,6 +184,10 @@ def _handle(lib: Any) -> int:
     _check(lib.cublasSetStream_v2(handle, cp.cuda.get_current_stream().ptr), "cublasSetStream")
     # after the stream: cublasSetStream puts the handle back on cuBLAS's own workspace pool
     _check(lib.cublasSetWorkspace_v2(handle, space.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
+    target = _sm_target(cp.cuda.runtime.getDevice())
+    if _HANDLE_SM_TARGETS.get(handle, 0) != target:
+        _check(lib.cublasSetSmCountTarget(handle, target), "cublasSetSmCountTarget")
+        _HANDLE_SM_TARGETS[handle] = target
     return handle
 
 
@@ -243,6 +292,7 @@ def _gemm(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, codes: l
 # cublasLt.h: matmul descriptor and preference attributes, epilogues
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _DESC_EPILOGUE_AUX_POINTER, _DESC_EPILOGUE_AUX_LD = 11, 12
+_DESC_SM_COUNT_TARGET = 15  # int32; 0: the device's SM count
 _EPILOGUE_DEFAULT, _EPILOGUE_BIAS, _EPILOGUE_GELU_AUX, _EPILOGUE_GELU_AUX_BIAS = 1, 4, 160, 164
 _PREF_MAX_WORKSPACE_BYTES = 1
 _PREF_MIN_ALIGNMENT = (5, 6, 7, 8)  # of A, B, C, D in bytes
@@ -297,7 +347,7 @@ class _LtPlan:
     def __init__(self, lib: Any, handle: int, problem: tuple[Any, ...]) -> None:
         import ctypes
 
-        (trans_a, trans_b, a_shape, b_shape, out_shape, codes, strict, epilogue, _beta, aligns) = problem
+        (trans_a, trans_b, a_shape, b_shape, out_shape, codes, strict, epilogue, _beta, aligns, sm_target) = problem
         void = ctypes.c_void_p
 
         def attr(setter: Any, obj: Any, name: int, value: Any, call: str) -> None:
@@ -311,6 +361,8 @@ class _LtPlan:
         for name, value in ((_DESC_TRANSA, _OP_T if trans_b else _OP_N),
                             (_DESC_TRANSB, _OP_T if trans_a else _OP_N), (_DESC_EPILOGUE, epilogue)):
             attr(set_desc, desc, name, ctypes.c_int32(value), "cublasLtMatmulDescSetAttribute")
+        if sm_target:
+            attr(set_desc, desc, _DESC_SM_COUNT_TARGET, ctypes.c_int32(sm_target), "cublasLtMatmulDescSetAttribute")
         if epilogue in (_EPILOGUE_GELU_AUX, _EPILOGUE_GELU_AUX_BIAS):  # the pre-activation, laid out like D
             attr(set_desc, desc, _DESC_EPILOGUE_AUX_LD, ctypes.c_int64(out_shape[1]), "cublasLtMatmulDescSetAttribute")
         layouts = []
@@ -360,7 +412,8 @@ def _lt_matmul(a: Array, b: Array, out: Array, trans_a: bool, trans_b: bool, cod
         aligns = (*aligns[:3], min(aligns[3], _alignment(aux.data.ptr)))
     else:
         epilogue = _EPILOGUE_DEFAULT if bias is None else _EPILOGUE_BIAS
-    problem = (trans_a, trans_b, a.shape, b.shape, out.shape, tuple(codes), strict, epilogue, has_c, aligns)
+    problem = (trans_a, trans_b, a.shape, b.shape, out.shape, tuple(codes), strict, epilogue, has_c, aligns,
+               _sm_target(dev))
     key = (dev, problem)
     plan = _LT_PLANS.get(key)
     if plan is None:

@@ -263,6 +263,9 @@ def register(registry: KernelRegistry, available: bool) -> None:
         gemm.set_tf32(tf32)
     if fp32 is not None:
         gemm.set_fp32_gemm(fp32)
+    carveout = gemm.gemm_sm_carveout_requested_by_env()
+    if carveout is not None:
+        gemm.set_gemm_sm_carveout(carveout)
     for op, (_, dtypes, _) in TABLE.items():
         for dt in dtypes:
             registry.register(op, DEVICE, dt, generic_kernel(op, dt))
