@@ -18,14 +18,7 @@ from blutrain.tensor.plugins import hookimpl
 from blutrain_backend_cupy import cuda
 from blutrain_backend_cupy import kernels as _kernels
 from blutrain_backend_cupy.backend import CudaUnavailableError, CupyBackend, PhiloxGenerator, backend
-from blutrain_backend_cupy.gemm import (
-    fp32_gemm,
-    gemm_sm_carveout,
-    set_fp32_gemm,
-    set_gemm_sm_carveout,
-    set_tf32,
-    tf32_enabled,
-)
+from blutrain_backend_cupy.gemm import fp32_gemm, set_fp32_gemm, set_tf32, tf32_enabled
 from blutrain_backend_cupy.streams import Event, Stream, current_stream, device, stream
 
 if TYPE_CHECKING:
@@ -66,10 +59,8 @@ __all__ = [
     "current_stream",
     "device",
     "fp32_gemm",
-    "gemm_sm_carveout",
     "is_available",
     "set_fp32_gemm",
-    "set_gemm_sm_carveout",
     "set_tf32",
     "stream",
     "tf32_enabled",
