@@ -1,7 +1,8 @@
 """Compiled tensor- and context-parallel steps on 4 MPI ranks (a 2 × 2 mesh), each run eagerly and through
 ``blutrain.compiler.compile`` in one launch (``dist_workers/compiled_tp_cp.py``): tp = 2 (synchronous and
 async in 3 row blocks), dp = 2 × tp = 2, cp = 2 with ring, all-gather and Ulysses attention, and dp = 2 ×
-cp = 2 with ring attention. The compiled step holds the mode's collectives as ops of its one program
+cp = 2 with ring attention, and cp = 2 × tp = 2 (context parallelism over the tensor-parallel model) with
+ring and Ulysses attention. The compiled step holds the mode's collectives as ops of its one program
 (ring attention's transfers as one ``sendrecv`` each) and must train exactly as the eager one. (The trainer's
 ``--compile --parallel tp=2`` and ``cp=2`` cells are in test_plugin_matrix.py; ddp and zero in
 test_dist_compile.py.)"""
@@ -15,7 +16,7 @@ import pytest
 from ranks import assert_trains_as_eager, run_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "compiled_tp_cp.py"
-RUNS = ["tp", "tp-async", "dp-tp", "cp-ring", "cp-allgather", "cp-ulysses", "dp-cp-ring"]
+RUNS = ["tp", "tp-async", "dp-tp", "cp-ring", "cp-allgather", "cp-ulysses", "dp-cp-ring", "tpcp-ring", "tpcp-ulysses"]
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,9 @@ def test_compiled_step_trains_as_the_eager_step(results: dict[str, Any], run: st
 
 # the fewest collectives a 2-layer step makes: tp: 2 per layer forward and backward, the embedding's, the
 # loss's 3 and the norm's; async tp: 3 blocks per fused all-reduce; cp: one transfer or gather per layer each
-# way, the loss's and the gradient average's; Ulysses: two all-to-alls per layer each way
-FEWEST = {"tp": 13, "tp-async": 30, "dp-tp": 14, "cp-ring": 6, "cp-allgather": 6, "cp-ulysses": 10, "dp-cp-ring": 6}
+# way, the loss's and the gradient average's; Ulysses: two all-to-alls per layer each way; cp × tp: both
+FEWEST = {"tp": 13, "tp-async": 30, "dp-tp": 14, "cp-ring": 6, "cp-allgather": 6, "cp-ulysses": 10, "dp-cp-ring": 6,
+          "tpcp-ring": 19, "tpcp-ulysses": 23}
 
 
 @pytest.mark.parametrize("run", RUNS)

@@ -2,12 +2,13 @@
 
 One `blutrain run` per world size runs every configuration in turn (dist_workers/tp_cp_gpt.py), so
 the ranks start once: tp, async tp, cp with each attention (ring, all-gather, Ulysses), and on 4 ranks
-the 2-D meshes dp × tp (sync and async) and dp × cp. Each must give the single-process losses within
+the 2-D meshes dp × tp (sync and async), dp × cp and cp × tp (context parallelism over a tensor-parallel
+model, ring and Ulysses). Each must give the single-process losses within
 1e-5 and the same final parameters (gathered from the tensor-parallel shards); async tp must give the
 synchronous tp's losses within 1e-6. Both runs also check the vocab-parallel cross-entropy, the three
 attentions (in float64 and float32) and async TP's fused Linears, forward and backward, against float64.
 
-`blutrain train --parallel dp=2,tp=2` and `dp=2,cp=2` under `blutrain run -n 4` (the trainer builds the
+`blutrain train --parallel dp=2,tp=2`, `dp=2,cp=2` and `cp=2,tp=2` under `blutrain run -n 4` (the trainer builds the
 mesh, shards the data by dp rank, clips with the global gradient norm and saves state that merges
 into the single process's) must give the losses and gradient norms of a single-process `blutrain
 train` with the same global batch, and a mesh that does not fit the ranks is refused. Resuming under
@@ -31,7 +32,8 @@ from ranks import launch
 WORKER = Path(__file__).parent / "dist_workers" / "tp_cp_gpt.py"
 CONFIGS = {
     2: ["tp", "tp-async", "cp-ring", "cp-allgather", "cp-ulysses"],
-    4: ["tp", "tp-async", "cp-ring", "cp-ulysses", "dp-tp", "dp-tp-async", "dp-cp-ring", "dp-cp-allgather"],
+    4: ["tp", "tp-async", "cp-ring", "cp-ulysses", "dp-tp", "dp-tp-async", "dp-cp-ring", "dp-cp-allgather",
+        "tpcp-ring", "tpcp-ulysses"],
 }
 UNITS = ["vocab_parallel_cross_entropy_float64", "vocab_parallel_cross_entropy_float32",
          *(f"attention_{kind}_{dtype}" for kind in ("ring", "allgather", "ulysses")
@@ -125,7 +127,7 @@ sample_tokens = 2
 clip = 1.0
 model_overrides = { n_layer = 2, n_head = 2, n_embd = 32 }
 """
-MESHES = ["dp=2,tp=2", "dp=2,cp=2"]
+MESHES = ["dp=2,tp=2", "dp=2,cp=2", "cp=2,tp=2"]
 
 
 def _blutrain(*args: str | Path, ranks: int = 0) -> subprocess.CompletedProcess[str]:
@@ -137,12 +139,13 @@ def _blutrain(*args: str | Path, ranks: int = 0) -> subprocess.CompletedProcess[
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`blutrain train` alone with 8 rows per step, and under `blutrain run -n 4` with 4 rows per
-    data-parallel rank on each mesh; dp × cp also saves a step checkpoint asynchronously (rank 0 alone
-    stages it: the others must not wait for it)."""
+    data-parallel rank on each mesh with dp (cp × tp: every rank reads the 8); dp × cp also saves a step
+    checkpoint asynchronously (rank 0 alone stages it: the others must not wait for it)."""
     d = tmp_path_factory.mktemp("mesh")
     (d / "c.toml").write_text(TRAIN_TOML)
     extra = {"dp=2,cp=2": ["--async-checkpoint", "--checkpoint-every", "2"]}
-    for ranks, rows, mesh in [(0, "8", None), *((4, "4", m) for m in MESHES)]:
+    # 8 rows a step in all: 4 per data-parallel rank where the mesh has dp=2, all 8 on every rank of cp × tp
+    for ranks, rows, mesh in [(0, "8", None), *((4, "4" if "dp=" in m else "8", m) for m in MESHES)]:
         parallel = ["--parallel", mesh, *extra.get(mesh, [])] if mesh else []
         proc = _blutrain("train", "--config", d / "c.toml", "--batch-size", rows, *parallel, "--out",
                          d / (mesh or "one"), ranks=ranks)

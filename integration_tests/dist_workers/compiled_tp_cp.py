@@ -10,6 +10,8 @@ mode's global norm, so replays pick up new scalars and the norm's all-reduce is 
   ``-async``: async TP in ``ASYNC_CHUNKS`` row blocks); ``dp-tp``: ddp over "dp" around it.
 - ``cp-<attn>``: cp = 2 over the mesh's "cp" groups with ring, all-gather or Ulysses attention (the cp mode
   averages the gradients over the cp group); ``dp-cp-<attn>``: ddp over dp × cp around it.
+- ``tpcp-<attn>``: cp = 2 × tp = 2, context parallelism over the tensor-parallel model (cp averages the shards'
+  gradients over its group, tp gives the norm).
 
 Usage: ``compiled_tp_cp.py OUT.json [CONFIG ...]``. Rank 0 writes, per configuration, both runs' losses and
 norms per step, the largest difference of any parameter over the ranks' (own shards of the) parameters, and
@@ -35,7 +37,8 @@ STEPS = 5
 BATCH = 4  # rows per data-parallel rank (the global batch: 4 × dp)
 ASYNC_CHUNKS = 3
 CONFIG = GPT2Config.preset("tiny", vocab_size=64, n_layer=2, n_head=4, n_embd=32, block_size=16)
-CONFIGS = ["tp", "tp-async", "dp-tp", "cp-ring", "cp-allgather", "cp-ulysses", "dp-cp-ring", "dp-cp-ulysses"]
+CONFIGS = ["tp", "tp-async", "dp-tp", "cp-ring", "cp-allgather", "cp-ulysses", "dp-cp-ring", "dp-cp-ulysses",
+           "tpcp-ring", "tpcp-ulysses"]
 
 
 def train(world: dist.ProcessGroup, config: str, compiled: bool) -> dict[str, Any]:
@@ -47,17 +50,21 @@ def train(world: dist.ProcessGroup, config: str, compiled: bool) -> dict[str, An
     with_dp = kind == "dp"
     if with_dp:
         kind, _, attn = attn.partition("-")
-    mesh = dist.DeviceMesh(world, {"dp": 2, kind: 2})
+    mesh = dist.DeviceMesh(world, {"cp": 2, "tp": 2} if kind == "tpcp" else {"dp": 2, kind: 2})
     bt.manual_seed(1234)
     net = GPT2(CONFIG)
     model: Any
-    if kind == "tp":
+    if kind == "tpcp":
+        model = norm_source = TP(mesh).wrap_model(net)
+        model = CP(mesh, attn=attn).wrap_model(model)
+    elif kind == "tp":
         # without ddp each tp pair is its own job, and takes its own group (not the mesh with its dp dimension)
         model = TP(mesh if with_dp else mesh.get_group("tp"), async_chunks=ASYNC_CHUNKS if attn == "async" else 0)
         model = model.wrap_model(net)
     else:
         model = CP(mesh if with_dp else mesh.get_group("cp"), attn=attn).wrap_model(net)
-    norm_source = model if kind == "tp" else None
+    if kind != "tpcp":
+        norm_source = model if kind == "tp" else None
     if with_dp:
         model = DDP(mesh, bucket_cap_mb=0.02).wrap_model(model)
     dp_rank = mesh.local_rank("dp") if with_dp else 0

@@ -59,13 +59,17 @@ def train(config: str | None, group: Any = None) -> tuple[list[float], dict[str,
         with_dp = kind == "dp"
         if with_dp:
             kind, _, attn = attn.partition("-")
-        dims = {"dp": 2, kind: world // 2} if with_dp else {kind: world}
-        mesh = dist.DeviceMesh(group, dims)
-        if kind == "tp":
-            tp_model = TP(mesh, async_chunks=ASYNC_CHUNKS if attn == "async" else 0).wrap_model(model)
-            wrapped, full = tp_model, tp_model.full_parameters
+        if kind == "tpcp":  # context parallelism over a tensor-parallel model: cp × tp
+            mesh = dist.DeviceMesh(group, {"cp": 2, "tp": world // 2})
+            tp_model = TP(mesh).wrap_model(model)
+            wrapped, full = CP(mesh, attn=attn).wrap_model(tp_model), tp_model.full_parameters
         else:
-            wrapped = CP(mesh, attn=attn).wrap_model(model)
+            mesh = dist.DeviceMesh(group, {"dp": 2, kind: world // 2} if with_dp else {kind: world})
+            if kind == "tp":
+                tp_model = TP(mesh, async_chunks=ASYNC_CHUNKS if attn == "async" else 0).wrap_model(model)
+                wrapped, full = tp_model, tp_model.full_parameters
+            else:
+                wrapped = CP(mesh, attn=attn).wrap_model(model)
         if with_dp:
             wrapped = DDP(mesh, bucket_cap_mb=0.02).wrap_model(wrapped)
             dp_group, dp_rank, dp_size = mesh.get_group("dp"), mesh.local_rank("dp"), 2

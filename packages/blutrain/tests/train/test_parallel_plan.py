@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from blutrain.dist import ParallelMode, ParallelModeRegistry
+from blutrain.tensor.plugins import hookimpl
+from blutrain.tensor.testing import plugin_registered
 from blutrain.train import ConfigError, ParallelPlan, TrainConfig, Trainer
 
 
@@ -48,6 +51,35 @@ def test_dp_times_cp_passes_the_attention_to_cp() -> None:
     assert got.modes == (("cp", (), {"attn": "ulysses"}), ("ddp", (), {}))
 
 
+def test_cp_times_tp_rewrites_for_tp_first_then_wraps_the_rewritten_model_in_cp() -> None:
+    got = plan("tp=2,cp=2,attn=ulysses")
+    assert got.mesh == {"cp": 2, "tp": 2} and got.ranks == 4
+    assert got.modes == (("tp", (), {}), ("cp", (), {"attn": "ulysses"}))
+
+
+class _RewritesAlone(ParallelMode):
+    """A layer-rewriting mode on a mesh dimension of its own that cannot wrap a rewritten model."""
+
+    dim = "xp"
+    on_mesh = True
+    mesh_order = 1
+    rewrites_layers = True
+
+
+class _RewritesAlonePlugin:
+    @hookimpl
+    def blutrain_register_parallel_modes(self, registry: ParallelModeRegistry) -> None:
+        registry.register("xp", _RewritesAlone)
+
+
+def test_two_layer_rewriting_modes_compose_only_where_the_outer_one_wraps_rewritten_models() -> None:
+    with plugin_registered(_RewritesAlonePlugin(), "rewrites-alone"):
+        message = refusal("xp=2,tp=2")
+    assert message == ("parallel 'xp=2,tp=2': xp and tp do not compose (xp rewrites the model's layers and cannot "
+                       "wrap a model tp rewrote: it does not declare wraps_rewritten); give one of them, alone or "
+                       "with the other dimensions")
+
+
 @pytest.mark.parametrize(("text", "mesh", "modes"), [("dp=4", {"dp": 4}, ("ddp",)), ("tp=4", {"tp": 4}, ("tp",)),
                                                      ("cp=2", {"cp": 2}, ("cp",))])
 def test_one_mesh_dimension_is_its_mode_over_every_rank(text: str, mesh: dict[str, int],
@@ -65,7 +97,6 @@ def test_one_mesh_dimension_is_its_mode_over_every_rank(text: str, mesh: dict[st
     ("dp=2,zero=2", "mode zero does not compose with a mesh (it does not declare on_mesh)"),
     ("tp=2,zero=1", "give zero=1 alone, or mesh sizes (dp=N, cp=N, tp=N)"),
     ("dp=2,tp=2,ranks=4", "unknown part 'ranks=4'"),
-    ("tp=2,cp=2", "tp and cp do not compose yet (each rewrites the model's layers its own way)"),
     ("dp=2,tp=2,attn=ring", "attn=ring is an option of mode 'cp' and needs cp=N"),
     ("dp=2,,tp=2", "parallel must be MODE[=VALUE]"),
     ("ddp,bf16", "'bf16' after the mode must be key=value (e.g. 'ddp,grad_dtype=bf16')"),

@@ -51,9 +51,9 @@ from blutrain.dist import (
     get_process_group,
     traceable,
 )
-from blutrain.models import module_at, require_plan
+from blutrain.models import head_logits, require_plan, token_loss_sum
 from blutrain.nn import Module
-from blutrain.tensor import Tensor, cross_entropy, float64, full_like, stack
+from blutrain.tensor import Tensor, float64, full_like, stack
 from blutrain.tensor.errors import ShapeError
 from blutrain_parallel_cp.attention import ATTENTION_KINDS, context_parallel_attention
 from blutrain_parallel_cp.layout import ChunkLayout
@@ -112,8 +112,9 @@ def _sequence_loss_backward(node: Any, grads: list[Any], create_graph: bool) -> 
 
 
 class ContextParallelModel(Module):
-    """``model`` (a :class:`blutrain.models.Model`) with its planned attentions made context-parallel over
-    ``group``.
+    """``model`` (a :class:`blutrain.models.Model`, or one a mode of the mesh rewrote: a
+    :class:`blutrain.models.RewrittenModel`, e.g. tensor parallelism's) with its planned attentions made
+    context-parallel over ``group``.
 
     ``forward(idx, targets=None)`` takes the whole batch (B, T), T a multiple of 2·cp, and returns
     ``(logits, loss)``: the logits of this rank's positions (B, T / cp, vocab) in layout order, and
@@ -167,7 +168,7 @@ class ContextParallelModel(Module):
         rank = self.group.rank
         layout = ChunkLayout(idx.shape[1], self.group.size)
         x = model.hidden_states(layout.shard(idx, rank), layout.position_ids(rank, idx.device))
-        logits: Tensor = module_at(model, self.plan.head)(x)
+        logits = head_logits(model, x)
         if targets is None:
             return logits, None
         if not isinstance(targets, Tensor) or targets.shape != idx.shape:
@@ -175,8 +176,8 @@ class ContextParallelModel(Module):
             raise ShapeError(f"ContextParallelModel: targets must have the shape of idx {list(idx.shape)}, got {got}")
         mine = layout.shard(targets, rank).reshape(-1)
         B, T, V = logits.shape
-        local = cross_entropy(logits.reshape(B * T, V), mine, ignore_index=-1, reduction="sum")
-        return logits, sequence_loss(local, (mine != -1).sum(), self.group)
+        local, count = token_loss_sum(model, logits.reshape(B * T, V), mine)
+        return logits, sequence_loss(local, count, self.group)
 
     def extra_repr(self) -> str:
         return f"cp={self.group.size}, rank {self.group.rank}, attn={self.attn}"
@@ -199,6 +200,7 @@ class CP(ParallelMode):
     mesh_options: ClassVar[Mapping[str, str]] = {"attn": "attn"}
     shards_loss = True
     rewrites_layers = True
+    wraps_rewritten = True  # the planned attentions of a tensor-parallel model are its ranks' heads
 
     @classmethod
     def check_options(cls, attn: str = "ring", bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:

@@ -4,9 +4,9 @@ Rank r holds the logits of classes ``vocab_start .. vocab_start + V_r`` for ever
 holds a full row. The forward needs three all-reduces of one value per row: the row maximum (``max``),
 the sum of ``exp(logit - max)`` (``sum``) and the target's logit (``sum``: only the rank owning the
 target contributes it). Then ``loss_i = log(sumexp_i) + max_i - logit_i[target_i]``, averaged over the
-rows whose target is not ``ignore_index``.
+rows whose target is not ``ignore_index`` (``reduction="sum"``: summed over them).
 
-Backward is local: the gradient of the shard is ``(softmax - onehot) · g / n`` restricted to the
+Backward is local: the gradient of the shard is ``(softmax - onehot) · g / n`` (``g`` for a sum) restricted to the
 shard's columns, and softmax is recomputed from the saved logits and the per-row log-sum-exp, so
 the rule keeps the shard it already had and one value per row.
 """
@@ -39,8 +39,8 @@ def _check(logits: Tensor, target: Tensor, vocab_start: int) -> None:
 
 
 def vocab_parallel_cross_entropy(logits: Tensor, target: Tensor, group: ProcessGroup, vocab_start: int,
-                                 ignore_index: int = -100) -> Tensor:
-    """Mean cross-entropy of rows whose classes are split over ``group``.
+                                 ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """Mean (``reduction="sum"``: summed) cross-entropy of rows whose classes are split over ``group``.
 
     ``logits`` (N, V_shard): this rank's columns, classes ``vocab_start .. vocab_start + V_shard``;
     ``target`` (N,): global class ids, the same on every rank. Every rank gets the same scalar loss,
@@ -49,6 +49,8 @@ def vocab_parallel_cross_entropy(logits: Tensor, target: Tensor, group: ProcessG
     a bfloat16 loss would be rounded to 8 bits (1/16 near ln 50304) and differ from the single process's.
     """
     _check(logits, target, vocab_start)
+    if reduction not in ("mean", "sum"):
+        raise DistArgumentError(f"vocab_parallel_cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r}")
     n_cols = logits.shape[1]
     with no_grad():
         x = logits.detach()
@@ -71,11 +73,12 @@ def vocab_parallel_cross_entropy(logits: Tensor, target: Tensor, group: ProcessG
         count = valid.sum()
         per_row = (sumexp.log() - picked) * valid
         # every target ignored: 0 / 0 = NaN, as the mean of nothing is in PyTorch and blutrain's cross_entropy
-        loss = per_row.sum() / count
+        loss = per_row.sum() / count if reduction == "mean" else per_row.sum()
         if get_autocast_dtype() is None:
             loss = loss.to(dtype=logits.dtype)
     record(VOCAB_PARALLEL_CROSS_ENTROPY, (logits,), loss, {
-        "target": target, "lse": lse, "valid": valid, "count": count, "vocab_start": vocab_start})
+        "target": target, "lse": lse, "valid": valid, "count": count if reduction == "mean" else None,
+        "vocab_start": vocab_start})
     return loss
 
 
@@ -92,7 +95,9 @@ def _backward(node: Any, grads: list[Any], create_graph: bool) -> tuple[Tensor]:
     owned = logical_and(local >= 0, local < n_cols).reshape(-1, 1)
     cols = arange(n_cols, dtype="int64", device=x.device).reshape(1, -1)
     onehot = logical_and(cols == local.reshape(-1, 1), owned).to(dtype=probs.dtype)
-    scale = (g.to(dtype=probs.dtype) / clamp(a["count"], min=1.0)) * a["valid"]
+    scale = g.to(dtype=probs.dtype) * a["valid"]
+    if a["count"] is not None:  # the mean's
+        scale = scale / clamp(a["count"], min=1.0)
     grad = (probs - onehot) * scale
     return (grad.to(dtype=logits.dtype),)
 

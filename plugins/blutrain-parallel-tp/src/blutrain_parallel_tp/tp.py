@@ -46,7 +46,7 @@ from blutrain.dist import (
     get_process_group,
     traceable,
 )
-from blutrain.models import module_at, replace_module, require_plan
+from blutrain.models import RewrittenModel, module_at, replace_module, require_plan
 from blutrain.nn import Embedding, Linear, Module
 from blutrain.tensor import Tensor, clamp, norm, stack, zeros
 from blutrain.tensor.errors import ShapeError
@@ -71,7 +71,7 @@ def _expect(where: str, what: str, value: object, kind: type) -> Any:
     return value
 
 
-class TensorParallelModel(Module):
+class TensorParallelModel(RewrittenModel):
     """``model`` (a :class:`blutrain.models.Model`) rewritten for tensor parallelism over ``group`` as its
     ``parallel_plan`` says.
 
@@ -79,12 +79,17 @@ class TensorParallelModel(Module):
     rank's vocabulary shard (B, T, vocab_size / tp) and ``loss`` the full mean cross-entropy, the
     same on every rank. Parameter names are the model's, under ``module.``. ``async_chunks`` > 0: the
     parallel Linears and the LM head overlap their all-reduce with their GEMMs in that many row blocks.
+    As a :class:`~blutrain.models.RewrittenModel` it serves the next mode of a mesh (context parallelism):
+    :meth:`logits` gives this rank's vocabulary shard and :meth:`loss_sum` the vocab-parallel loss.
     """
 
     def __init__(self, model: Any, group: ProcessGroup, broadcast_parameters: bool = True,
                  async_chunks: int = 0) -> None:
         super().__init__()
         where = "TensorParallelModel"
+        if isinstance(model, RewrittenModel):
+            raise DistArgumentError(f"{where}: model is already rewritten ({type(model).__name__}); tensor "
+                                    "parallelism cuts a plain model's layers, so it must be the innermost mode")
         self.plan = require_plan(where, model)
         self.async_chunks = check_chunks(where, async_chunks) if async_chunks else 0
         size = group.size
@@ -138,17 +143,26 @@ class TensorParallelModel(Module):
             replace_module(model, plan.head, self._parallel(ColumnParallelLinear.from_linear(head, g, async_chunks=k)))
         self.vocab_start = wte.vocab_start  # the first vocabulary id whose logit this rank computes
 
+    def logits(self, x: Tensor) -> Tensor:
+        """The logits of this rank's vocabulary shard (..., vocab_size / tp) from hidden states ``x``."""
+        head = module_at(self.module, self.plan.head)
+        out: Tensor
+        if isinstance(head, ColumnParallelLinear):  # an untied head, cut by _rewrite
+            out = head(x)
+        else:
+            out = (column_parallel_linear(x, head.weight, head.bias, self.group, self.async_chunks)
+                   if self.async_chunks and self.group.size > 1 else head(copy_to_tp_region(x, self.group)))
+        return out
+
+    def loss_sum(self, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        total = vocab_parallel_cross_entropy(logits, targets, self.group, self.vocab_start, ignore_index=-1,
+                                             reduction="sum")
+        return total, (targets != -1).sum()
+
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         model = self.module
         model.check_ids(idx)
-        x = model.hidden_states(idx)
-        head = module_at(model, self.plan.head)
-        logits: Tensor
-        if isinstance(head, ColumnParallelLinear):  # an untied head, cut by _rewrite
-            logits = head(x)
-        else:
-            logits = (column_parallel_linear(x, head.weight, head.bias, self.group, self.async_chunks)
-                      if self.async_chunks and self.group.size > 1 else head(copy_to_tp_region(x, self.group)))
+        logits = self.logits(model.hidden_states(idx))
         if targets is None:
             return logits, None
         if not isinstance(targets, Tensor) or targets.shape != idx.shape:

@@ -50,6 +50,9 @@ class ParallelMode:
       ranks; it takes no ``return_logits`` option.
     - ``rewrites_layers``: ``wrap_model`` rewrote the model's layers for sharded inputs, so the model alone no
       longer runs a whole sequence: generation runs a fresh copy loaded with whole state.
+    - ``wraps_rewritten``: a layer-rewriting mode whose ``wrap_model`` also takes the model an inner mode of the
+      mesh rewrote (a ``blutrain.models.RewrittenModel``: context parallelism over tensor parallelism); two
+      rewriting modes compose on a mesh only when the outer one declares it.
     - ``shards_gradients``: no rank holds every whole gradient; :meth:`grad_norm` and :meth:`clip_grad_norm_`
       give the global norm.
     - ``shards_state``: ranks hold parts of the model or optimizer state; checkpoints are written by
@@ -64,6 +67,7 @@ class ParallelMode:
     splits_batch: ClassVar[bool] = False
     shards_loss: ClassVar[bool] = False
     rewrites_layers: ClassVar[bool] = False
+    wraps_rewritten: ClassVar[bool] = False
     shards_gradients: ClassVar[bool] = False
     shards_state: ClassVar[bool] = False
 

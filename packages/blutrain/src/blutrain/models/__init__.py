@@ -9,10 +9,14 @@ from blutrain.models.gpt2 import GPT2, PRESETS, GPT2Config
 from blutrain.models.parallel_plan import (
     ModelParallelPlan,
     PlannedAttention,
+    RewrittenModel,
+    head_logits,
     module_at,
     plan_of,
     replace_module,
     require_plan,
+    token_loss_sum,
+    unwrapped,
 )
 from blutrain.models.registry import DEFAULT_MODEL, ModelRegistry, model_spec, models
 from blutrain.models.spec import (
@@ -27,5 +31,5 @@ from blutrain.models.spec import (
 
 __all__ = ["DEFAULT_MODEL", "GPT2", "PRESETS", "ConfigClass", "GPT2Config", "HFMapping", "Model", "ModelClass",
            "ModelConfig", "ModelError", "ModelParallelPlan", "ModelRegistry", "ModelSpec", "PlannedAttention",
-           "PretrainedError", "check_token_ids", "model_spec", "models", "module_at", "plan_of", "replace_module",
-           "require_plan"]
+           "PretrainedError", "RewrittenModel", "check_token_ids", "head_logits", "model_spec", "models", "module_at",
+           "plan_of", "replace_module", "require_plan", "token_loss_sum", "unwrapped"]

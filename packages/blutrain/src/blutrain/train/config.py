@@ -259,11 +259,14 @@ class TrainConfig:
             if given is not None and dim not in sizes:
                 raise ConfigError(f"parallel {text!r}: {key}={given} is an option of mode {on_mesh[dim]!r} and "
                                   f"needs {dim}=N")
-        rewriting = [on_mesh[dim] for dim in sizes if modes[on_mesh[dim]].rewrites_layers]
-        if len(rewriting) > 1:
-            raise ConfigError(f"parallel {text!r}: {' and '.join(rewriting)} do not compose yet (each rewrites the "
-                              "model's layers its own way); give one of them, alone or with the other dimensions")
         mesh = {dim: sizes[dim] for dim in on_mesh if dim in sizes}
+        # layer-rewriting modes wrap each other innermost first; each but the innermost must take a rewritten model
+        rewriting = [on_mesh[dim] for dim in mesh if modes[on_mesh[dim]].rewrites_layers]
+        refusing = [name for name in rewriting[:-1] if not modes[name].wraps_rewritten]
+        if refusing:
+            raise ConfigError(f"parallel {text!r}: {' and '.join(rewriting)} do not compose ({refusing[0]} rewrites "
+                              f"the model's layers and cannot wrap a model {rewriting[-1]} rewrote: it does not "
+                              "declare wraps_rewritten); give one of them, alone or with the other dimensions")
         plan_modes = tuple((on_mesh[dim], (), options[dim]) for dim in reversed(mesh))
         return ParallelPlan(text, mesh, plan_modes)
 
