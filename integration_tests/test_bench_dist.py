@@ -418,6 +418,22 @@ def test_the_cpu_mode_runs_both_stages_through_blutrain_run(tmp_path: Path) -> N
     assert (tmp_path / "bench_dist.png").stat().st_size > 0
 
 
+def test_eight_ranks_run_compiled_ddp_and_zero_and_give_the_one_rank_losses(tmp_path: Path) -> None:
+    """--gpus 8 on 8 MPI ranks (the 8-GPU machine's layout, exercised on the CPU): compiled DDP and ZeRO-1 on 1 and
+    8, and the same global batch on 1 rank (accumulating 8 micro-batches), 2 and 8 ranks."""
+    proc, result = run_bench(tmp_path, "--gpus", "8", "--sizes", "1,8", "--frameworks", "blutrain", "--modes",
+                             "ddp,zero1", "--impls", "compiled", "--steps", "2", "--equiv-steps", "2")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = {r["config"]["name"]: r for r in result["rows"]}
+    assert list(rows) == ["blutrain-compiled-single-1gpu", "blutrain-compiled-ddp-8gpu", "blutrain-compiled-zero1-8gpu",
+                          "equiv-blutrain-fp32-1gpu", "equiv-blutrain-fp32-8gpu", "equiv-blutrain-fp32-2gpu"]
+    assert all(r["status"] == "ok" for r in rows.values())
+    for name in ("equiv-blutrain-fp32-2gpu", "equiv-blutrain-fp32-8gpu"):  # N ranks = 1 rank accumulating N
+        assert len(rows[name]["losses"]) == 2 and rows[name]["max_rel_dloss"] < 1e-4, name
+    assert all(json.loads((tmp_path / "runs" / "blutrain-8gpu-1" / f"rank{r}.json").read_text())["rank"] == r
+               for r in range(8))
+
+
 def test_the_cpu_mode_trains_the_family_it_is_given_with_zero3(tmp_path: Path) -> None:
     from blutrain.models import model_spec
 
