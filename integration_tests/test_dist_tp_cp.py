@@ -8,9 +8,9 @@ model, ring and Ulysses). Each must give the single-process losses within
 synchronous tp's losses within 1e-6. Both runs also check the vocab-parallel cross-entropy, the three
 attentions (in float64 and float32) and async TP's fused Linears, forward and backward, against float64.
 
-`blutrain train --parallel dp=2,tp=2`, `dp=2,cp=2` and `cp=2,tp=2` under `blutrain run -n 4` (the trainer builds the
-mesh, shards the data by dp rank, clips with the global gradient norm and saves state that merges
-into the single process's) must give the losses and gradient norms of a single-process `blutrain
+`blutrain train --parallel dp=2,tp=2`, `dp=2,cp=2` and `cp=2,tp=2` under `blutrain run -n 4`, and the 3-D
+`dp=2,cp=2,tp=2` under `blutrain run -n 8` (the trainer builds the mesh, shards the data by dp rank, clips with
+the global gradient norm and saves state that merges into the single process's) must give the losses and gradient norms of a single-process `blutrain
 train` with the same global batch, and a mesh that does not fit the ranks is refused. Resuming under
 tp: test_dist_tp_checkpoint.py.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -127,7 +128,11 @@ sample_tokens = 2
 clip = 1.0
 model_overrides = { n_layer = 2, n_head = 2, n_embd = 32 }
 """
-MESHES = ["dp=2,tp=2", "dp=2,cp=2", "cp=2,tp=2"]
+MESHES = ["dp=2,tp=2", "dp=2,cp=2", "cp=2,tp=2", "dp=2,cp=2,tp=2"]
+
+
+def _ranks(mesh: str) -> int:
+    return math.prod(int(part.partition("=")[2]) for part in mesh.split(","))
 
 
 def _blutrain(*args: str | Path, ranks: int = 0) -> subprocess.CompletedProcess[str]:
@@ -138,14 +143,14 @@ def _blutrain(*args: str | Path, ranks: int = 0) -> subprocess.CompletedProcess[
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`blutrain train` alone with 8 rows per step, and under `blutrain run -n 4` with 4 rows per
-    data-parallel rank on each mesh with dp (cp × tp: every rank reads the 8); dp × cp also saves a step
+    """`blutrain train` alone with 8 rows per step, and under `blutrain run -n 4` (8 for dp × cp × tp) with 4
+    rows per data-parallel rank on each mesh with dp (cp × tp: every rank reads the 8); dp × cp also saves a step
     checkpoint asynchronously (rank 0 alone stages it: the others must not wait for it)."""
     d = tmp_path_factory.mktemp("mesh")
     (d / "c.toml").write_text(TRAIN_TOML)
     extra = {"dp=2,cp=2": ["--async-checkpoint", "--checkpoint-every", "2"]}
     # 8 rows a step in all: 4 per data-parallel rank where the mesh has dp=2, all 8 on every rank of cp × tp
-    for ranks, rows, mesh in [(0, "8", None), *((4, "4" if "dp=" in m else "8", m) for m in MESHES)]:
+    for ranks, rows, mesh in [(0, "8", None), *((_ranks(m), "4" if "dp=" in m else "8", m) for m in MESHES)]:
         parallel = ["--parallel", mesh, *extra.get(mesh, [])] if mesh else []
         proc = _blutrain("train", "--config", d / "c.toml", "--batch-size", rows, *parallel, "--out",
                          d / (mesh or "one"), ranks=ranks)
