@@ -10,9 +10,9 @@ attentions (in float64 and float32) and async TP's fused Linears, forward and ba
 
 `blutrain train --parallel dp=2,tp=2`, `dp=2,cp=2` and `cp=2,tp=2` under `blutrain run -n 4`, and the 3-D
 `dp=2,cp=2,tp=2` under `blutrain run -n 8` (the trainer builds the mesh, shards the data by dp rank, clips with
-the global gradient norm and saves state that merges into the single process's) must give the losses and gradient norms of a single-process `blutrain
-train` with the same global batch, and a mesh that does not fit the ranks is refused. Resuming under
-tp: test_dist_tp_checkpoint.py.
+the global gradient norm and saves state that merges into the single process's) must give the losses and
+gradient norms of a single-process `blutrain train` with the same global batch, and a mesh that does not fit
+the ranks is refused. Resuming under tp: test_dist_tp_checkpoint.py.
 """
 
 from __future__ import annotations
