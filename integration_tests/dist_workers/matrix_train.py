@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
 import time
 import traceback
@@ -51,6 +50,8 @@ def train(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
 
 
 def main() -> int:
+    from blutrain import dist
+
     out, specs = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
     results: dict[str, Any] = {}
     rank = 0
@@ -61,7 +62,7 @@ def main() -> int:
             rank = results[spec["id"]]["rank"]
         except Exception:
             results[spec["id"]] = {"error": traceback.format_exc()}
-            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            if dist.detect().world_size > 1:
                 # the other ranks would wait for this one in the combination's collectives (a collective
                 # captured in a CUDA graph has no timeout): end the launch, the error in its output
                 print(f"matrix_train: {spec['id']}: error on this rank, stopping the launch:\n"
@@ -71,8 +72,6 @@ def main() -> int:
         status = "error" if "error" in results[spec["id"]] else "ok"
         print(f"matrix_train: {spec['id']}: {status} in {time.monotonic() - started:.1f} s", file=sys.stderr,
               flush=True)
-    from blutrain import dist
-
     if dist.is_initialized():
         rank = dist.get_rank()
         dist.destroy_process_group()

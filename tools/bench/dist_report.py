@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.gpt2_measure import fmt_ratio, ratio
+
 GIB = 1024**3
 STAGES = ("scaling", "equivalence")
 FRAMEWORKS = ("blutrain", "torch")
@@ -210,9 +212,9 @@ def goals(rows: Sequence[Row]) -> list[str]:
         torch = next((t for t in scaling if t.config.framework == "torch" and t.config.impl == "compiled"
                       and t.config.mode == "ddp" and t.config.gpus == c.gpus and t.tokens_per_s), None)
         if torch is not None and torch.tokens_per_s:
-            ratio = r.tokens_per_s / torch.tokens_per_s
+            speedup = r.tokens_per_s / torch.tokens_per_s
             out.append(f"goal {c.label} on {c.gpus} GPUs ≥ {GOAL_SPEEDUP:.2f}× PyTorch DDP + torch.compile "
-                       f"tokens/s: {ratio:.2f}× — {_met(ratio >= GOAL_SPEEDUP)}")
+                       f"tokens/s: {speedup:.2f}× — {_met(speedup >= GOAL_SPEEDUP)}")
         share = r.exposed_share
         if share is not None:
             out.append(f"goal {c.label} on {c.gpus} GPUs exposed communication ≤ {GOAL_EXPOSED:.0%} of the step: "
@@ -247,20 +249,12 @@ def against_fsdp2(scaling: Sequence[Row]) -> list[str]:
                       and t.config.impl == c.impl and t.config.gpus == c.gpus and t.status == "ok"), None)
         if torch is None:
             continue
-        speed = _ratio(r.tokens_per_s, torch.tokens_per_s)
-        memory = _ratio(r.peak_allocated, torch.peak_allocated)
+        speed = ratio(r.tokens_per_s, torch.tokens_per_s)
+        memory = ratio(r.peak_allocated, torch.peak_allocated)
         impl = "torch.compile" if c.impl == "compiled" else "eager"
-        out.append(f"{c.label} on {c.gpus} GPUs against PyTorch FSDP2 {impl}: tokens/s {_times(speed)}, "
-                   f"peak allocated {_times(memory)}")
+        out.append(f"{c.label} on {c.gpus} GPUs against PyTorch FSDP2 {impl}: tokens/s {fmt_ratio(speed)}, "
+                   f"peak allocated {fmt_ratio(memory)}")
     return out
-
-
-def _ratio(mine: float | None, theirs: float | None) -> float | None:
-    return mine / theirs if mine is not None and theirs else None
-
-
-def _times(v: float | None) -> str:
-    return f"{v:.2f}×" if v is not None else "-"
 
 
 # -- table -------------------------------------------------------------------------------------------------
