@@ -33,6 +33,29 @@ def test_resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit(make_config
     assert full == part  # exact float equality: same data, same RNG draws, same optimizer state
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_step_checkpoint_saves_the_batches_consumed_not_the_batches_drawn_early(make_config: MakeConfig,
+                                                                                    tmp_path: Path,
+                                                                                    compiled: bool) -> None:
+    """Each step draws the next step's batches while its own work runs; a checkpoint written between two
+    steps must hold the loader's position before those, so a run resumed from it reads them again."""
+    cfg = make_config(out=str(tmp_path / "full"), checkpoint_every=2, keep=0, compile=compiled)
+    if compiled:
+        cfg.model_overrides["dropout"] = 0.0
+    early = Trainer(make_config(out=str(tmp_path / "early")))
+    early.train_step()
+    assert early.loader_state() != early.loader.state_dict()  # step 2's batches are drawn already
+    Trainer(cfg).run()
+    resumed = make_config(out=str(tmp_path / "full"), resume=str(tmp_path / "full" / "step_000002.safetensors"),
+                          compile=compiled)
+    resumed.model_overrides = dict(cfg.model_overrides)
+    full = _losses(tmp_path / "full")
+    Trainer(resumed).run()
+    again = _losses(tmp_path / "full")
+    assert len(full) == len(again) == 6
+    assert again == full  # steps 3-6 read the same batches as the uninterrupted run
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_each_builtin_optimizer_lowers_the_loss(make_config: MakeConfig, tmp_path: Path, optimizer: str) -> None:
     lr = 3e-3 if optimizer == "adamw" else 0.3

@@ -7,6 +7,9 @@ mode that shards state, every rank of that mode's group writes its shard of each
 what a mode, the optimizer and the backend declare, and names none of them.
 Everything that decides the numbers (model weights, optimizer state, loader position, RNG states,
 step) is in the checkpoint, so a resumed CPU run reproduces an uninterrupted one bit for bit.
+A step draws the next step's batches and copies them to the device once its own work is launched, before it
+reads its loss back (the step's one host sync), so that this host work overlaps the device's; the loader
+position a checkpoint saves is the one before those batches (:meth:`Trainer.loader_state`).
 """
 
 from __future__ import annotations
@@ -248,6 +251,9 @@ class Trainer:
         self.val_history: list[tuple[int, float]] = []
         # built before the batch search, so that a bad shard is reported before any probe runs
         self.loader = self._make_loader()
+        # the next step's batches, drawn and on the device while this step runs there, and the loader's state
+        # before them (what a checkpoint saves): see _prefetch
+        self._prefetched: tuple[dict[str, Any], list[tuple[bt.Tensor, bt.Tensor]]] | None = None
         resume = load_any_checkpoint(cfg.resume, device=self.device) if cfg.resume else None
         if cfg.auto_batch:
             self._choose_micro_batch(resume)
@@ -381,7 +387,7 @@ class Trainer:
         """Everything a checkpoint holds besides the model and optimizer state."""
         return {"trainer_state": {"step": self.step, "val_history": self.val_history,
                                   "skipped_steps": self.skipped_steps},
-                "loader_state": loader_state if loader_state is not None else self.loader.state_dict(),
+                "loader_state": loader_state if loader_state is not None else self.loader_state(),
                 "rng_state": rng_state if rng_state is not None else self._rng_state(),
                 "config": {"train": self.cfg.to_dict(), "model": self.model_config.to_dict()}}
 
@@ -486,6 +492,7 @@ class Trainer:
         else:
             self.net.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+        self._prefetched = None
         try:
             self.loader.load_state_dict(self._loader_state_for_this_layout(state["loader"]))
         except LoaderError as exc:
@@ -531,6 +538,7 @@ class Trainer:
             cfg.batch_size = micro
             self.accum = global_batch // micro
             self.loader = self._make_loader()
+            self._prefetched = None
 
     def _search_micro_batch(self, global_batch: int) -> int:
         cfg = self.cfg
@@ -578,6 +586,27 @@ class Trainer:
     def _batch(self, loader: TokenLoader) -> tuple[bt.Tensor, bt.Tensor]:
         x, y = loader.next_batch()
         return bt.from_numpy(x).to(self.device), bt.from_numpy(y).to(self.device)
+
+    def loader_state(self) -> dict[str, Any]:
+        """The training loader's position after the batches the steps so far consumed (what a checkpoint
+        saves); ``self.loader`` itself may be a step ahead, having drawn the next step's batches early."""
+        return self._prefetched[0] if self._prefetched is not None else self.loader.state_dict()
+
+    def _step_batches(self) -> list[tuple[bt.Tensor, bt.Tensor]]:
+        """This step's micro-batches on the device: those drawn early by the previous step, or drawn now."""
+        if self._prefetched is not None:
+            batches = self._prefetched[1]
+            self._prefetched = None
+            return batches
+        return [self._batch(self.loader) for _ in range(self.accum)]
+
+    def _prefetch(self) -> None:
+        """Draw the next step's micro-batches and copy them to the device now, while this step's work runs
+        there (called after it is launched, before its loss is read): the host work between two steps then
+        overlaps the device's. Not past the run's last step."""
+        if self.step + 1 < self.cfg.max_steps:
+            state = self.loader.state_dict()
+            self._prefetched = (state, [self._batch(self.loader) for _ in range(self.accum)])
 
     def lr_at(self, step: int) -> float:
         cfg = self.cfg
@@ -653,15 +682,19 @@ class Trainer:
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        before = (self.loader.state_dict(), self._rng_state()) if cfg.on_nonfinite == "stop" else None
+        before = (self.loader_state(), self._rng_state()) if cfg.on_nonfinite == "stop" else None
         try:
             self.model.train()
-            batches = [self._batch(self.loader) for _ in range(self.accum)]
+            batches = self._step_batches()
             if self.compiled_step is not None:
-                loss, norm, finite = self._read(*self.compiled_step(batches))
+                launched = self.compiled_step(batches)
+                self._prefetch()
+                loss, norm, finite = self._read(*launched)
             else:
                 self.optimizer.zero_grad(set_to_none=True)
-                loss, norm, finite = self._read(self._accumulate(batches), self._grad_norm())
+                losses, grad_norm = self._accumulate(batches), self._grad_norm()
+                self._prefetch()
+                loss, norm, finite = self._read(losses, grad_norm)
                 if finite:
                     self.optimizer.step()
         except MemoryError as exc:
