@@ -684,7 +684,8 @@ class Trainer:
             group["lr"] = lr
         before = (self.loader_state(), self._rng_state()) if cfg.on_nonfinite == "stop" else None
         try:
-            self.model.train()
+            if not self.model.training:  # a walk over every module (~0.1 ms for GPT-2 124M): only when needed
+                self.model.train()
             batches = self._step_batches()
             if self.compiled_step is not None:
                 launched = self.compiled_step(batches)
