@@ -223,3 +223,23 @@ def test_each_rank_of_a_launch_gets_its_own_accelerator(monkeypatch: pytest.Monk
     assert rank_device("gpu:3", second_of_four) == "gpu:3"
     assert rank_device("cpu", second_of_four) == "cpu"
     assert rank_device("gpu", detect({})) == "gpu"
+
+
+def test_evaluate_is_the_mean_of_the_validation_batches_losses_each_read_alone(make_config: MakeConfig) -> None:
+    """evaluate() reads every batch's loss back at once: the same numbers as reading each after its batch."""
+    from blutrain.autograd import no_grad
+    from blutrain.data import TokenLoader
+
+    trainer = Trainer(make_config(eval_batches=3))
+    trainer.train_step()
+    assert trainer.data.val_pattern is not None
+    val = TokenLoader(trainer.data.val_pattern, trainer.cfg.batch_size, trainer.cfg.seq_len, seed=trainer.cfg.seed)
+    trainer.model.eval()
+    each = []
+    with no_grad():
+        for _ in range(3):
+            x, y = val.next_batch()
+            each.append(float(trainer.model(bt.from_numpy(x), bt.from_numpy(y), return_logits=False)[1].item()))
+    trainer.model.train()
+    assert len(set(each)) > 1  # three different batches
+    assert trainer.evaluate() == sum(each) / 3

@@ -764,15 +764,17 @@ class Trainer:
             return None
         val = TokenLoader(self.data.val_pattern, self.cfg.batch_size, self.cfg.seq_len, seed=self.cfg.seed)
         self.model.eval()
-        total = 0.0
+        losses = []
         with no_grad():
             for _ in range(self.cfg.eval_batches):
                 x, y = self._batch(val)
                 with self.autocast:
                     _, loss = self.model(x, y, **self.loss_options)
-                total += float(loss.item())
+                losses.append(loss.detach())
         self.model.train()
-        return total / self.cfg.eval_batches
+        # one device-to-host read for every batch, not one each; summed on the host in batch order
+        values: list[float] = bt.stack(losses).to(dtype=bt.float32).tolist()
+        return sum(values) / self.cfg.eval_batches
 
     def release_compiled(self) -> None:
         """Give back the compiled step's graphs and memory. A trainer in a process group registers it with
