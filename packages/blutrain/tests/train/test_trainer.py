@@ -33,6 +33,29 @@ def test_resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit(make_config
     assert full == part  # exact float equality: same data, same RNG draws, same optimizer state
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_step_checkpoint_saves_the_batches_consumed_not_the_batches_drawn_early(make_config: MakeConfig,
+                                                                                    tmp_path: Path,
+                                                                                    compiled: bool) -> None:
+    """Each step draws the next step's batches while its own work runs; a checkpoint written between two
+    steps must hold the loader's position before those, so a run resumed from it reads them again."""
+    cfg = make_config(out=str(tmp_path / "full"), checkpoint_every=2, keep=0, compile=compiled)
+    if compiled:
+        cfg.model_overrides["dropout"] = 0.0
+    early = Trainer(make_config(out=str(tmp_path / "early")))
+    early.train_step()
+    assert early.loader_state() != early.loader.state_dict()  # step 2's batches are drawn already
+    Trainer(cfg).run()
+    resumed = make_config(out=str(tmp_path / "full"), resume=str(tmp_path / "full" / "step_000002.safetensors"),
+                          compile=compiled)
+    resumed.model_overrides = dict(cfg.model_overrides)
+    full = _losses(tmp_path / "full")
+    Trainer(resumed).run()
+    again = _losses(tmp_path / "full")
+    assert len(full) == len(again) == 6
+    assert again == full  # steps 3-6 read the same batches as the uninterrupted run
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_each_builtin_optimizer_lowers_the_loss(make_config: MakeConfig, tmp_path: Path, optimizer: str) -> None:
     lr = 3e-3 if optimizer == "adamw" else 0.3
@@ -200,3 +223,23 @@ def test_each_rank_of_a_launch_gets_its_own_accelerator(monkeypatch: pytest.Monk
     assert rank_device("gpu:3", second_of_four) == "gpu:3"
     assert rank_device("cpu", second_of_four) == "cpu"
     assert rank_device("gpu", detect({})) == "gpu"
+
+
+def test_evaluate_is_the_mean_of_the_validation_batches_losses_each_read_alone(make_config: MakeConfig) -> None:
+    """evaluate() reads every batch's loss back at once: the same numbers as reading each after its batch."""
+    from blutrain.autograd import no_grad
+    from blutrain.data import TokenLoader
+
+    trainer = Trainer(make_config(eval_batches=3))
+    trainer.train_step()
+    assert trainer.data.val_pattern is not None
+    val = TokenLoader(trainer.data.val_pattern, trainer.cfg.batch_size, trainer.cfg.seq_len, seed=trainer.cfg.seed)
+    trainer.model.eval()
+    each = []
+    with no_grad():
+        for _ in range(3):
+            x, y = val.next_batch()
+            each.append(float(trainer.model(bt.from_numpy(x), bt.from_numpy(y), return_logits=False)[1].item()))
+    trainer.model.train()
+    assert len(set(each)) > 1  # three different batches
+    assert trainer.evaluate() == sum(each) / 3

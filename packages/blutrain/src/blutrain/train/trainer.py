@@ -7,6 +7,13 @@ mode that shards state, every rank of that mode's group writes its shard of each
 what a mode, the optimizer and the backend declare, and names none of them.
 Everything that decides the numbers (model weights, optimizer state, loader position, RNG states,
 step) is in the checkpoint, so a resumed CPU run reproduces an uninterrupted one bit for bit.
+The device should not wait on the host between steps. Once a step's work is launched, and before its loss is
+read back (the step's one host sync), the host draws the next step's batches and copies them to the device
+(the loader position a checkpoint saves is the one before those: :meth:`Trainer.loader_state`), and does the
+previous step's bookkeeping that no launch needs: its metrics.jsonl row, its ``step_end`` event and its
+progress line. That bookkeeping is deferred only when the loop goes straight on to the next step; a step
+that evaluates, checkpoints, stops or is the last is recorded at once, and a deferred row is written before
+the run ends in any way (an error, a second Ctrl-C), so that every step's row is written, in order.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -248,6 +257,11 @@ class Trainer:
         self.val_history: list[tuple[int, float]] = []
         # built before the batch search, so that a bad shard is reported before any probe runs
         self.loader = self._make_loader()
+        # the next step's batches, drawn and on the device while this step runs there, and the loader's state
+        # before them (what a checkpoint saves): see _prefetch
+        self._prefetched: tuple[dict[str, Any], list[tuple[bt.Tensor, bt.Tensor]]] | None = None
+        # run()'s bookkeeping of the step before, done by the next step once it is launched: see _run_deferred
+        self._deferred: Callable[[], None] | None = None
         resume = load_any_checkpoint(cfg.resume, device=self.device) if cfg.resume else None
         if cfg.auto_batch:
             self._choose_micro_batch(resume)
@@ -381,7 +395,7 @@ class Trainer:
         """Everything a checkpoint holds besides the model and optimizer state."""
         return {"trainer_state": {"step": self.step, "val_history": self.val_history,
                                   "skipped_steps": self.skipped_steps},
-                "loader_state": loader_state if loader_state is not None else self.loader.state_dict(),
+                "loader_state": loader_state if loader_state is not None else self.loader_state(),
                 "rng_state": rng_state if rng_state is not None else self._rng_state(),
                 "config": {"train": self.cfg.to_dict(), "model": self.model_config.to_dict()}}
 
@@ -486,6 +500,7 @@ class Trainer:
         else:
             self.net.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+        self._prefetched = None
         try:
             self.loader.load_state_dict(self._loader_state_for_this_layout(state["loader"]))
         except LoaderError as exc:
@@ -531,6 +546,7 @@ class Trainer:
             cfg.batch_size = micro
             self.accum = global_batch // micro
             self.loader = self._make_loader()
+            self._prefetched = None
 
     def _search_micro_batch(self, global_batch: int) -> int:
         cfg = self.cfg
@@ -578,6 +594,27 @@ class Trainer:
     def _batch(self, loader: TokenLoader) -> tuple[bt.Tensor, bt.Tensor]:
         x, y = loader.next_batch()
         return bt.from_numpy(x).to(self.device), bt.from_numpy(y).to(self.device)
+
+    def loader_state(self) -> dict[str, Any]:
+        """The training loader's position after the batches the steps so far consumed (what a checkpoint
+        saves); ``self.loader`` itself may be a step ahead, having drawn the next step's batches early."""
+        return self._prefetched[0] if self._prefetched is not None else self.loader.state_dict()
+
+    def _step_batches(self) -> list[tuple[bt.Tensor, bt.Tensor]]:
+        """This step's micro-batches on the device: those drawn early by the previous step, or drawn now."""
+        if self._prefetched is not None:
+            batches = self._prefetched[1]
+            self._prefetched = None
+            return batches
+        return [self._batch(self.loader) for _ in range(self.accum)]
+
+    def _prefetch(self) -> None:
+        """Draw the next step's micro-batches and copy them to the device now, while this step's work runs
+        there (called after it is launched, before its loss is read): the host work between two steps then
+        overlaps the device's. Not past the run's last step."""
+        if self.step + 1 < self.cfg.max_steps:
+            state = self.loader.state_dict()
+            self._prefetched = (state, [self._batch(self.loader) for _ in range(self.accum)])
 
     def lr_at(self, step: int) -> float:
         cfg = self.cfg
@@ -645,7 +682,12 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step. A NaN or infinite loss or gradient norm is handled by ``on_nonfinite``;
-        running out of device memory raises :class:`TrainOutOfMemoryError` with the allocator's summary."""
+        running out of device memory raises :class:`TrainOutOfMemoryError` with the allocator's summary.
+
+        Its ``step_ms`` (and ``tok_per_s``, MFU) is the host's time from this call to the step's loss read back
+        and checked: everything launched for this step, the host work done while it runs on the device (the
+        next step's batches, the previous step's deferred bookkeeping) and the wait for the device. What the loop
+        does between two steps besides (evaluation, checkpoints) is not in it."""
         cfg = self.cfg
         if self.writer is not None:
             self.writer.check()  # a failed asynchronous save surfaces here, one step after it was started
@@ -653,17 +695,24 @@ class Trainer:
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        before = (self.loader.state_dict(), self._rng_state()) if cfg.on_nonfinite == "stop" else None
+        # the eager step's last good state, kept when it stops; the compiled step keeps none (see _nonfinite)
+        keep_state = cfg.on_nonfinite == "stop" and self.compiled_step is None
+        before = (self.loader_state(), self._rng_state()) if keep_state else None
         try:
-            self.model.train()
-            batches = [self._batch(self.loader) for _ in range(self.accum)]
+            if not self.model.training:  # a walk over every module (~0.1 ms for GPT-2 124M): only when needed
+                self.model.train()
+            batches = self._step_batches()
             if self.compiled_step is not None:
-                loss, norm, finite = self._read(*self.compiled_step(batches))
+                losses, grad_norm = self.compiled_step(batches)
             else:
                 self.optimizer.zero_grad(set_to_none=True)
-                loss, norm, finite = self._read(self._accumulate(batches), self._grad_norm())
-                if finite:
-                    self.optimizer.step()
+                losses, grad_norm = self._accumulate(batches), self._grad_norm()
+            # host work while the launched step runs on the device
+            self._prefetch()
+            self._run_deferred()
+            loss, norm, finite = self._read(losses, grad_norm)
+            if finite and self.compiled_step is None:
+                self.optimizer.step()
         except MemoryError as exc:
             raise step_out_of_memory(exc, step=self.step + 1, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                                      device=self.device) from exc
@@ -675,6 +724,12 @@ class Trainer:
         self.step += 1
         tokens = self.accum * cfg.batch_size * cfg.seq_len * self.dp_size
         return m | {"tok_per_s": tokens / dt, "step_ms": dt * 1e3} | self.throughput.metrics(tokens / dt)
+
+    def _run_deferred(self) -> None:
+        """Do the bookkeeping run() deferred from the step before, if any (once: it is taken before it runs)."""
+        work, self._deferred = self._deferred, None
+        if work is not None:
+            work()
 
     def _nonfinite(self, m: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
         step, what = m["step"], f"loss {m['loss']}, gradient norm {m['grad_norm']}"
@@ -709,15 +764,17 @@ class Trainer:
             return None
         val = TokenLoader(self.data.val_pattern, self.cfg.batch_size, self.cfg.seq_len, seed=self.cfg.seed)
         self.model.eval()
-        total = 0.0
+        losses = []
         with no_grad():
             for _ in range(self.cfg.eval_batches):
                 x, y = self._batch(val)
                 with self.autocast:
                     _, loss = self.model(x, y, **self.loss_options)
-                total += float(loss.item())
+                losses.append(loss.detach())
         self.model.train()
-        return total / self.cfg.eval_batches
+        # one device-to-host read for every batch, not one each; summed on the host in batch order
+        values: list[float] = bt.stack(losses).to(dtype=bt.float32).tolist()
+        return sum(values) / self.cfg.eval_batches
 
     def release_compiled(self) -> None:
         """Give back the compiled step's graphs and memory. A trainer in a process group registers it with
@@ -792,30 +849,36 @@ class Trainer:
             self._signals = signals
             try:
                 with MetricsLog(metrics_path, resumed_step) as metrics:
-                    while self.step < cfg.max_steps:
-                        m = self.train_step()
-                        last = self.step == cfg.max_steps
-                        stop = None if last else self._stop_requested()
-                        if (last or (cfg.eval_every and self.step % cfg.eval_every == 0)) and stop is None:
-                            val = self.evaluate()
-                            evaluated = last
-                            if val is not None:
-                                m["val_loss"] = final_val = val
-                                self.val_history.append((self.step, val))
-                                self._emit("eval_end", {"step": self.step, "val_loss": val})
-                        dropped = metrics.write(m)
-                        if dropped:
-                            self._print(f"dropped {dropped} row(s) after step {resumed_step} from {metrics_path}: "
-                                        "those steps were trained again")
-                        self.history.append(m)
-                        self._emit("step_end", dict(m))
-                        self._progress(m, start, first_step)
-                        saved = None
-                        if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not last:
-                            saved = self._save_step_checkpoint()
-                            self._emit("checkpoint_saved", {"step": self.step, "path": str(saved)})
-                        if stop is not None:
-                            self._stop(stop, saved)
+                    try:
+                        while self.step < cfg.max_steps:
+                            m = self.train_step()
+                            ended = time.perf_counter()
+                            last = self.step == cfg.max_steps
+                            stop = None if last else self._stop_requested()
+                            evaluate = stop is None and bool(last or (cfg.eval_every
+                                                                      and self.step % cfg.eval_every == 0))
+                            checkpoint = bool(cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
+                                              and not last)
+                            if not (last or evaluate or checkpoint or stop is not None):
+                                # the next step does this step's bookkeeping once it is launched (train_step)
+                                self._deferred = partial(self._record, metrics, m, start, first_step, ended)
+                                continue
+                            if evaluate:
+                                val = self.evaluate()
+                                evaluated = last
+                                if val is not None:
+                                    m["val_loss"] = final_val = val
+                                    self.val_history.append((self.step, val))
+                                    self._emit("eval_end", {"step": self.step, "val_loss": val})
+                            self._record(metrics, m, start, first_step, ended)
+                            saved = None
+                            if checkpoint:
+                                saved = self._save_step_checkpoint()
+                                self._emit("checkpoint_saved", {"step": self.step, "path": str(saved)})
+                            if stop is not None:
+                                self._stop(stop, saved)
+                    finally:  # a step that failed or was interrupted before it did its predecessor's bookkeeping
+                        self._run_deferred()
                 if self.writer is not None:
                     self.writer.wait()
             except BaseException:
@@ -886,15 +949,27 @@ class Trainer:
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
-    def _progress(self, m: dict[str, Any], start: float, first_step: int) -> None:
-        done = self.step - first_step
+    def _record(self, metrics: MetricsLog, m: dict[str, Any], start: float, first_step: int, ended: float) -> None:
+        """A step's bookkeeping: its metrics.jsonl row, history, ``step_end`` event and progress line. ``ended``:
+        when the step's loss was read back (the progress line's ETA counts up to then, also when deferred)."""
+        dropped = metrics.write(m)
+        if dropped:
+            self._print(f"dropped {dropped} row(s) after step {metrics.resumed_step} from {metrics.path}: "
+                        "those steps were trained again")
+        self.history.append(m)
+        self._emit("step_end", dict(m))
+        self._progress(m, start, first_step, ended)
+
+    def _progress(self, m: dict[str, Any], start: float, first_step: int, ended: float) -> None:
+        step = m["step"]  # this step's, not self.step: the line may be written while the next step runs
+        done = step - first_step
         total = self.cfg.max_steps - first_step
-        elapsed = time.perf_counter() - start
+        elapsed = ended - start
         eta = elapsed / max(done, 1) * (total - done)
         width = 24
-        filled = int(width * self.step / self.cfg.max_steps)
+        filled = int(width * step / self.cfg.max_steps)
         bar = "█" * filled + "·" * (width - filled)
-        line = (f"[{bar}] step {self.step}/{self.cfg.max_steps}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  "
+        line = (f"[{bar}] step {step}/{self.cfg.max_steps}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  "
                 f"{m['tok_per_s']:,.0f} tok/s")
         if "mfu" in m:
             line += f"  MFU {m['mfu']:.1%}"
@@ -904,12 +979,12 @@ class Trainer:
         if self.stream.isatty():
             self.stream.write("\r" + line + "\x1b[K")  # erase what a longer previous line left
             self.stream.flush()
-        elif self.step % max(self.cfg.max_steps // 20, 1) == 0 or self.step == 1:
+        elif step % max(self.cfg.max_steps // 20, 1) == 0 or step == 1:
             self._print(line)
         if "val_loss" in m:  # its own line: the next step's progress line overwrites this one on a terminal
             if self.stream.isatty():
                 self.stream.write("\n")
-            self._print(f"step {self.step}: validation loss {m['val_loss']:.4f}")
+            self._print(f"step {step}: validation loss {m['val_loss']:.4f}")
 
     def _plot(self) -> Path | None:
         from blutrain.train.plot import plot_losses
