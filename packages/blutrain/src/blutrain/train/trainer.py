@@ -221,7 +221,10 @@ class Trainer:
         self.n_params = self.net.num_parameters()
         self.modes: list[ParallelMode] = self._parallel_modes()  # innermost first
         self.model: Any = self.net
-        for mode in self.modes:  # a mode may rewrite self.net in place: the optimizer is built over what it leaves
+        for i, mode in enumerate(self.modes):  # a mode may rewrite self.net in place: the optimizer is built over
+            if mode.nests_state and self.mesh is not None:  # what it leaves; a nesting mode learns where it sits
+                inner = next((m for m in reversed(self.modes[:i]) if m.shards_state), None)
+                self._configured(lambda m, nest=mode.nest: nest(self.net, m), inner)
             self.model = self._configured(mode.wrap_model, self.model)
         # the loss without the [B, T, vocab] logits (the fused head and loss of the model's forward); a mode that
         # computes its own loss from sharded logits takes no such option
@@ -393,12 +396,12 @@ class Trainer:
 
     def _writes_a_file(self) -> bool:
         """Whether this rank writes a file of each checkpoint: rank 0 the whole state; with sharded
-        checkpoints the ranks of the state-sharding mode's group whose index along every other mesh
-        dimension is 0 (the other ranks hold the same parts)."""
+        checkpoints the ranks of the state-sharding mode's group whose index along every mesh dimension
+        but its ``state_dims`` is 0 (the other ranks hold the same parts)."""
         if self.state_owner is None:
             return self.rank == 0
-        dim = self.state_owner.dim
-        return self.mesh is None or all(self.mesh.local_rank(d) == 0 for d in self.mesh.names if d != dim)
+        dims = self.state_owner.state_dims
+        return self.mesh is None or all(self.mesh.local_rank(d) == 0 for d in self.mesh.names if d not in dims)
 
     def _shard(self) -> tuple[Any, int, int]:
         """This rank's part of a sharded checkpoint, and its file's rank and number of files."""
