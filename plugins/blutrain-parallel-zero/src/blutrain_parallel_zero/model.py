@@ -120,6 +120,12 @@ class ZeroModel(Module):
     Every parameter that requires grad must get a gradient in each backward pass (stages 2 and 3; an
     unused one is named at the next forward). ``state_dict``/``load_state_dict`` use ``module``'s own
     names and whole tensors (stage 3 gathers them: collective), so a single-process model loads them.
+
+    ``placements`` (on a mesh, from the inner mode that shards state, e.g. tensor parallelism): where each
+    tensor of ``module``'s state sits in the single-process model; the buckets, ``state_dict`` and
+    :meth:`state_shard` then use the single-process names, and a shard of a placed tensor is a window of its
+    range. ``norm_group``: the ranks whose shards together hold the whole model (``group`` × the inner mode's),
+    over which the gradient norm is summed; default ``group``.
     """
 
     def __init__(self, module: Module, group: ProcessGroup, stage: int = 2,
