@@ -76,14 +76,19 @@ class ZeRO(ParallelMode):
         (one checkpoint file each; the norm sums over them), made here: collective over the mesh."""
         if self.model is not None:
             raise DistArgumentError("ZeRO.nest: call it before wrap_model")
+        if inner is not None and self.mesh is None:
+            raise DistArgumentError(f"ZeRO.nest: nesting over mode {type(inner).__name__} needs a DeviceMesh "
+                                    "holding both modes' dimensions; ZeRO was made over a process group")
         self.placed = inner.placements() if inner is not None else whole_placements(net.state_dict(keep_vars=True))
         self.inner = inner
-        if inner is not None:
-            if self.mesh is None:
-                raise DistArgumentError(f"ZeRO.nest: nesting over mode {type(inner).__name__} needs a DeviceMesh "
-                                        "holding both modes' dimensions; ZeRO was made over a process group")
+        if inner is not None and self.mesh is not None:
             self._state_dims = (*self._state_dims, *(d for d in inner.state_dims if d not in self._state_dims))
             self.group = self.mesh.get_group(*self._state_dims)
+
+    def placements(self) -> list[Placement]:
+        """Refused: ZeRO's shards are flat buckets, not tensors of the model, so no mode can nest over ZeRO."""
+        raise DistArgumentError("ZeRO.placements: ZeRO's shards are flat buckets, not tensors of the model; ZeRO "
+                                "must be the outermost mode that shards state")
 
     def wrap_model(self, model: Any) -> ZeroModel:
         if self.model is not None:

@@ -222,9 +222,8 @@ class Trainer:
         self.modes: list[ParallelMode] = self._parallel_modes()  # innermost first
         self.model: Any = self.net
         for i, mode in enumerate(self.modes):  # a mode may rewrite self.net in place: the optimizer is built over
-            if mode.nests_state and self.mesh is not None:  # what it leaves; a nesting mode learns where it sits
-                inner = next((m for m in reversed(self.modes[:i]) if m.shards_state), None)
-                self._configured(lambda m, nest=mode.nest: nest(self.net, m), inner)
+            if mode.nests_state and self.mesh is not None:  # what it leaves
+                self._nest(mode, self.modes[:i])
             self.model = self._configured(mode.wrap_model, self.model)
         # the loss without the [B, T, vocab] logits (the fused head and loss of the model's forward); a mode that
         # computes its own loss from sharded logits takes no such option
@@ -341,6 +340,12 @@ class Trainer:
             except dist.DistArgumentError as exc:
                 raise ConfigError(f"parallel {self.plan.text!r}: {exc}") from None
         return modes
+
+    def _nest(self, mode: ParallelMode, inner_modes: list[ParallelMode]) -> None:
+        """Tell ``mode`` (``nests_state``) where each rank's tensors sit before it wraps the model: ``net`` as the
+        inner modes left it, and the outermost of them that shards state (None: every tensor is whole)."""
+        inner = next((m for m in reversed(inner_modes) if m.shards_state), None)
+        self._configured(lambda net: mode.nest(net, inner), self.net)
 
     def _configured(self, wrap: Any, target: Any) -> Any:
         """``wrap(target)``, a mode's refusal (e.g. heads not divisible by its group) reported as a ConfigError."""
