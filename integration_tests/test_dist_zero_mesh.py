@@ -4,7 +4,8 @@
 and `dp=2,cp=2,zero=1` (ZeRO over dp × cp, the ranks that hold replicas), eager and compiled, all in one
 `blutrain run -n 4` (dist_workers/train_runs.py): each must give the losses and gradient norms of one process
 training the same global batch (8 rows a step) within 1e-5, and save a checkpoint (one file per rank: ZeRO's
-shards of tp's blocks are windows of tp's ranges) that merges into the single process's state. Checkpoints
+shards of tp's blocks are windows of tp's ranges) that merges into the single process's state; so must
+`dp=2,cp=2,tp=2,zero=2` on 8 ranks (eagerly). Checkpoints
 resume across layouts: the same mesh, another ZeRO stage, dp × cp from dp × tp's shards, DDP over tp from
 ZeRO's, ZeRO from a single-process checkpoint, and one process from ZeRO over tp; every resumed run continues
 the uninterrupted losses within 1e-5. A malformed mesh is refused in one line before any rank starts.
@@ -25,6 +26,7 @@ from ranks import launch
 
 WORKER = Path(__file__).parent / "dist_workers" / "train_runs.py"
 MESHES = ["dp=2,tp=2,zero=1", "dp=2,tp=2,zero=2", "dp=2,tp=2,zero=3", "dp=2,cp=2,zero=1"]
+MESH_8 = "dp=2,cp=2,tp=2,zero=2"  # the 3-D mesh, on 8 ranks: ZeRO over dp × cp, nested over tp
 SOURCE = "dp=2,tp=2,zero=2"  # the run whose step-2 checkpoint the resumed runs start from
 # resumed run → (its --parallel, the checkpoint it resumes: a run's directory, at step 2)
 RESUMED = {"same-mesh": (SOURCE, SOURCE), "another-stage": ("dp=2,tp=2,zero=3", SOURCE),
@@ -62,6 +64,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         spec.append({"out": str(d / name), "batch_size": 4, "parallel": mesh, "resume": _step2(d, source)})
     (d / "spec.json").write_text(json.dumps(spec))
     launch(4, WORKER, d / "spec.json", rank_timeout=240, timeout=400)
+    (d / "spec8.json").write_text(json.dumps([{"out": str(d / MESH_8), "batch_size": 4, "parallel": MESH_8}]))
+    launch(8, WORKER, d / "spec8.json", rank_timeout=240, timeout=400)
     worker.train({"out": str(d / "one-from-zero"), "batch_size": 8, "resume": _step2(d, "dp=2,tp=2,zero=3")})
     return d
 
@@ -81,15 +85,20 @@ def test_zero_on_a_mesh_gives_the_single_process_losses_and_norms(runs: Path, me
     np.testing.assert_allclose(_metrics(run, "grad_norm"), one_norms, rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+def test_zero_on_the_3d_mesh_gives_the_single_process_losses_and_norms(runs: Path) -> None:
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose(_metrics(runs / MESH_8, key), _metrics(runs / "one", key), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("mesh", [*MESHES, MESH_8])
 def test_a_zero_mesh_checkpoint_merges_into_the_single_process_state(runs: Path, mesh: str) -> None:
     from blutrain.train import load_checkpoint
     from blutrain.train.sharded import load_any_checkpoint
 
-    # every rank holds a different part: 4 files (dp × tp: ZeRO's shards of tp's blocks; dp × cp: ZeRO's 4)
+    # every rank holds a different part: one file each (dp × tp: ZeRO's shards of tp's blocks; dp × cp: ZeRO's)
+    n = 8 if mesh == MESH_8 else 4
     assert sorted(p.name for p in (runs / mesh).glob("final*.safetensors")) == [
-        "final.rank1-of-4.safetensors", "final.rank2-of-4.safetensors", "final.rank3-of-4.safetensors",
-        "final.safetensors"]
+        *(f"final.rank{r}-of-{n}.safetensors" for r in range(1, n)), "final.safetensors"]
     one = load_checkpoint(runs / "one" / "final.safetensors")
     got = load_any_checkpoint(runs / mesh / "final.safetensors")
     assert sorted(got["model"]) == sorted(one["model"])
