@@ -220,3 +220,12 @@ def test_compile_with_a_mode_that_did_not_declare_it_is_refused_naming_mode_and_
     message = refusal(text, compile=True, seq_len=64)
     assert f"mode {mode!r} has not declared how it composes with the compiler" in message
     assert "does not set compiles = True" in message and "blutrain.dist.traceable" in message
+
+
+def test_a_dimension_whose_only_mode_runs_when_named_needs_it_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from blutrain.dist import parallel_modes
+
+    monkeypatch.setattr(parallel_modes().get("ddp"), "on_mesh", False)  # as if ddp were blocked
+    assert refusal("dp=2,tp=2") == ("parallel 'dp=2,tp=2': no installed mode runs along dp unless named; give one "
+                                    "beside dp=2: zero[=VALUE]")
+    assert plan("dp=2,tp=2,zero=1").modes == (("tp", (), {}), ("zero", (1,), {}))

@@ -58,7 +58,7 @@ class ZeRO(ParallelMode):
             self.group = mesh.get_group(*self._state_dims)
         else:
             self.group = get_process_group() if mesh is None else mesh
-        self.shard_group = self.group  # the ranks that share each tensor's elements; group: all ranks' shards
+        self.shard_group = self.group  # the ranks among which each tensor is sharded; group: every part (nest)
         self.stage = int(stage)
         self.bucket_cap_mb = bucket_cap_mb
         self.placed: list[Placement] | None = None
