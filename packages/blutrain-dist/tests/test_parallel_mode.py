@@ -25,10 +25,11 @@ class Plain(ParallelMode):
 
 def test_a_mode_changes_nothing_it_does_not_declare() -> None:
     flags = ("compiles", "on_mesh", "splits_batch", "shards_loss", "rewrites_layers", "shards_gradients",
-             "shards_state")
+             "shards_state", "on_mesh_by_name", "nests_state")
     assert [getattr(Plain, flag) for flag in flags] == [False] * len(flags)
     assert Plain.mesh_order == 0 and dict(Plain.mesh_options) == {}
     assert Plain.sequence_multiple(8) == 1
+    assert Plain().state_dims == ("dp",)  # a state-sharding mode's ranks differ along its own dimension
     Plain.check_options(1, 2, anything="goes")  # the default leaves options to the constructor
 
 
@@ -46,6 +47,8 @@ def test_the_defaults_return_the_optimizer_and_need_no_context() -> None:
     (lambda m: m.state_shard(None), "shards_state"),
     (lambda m: m.full_state_dict(), "shards_state"),
     (lambda m: m.load_full_state({}, None, {}), "shards_state"),
+    (lambda m: m.placements(), "shards_state"),
+    (lambda m: m.nest(None, None), "nests_state"),
 ])
 def test_a_capability_behind_a_flag_says_which_flag_it_belongs_to(call: Any, flag: str) -> None:
     with pytest.raises(NotImplementedError, match=rf"^Plain\.\w+ is not implemented: a mode that sets {flag} = True"):

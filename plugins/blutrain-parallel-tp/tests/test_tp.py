@@ -178,3 +178,19 @@ def test_the_modes_norm_and_state_are_its_wrapped_models(group_of_one: ProcessGr
     other.load_full_state(state, fresh, optimizer.state_dict())
     for name, t in other.full_state_dict().items():
         np.testing.assert_array_equal(t.numpy(), state[name].numpy(), err_msg=name)
+
+
+def test_placements_name_each_rank_tensor_as_the_single_process_model_and_cut_it_from_it(
+        group_of_one: ProcessGroup) -> None:
+    from blutrain.dist import take_range
+
+    whole = tiny().state_dict()
+    model = TP(group_of_one).wrap_model(tiny())
+    placed = model.placements()
+    assert [p.name for p in placed] == list(whole)  # single-process names, in state_dict order
+    local = model.module.state_dict(keep_vars=True)
+    assert [id(p.tensor) for p in placed] == [id(t) for t in local.values()]  # the model's own tensors
+    for p in placed:
+        assert p.shape == tuple(whole[p.name].shape) and p.saved  # rank 0 saves the replicated ones too
+        np.testing.assert_array_equal(take_range(whole[p.name], p.range).numpy(), p.tensor.detach().reshape(-1).numpy(),
+                                      err_msg=p.name)

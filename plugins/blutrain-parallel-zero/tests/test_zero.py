@@ -129,3 +129,55 @@ def test_the_modes_norm_and_state_are_its_optimizers_and_models(group_of_one: Pr
 def test_the_modes_capabilities_need_the_wrapped_model_and_optimizer(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistArgumentError, match=r"ZeRO\.grad_norm: call wrap_model and wrap_optimizer first"):
         ZeRO(group_of_one).grad_norm()
+
+
+class _Wrapper(nn.Module):
+    """A model an inner mode of a mesh wrapped (as context parallelism does): its names gain ``module.``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: bt.Tensor) -> bt.Tensor:
+        out: bt.Tensor = self.module(x)
+        return out
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_on_a_mesh_state_is_named_as_the_single_process_model_names_it(group_of_one: ProcessGroup,
+                                                                       stage: int) -> None:
+    from blutrain.dist import DeviceMesh
+
+    ref = mlp()
+    ref_losses = train(ref, create("adamw", list(ref.parameters()), lr=1e-2))
+    net = mlp()
+    mode = ZeRO(DeviceMesh(group_of_one, {"dp": 1, "cp": 1}), stage=stage)
+    mode.nest(net, None)  # no inner mode shards state: every tensor whole, named by net
+    model = mode.wrap_model(_Wrapper(net))
+    optimizer = mode.wrap_optimizer(create("adamw", list(net.parameters()), lr=1e-2))
+    np.testing.assert_allclose(train(model, optimizer), ref_losses, rtol=1e-6)
+    assert mode.state_dims == ("dp", "cp")  # context-parallel ranks hold replicas: ZeRO shards over them too
+    full, optim_state = merge_shards([mode.state_shard(optimizer)])
+    assert sorted(full) == sorted(ref.state_dict())
+    for name, p in ref.state_dict().items():
+        np.testing.assert_allclose(full[name].numpy(), p.numpy(), rtol=1e-6, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(mode.full_state_dict()[name].numpy(), p.numpy(), rtol=1e-6, atol=1e-7)
+    again = ZeRO(DeviceMesh(group_of_one, {"dp": 1}), stage=stage)
+    fresh = mlp()
+    again.nest(fresh, None)
+    again.wrap_model(_Wrapper(fresh))
+    again_optimizer = again.wrap_optimizer(create("adamw", list(fresh.parameters()), lr=1e-2))
+    again.load_full_state(full, again_optimizer, optim_state)
+    reloaded, _ = merge_shards([again.state_shard(again_optimizer)])
+    for name in full:
+        np.testing.assert_array_equal(reloaded[name].numpy(), full[name].numpy(), err_msg=name)
+
+
+def test_nesting_over_an_inner_mode_needs_a_mesh(group_of_one: ProcessGroup) -> None:
+    from blutrain.dist import DeviceMesh
+
+    inner = ZeRO(group_of_one, stage=1)
+    with pytest.raises(DistArgumentError, match=r"ZeRO\.nest: nesting over mode ZeRO needs a DeviceMesh"):
+        ZeRO(group_of_one, stage=1).nest(mlp(), inner)
+    with pytest.raises(DistArgumentError, match="ZeRO must be the outermost mode that shards state"):
+        ZeRO(DeviceMesh(group_of_one, {"dp": 1}), stage=1).nest(mlp(), inner)

@@ -94,8 +94,7 @@ def test_one_mesh_dimension_is_its_mode_over_every_rank(text: str, mesh: dict[st
     ("dp=2,tp", "tp must be a number of ranks >= 1 (e.g. tp=2), got no size"),
     ("dp=2,tp=two", "tp must be a number of ranks >= 1 (e.g. tp=2), got 'two'"),
     ("dp=2,dp=4", "dp is given twice"),
-    ("dp=2,zero=2", "mode zero does not compose with a mesh (it does not declare on_mesh)"),
-    ("tp=2,zero=1", "give zero=1 alone, or mesh sizes (dp=N, cp=N, tp=N)"),
+    ("dp=2,tp=2,grad_dtype=bf16,zero=1", "grad_dtype= is an option of mode 'ddp', which zero=1 replaces along dp"),
     ("dp=2,tp=2,ranks=4", "unknown part 'ranks=4'"),
     ("dp=2,tp=2,attn=ring", "attn=ring is an option of mode 'cp' and needs cp=N"),
     ("dp=2,,tp=2", "parallel must be MODE[=VALUE]"),
@@ -117,6 +116,60 @@ def test_a_malformed_spec_is_refused_naming_the_part(text: str, message: str) ->
 ])
 def test_keyword_options_after_the_mode_or_dp_go_to_the_mode(text: str, modes: object) -> None:
     assert plan(text).modes == modes
+
+
+@pytest.mark.parametrize(("text", "mesh", "modes"), [
+    ("dp=2,tp=2,zero=1", {"dp": 2, "tp": 2}, (("tp", (), {}), ("zero", (1,), {}))),
+    ("zero=2,cp=2,dp=2", {"dp": 2, "cp": 2}, (("cp", (), {}), ("zero", (2,), {}))),
+    ("dp=2,cp=2,tp=2,zero=3,attn=ulysses", {"dp": 2, "cp": 2, "tp": 2},
+     (("tp", (), {}), ("cp", (), {"attn": "ulysses"}), ("zero", (3,), {}))),
+    ("dp=4,zero", {"dp": 4}, (("zero", (), {}),)),  # ZeRO's default stage
+])
+def test_zero_named_beside_the_sizes_runs_along_dp_in_place_of_ddp(text: str, mesh: dict[str, int],
+                                                                   modes: object) -> None:
+    got = plan(text)
+    assert got.mesh == mesh
+    assert got.modes == modes
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("dp=2,tp=2,zero=4", "parallel 'dp=2,tp=2,zero=4': ZeRO: stage must be 1, 2 or 3, got 4"),
+    ("tp=2,zero=1", "parallel 'tp=2,zero=1': zero=1 runs along dp, which the mesh does not size; give dp=N beside "
+                    "it (e.g. 'dp=2,zero=1')"),
+    ("cp=2,tp=2,zero=2", "zero=2 runs along dp, which the mesh does not size"),
+])
+def test_zero_on_a_mesh_is_refused_in_one_line_naming_what_to_give(text: str, message: str) -> None:
+    got = refusal(text)
+    assert message in got and "\n" not in got
+
+
+class _AnotherDpMode(ParallelMode):
+    """A second mode that a mesh runs along dp when named, as ZeRO is."""
+
+    dim = "dp"
+    on_mesh_by_name = True
+
+
+class _AnotherDpModePlugin:
+    @hookimpl
+    def blutrain_register_parallel_modes(self, registry: ParallelModeRegistry) -> None:
+        registry.register("fsdp", _AnotherDpMode)
+
+
+def test_two_modes_named_for_one_dimension_are_refused_naming_both() -> None:
+    with plugin_registered(_AnotherDpModePlugin(), "another-dp-mode"):
+        message = refusal("dp=2,tp=2,zero=1,fsdp")
+    assert message == ("parallel 'dp=2,tp=2,zero=1,fsdp': zero=1 and fsdp both run along dp; a dimension takes one "
+                       "mode, give one of them")
+
+
+def test_a_named_mode_composes_with_compile_only_where_it_declares_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan("dp=2,tp=2,zero=2", compile=True, seq_len=64)
+    from blutrain.dist import parallel_modes
+
+    monkeypatch.setattr(parallel_modes().get("zero"), "compiles", False)
+    assert "mode 'zero' has not declared how it composes with the compiler" in refusal("dp=2,tp=2,zero=2",
+                                                                                      compile=True, seq_len=64)
 
 
 def test_cp_needs_two_chunks_of_every_sequence_per_rank() -> None:
@@ -167,3 +220,12 @@ def test_compile_with_a_mode_that_did_not_declare_it_is_refused_naming_mode_and_
     message = refusal(text, compile=True, seq_len=64)
     assert f"mode {mode!r} has not declared how it composes with the compiler" in message
     assert "does not set compiles = True" in message and "blutrain.dist.traceable" in message
+
+
+def test_a_dimension_whose_only_mode_runs_when_named_needs_it_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from blutrain.dist import parallel_modes
+
+    monkeypatch.setattr(parallel_modes().get("ddp"), "on_mesh", False)  # as if ddp were blocked
+    assert refusal("dp=2,tp=2") == ("parallel 'dp=2,tp=2': no installed mode runs along dp unless named; give one "
+                                    "beside dp=2: zero[=VALUE]")
+    assert plan("dp=2,tp=2,zero=1").modes == (("tp", (), {}), ("zero", (1,), {}))

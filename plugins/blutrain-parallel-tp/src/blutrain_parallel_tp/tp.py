@@ -41,6 +41,7 @@ from blutrain.dist import (
     DeviceMesh,
     DistArgumentError,
     ParallelMode,
+    Placement,
     ProcessGroup,
     StateShard,
     get_process_group,
@@ -227,6 +228,21 @@ class TensorParallelModel(RewrittenModel):
                        for k, v in entry.items()}
         optimizer.load_state_dict({**state, "state": mine})
 
+    def placements(self) -> list[Placement]:
+        """Where each tensor of this rank's model state sits in the single-process state: a sharded one is
+        its block's range of the full tensor (:func:`~blutrain_parallel_tp.shard_range`), a replicated one
+        the whole tensor, saved by rank 0 of the group only (every rank holds the same). No collective."""
+        rank, size = self.group.rank, self.group.size
+        out = []
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            cut = self._shards.get(id(t))
+            if cut is None:
+                out.append(Placement(t, name, tuple(t.shape), (0, t.numel()), saved=rank == 0))
+            else:
+                shape = full_shape(tuple(t.shape), cut, size)
+                out.append(Placement(t, name, shape, shard_range(shape, cut, rank, size)))
+        return out
+
     def checkpoint_shard(self, optimizer: Any) -> StateShard:
         """This rank's part of a sharded checkpoint, with no collective: its block of every sharded
         tensor as a range of the full tensor (:func:`~blutrain_parallel_tp.shard_range`), the
@@ -355,6 +371,9 @@ class TP(ParallelMode):
 
     def full_state_dict(self) -> dict[str, Tensor]:
         return self._wrapped("full_state_dict").full_state_dict()
+
+    def placements(self) -> list[Placement]:
+        return self._wrapped("placements").placements()
 
     def load_full_state(self, model_state: dict[str, Tensor], optimizer: Any, optimizer_state: dict[str, Any]) -> None:
         model = self._wrapped("load_full_state")

@@ -32,11 +32,20 @@ and stage 3's prefetched gathers keep their overlap (on CUDA: inside the step's 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from blutrain.autograd import in_backward, is_grad_enabled, no_grad
-from blutrain.dist import DistArgumentError, DistError, ProcessGroup, StateShard, Work, traceable
+from blutrain.dist import (
+    DistArgumentError,
+    DistError,
+    Placement,
+    ProcessGroup,
+    StateShard,
+    Work,
+    traceable,
+    whole_placements,
+)
 from blutrain.nn import Module, ModuleList, Sequential
 from blutrain.tensor import Tensor, empty, zeros
 from blutrain_parallel_zero.flat import FlatBucket
@@ -111,10 +120,17 @@ class ZeroModel(Module):
     Every parameter that requires grad must get a gradient in each backward pass (stages 2 and 3; an
     unused one is named at the next forward). ``state_dict``/``load_state_dict`` use ``module``'s own
     names and whole tensors (stage 3 gathers them: collective), so a single-process model loads them.
+
+    ``placements`` (on a mesh, from the inner mode that shards state, e.g. tensor parallelism): where each
+    tensor of ``module``'s state sits in the single-process model; the buckets, ``state_dict`` and
+    :meth:`state_shard` then use the single-process names, and a shard of a placed tensor is a window of its
+    range. ``norm_group``: the ranks whose shards together hold the whole model (``group`` × the inner mode's),
+    over which the gradient norm is summed; default ``group``.
     """
 
     def __init__(self, module: Module, group: ProcessGroup, stage: int = 2,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, placements: Sequence[Placement] | None = None,
+                 norm_group: ProcessGroup | None = None) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise DistArgumentError(f"ZeroModel: module must be a blutrain.nn.Module, got {type(module).__name__}")
@@ -124,17 +140,31 @@ class ZeroModel(Module):
             raise DistArgumentError(f"ZeroModel: bucket_cap_mb must be a number > 0, got {bucket_cap_mb!r}")
         self.module = module
         self.group: ProcessGroup = traceable(group)
+        # the ranks whose shards together hold the whole model (the gradient norm's sum): the group, or on a mesh
+        # with a mode inside that shards state, the group times that mode's
+        self.norm_group: ProcessGroup = self.group if norm_group is None else traceable(norm_group)
         self.stage = stage
         self.bucket_cap_mb = float(bucket_cap_mb)
+        local = module.state_dict(keep_vars=True)
+        self.placements: list[Placement] = list(whole_placements(local) if placements is None else placements)
+        self._placed = {id(pl.tensor): pl for pl in self.placements}
+        self._local_names = {id(t): n for n, t in local.items()}  # module's own names: what it loads
+        # this rank's tensors' shapes (stage 3 frees the parameters into placeholders)
+        self.local_shapes = {pl.name: tuple(pl.tensor.shape) for pl in self.placements}
+        unplaced = [n for n, t in local.items() if id(t) not in self._placed]
+        if unplaced:
+            raise DistArgumentError(f"ZeroModel: placements must place every tensor of the model's state; they miss "
+                                    f"{', '.join(unplaced[:8])}")
         rank, world = group.rank, group.size
         cap = int(self.bucket_cap_mb * 2**20)
         self.units: list[Unit] = []
         if stage < 3:
-            params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+            params = [(self._placed[id(p)].name, p) for p in module.parameters() if p.requires_grad]
             self.buckets = _buckets(list(reversed(params)), cap, rank, world)  # backward's order
         else:
             self.buckets = []
             for name, mod, own in _unit_modules(module):
+                own = [(self._placed[id(p)].name, p) for _, p in own]
                 buckets = _buckets(own, cap, rank, world, start=len(self.buckets))
                 self.buckets.extend(buckets)
                 if buckets or mod is module:  # the root always: its hooks open and close each forward
@@ -413,39 +443,51 @@ class ZeroModel(Module):
                                     "of the wrapped model")
         return name
 
-    def _whole(self) -> Iterator[tuple[str, Tensor]]:
-        """(name, tensor) of the state that is not sharded: frozen parameters and persistent buffers."""
-        sharded = set(self._names.values())
-        for name, t in self.module.state_dict().items():
-            if name not in sharded:
-                yield name, t
+    def placement(self, p: Tensor) -> Placement:
+        """Where the trainable parameter ``p`` sits in the single-process model's state."""
+        self.parameter_name(p)
+        return self._placed[id(p)]
+
+    def _whole(self) -> Iterator[Placement]:
+        """The placements of the state that is not sharded: frozen parameters and persistent buffers."""
+        for pl in self.placements:
+            if id(pl.tensor) not in self._names:
+                yield pl
 
     def state_dict(self, keep_vars: bool = False) -> dict[str, Tensor]:
-        """Whole tensors under ``module``'s names (stage 3: gathered, a collective)."""
-        if self.stage < 3:
-            return self.module.state_dict(keep_vars)
+        """Whole tensors of this rank's model under the placements' names (without placements: ``module``'s own
+        names; stage 3: gathered, a collective)."""
         out: dict[str, Tensor] = {}
-        with no_grad():
-            for b in self.buckets:
-                full = b.full_buffer()
-                self.group.all_gather_into_tensor(full, b.shard)
-                for i, name in enumerate(b.names):
-                    out[name] = b.view(full, i)
-        out.update(self._whole())
-        order = list(self.module.state_dict())
-        return {k: out[k] for k in order if k in out}
+        if self.stage == 3:
+            with no_grad():
+                for b in self.buckets:
+                    full = b.full_buffer()
+                    self.group.all_gather_into_tensor(full, b.shard)
+                    for i, name in enumerate(b.names):
+                        out[name] = b.view(full, i)
+        for pl in self.placements:
+            if pl.name not in out:
+                out[pl.name] = pl.tensor if keep_vars else pl.tensor.detach()
+        return {pl.name: out[pl.name] for pl in self.placements}
+
+    def _local(self, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``state_dict`` under the placements' names → under ``module``'s own names (other keys kept as given:
+        ``module`` also loads a tied weight's other name)."""
+        local_of = {pl.name: self._local_names[id(pl.tensor)] for pl in self.placements}
+        return {local_of.get(k, k): v for k, v in state_dict.items()}
 
     def load_state_dict(self, state_dict: dict[str, Tensor], strict: bool = True) -> Any:
-        """Whole tensors under ``module``'s names: every rank keeps its shard of them."""
+        """Whole tensors of this rank's model under the placements' names (as :meth:`state_dict` gives them):
+        every rank keeps its shard of them."""
+        if not isinstance(state_dict, dict):
+            raise DistArgumentError(f"ZeroModel.load_state_dict: state_dict must be a dict of str → Tensor, got "
+                                    f"{type(state_dict).__name__}")
         if self.stage < 3:
-            result = self.module.load_state_dict(state_dict, strict)
+            result = self.module.load_state_dict(self._local(state_dict), strict)
             with no_grad():
                 for b in self.buckets:
                     b.shard.copy_(b.owned(self._fulls[b.index]))
             return result
-        if not isinstance(state_dict, dict):
-            raise DistArgumentError(f"ZeroModel.load_state_dict: state_dict must be a dict of str → Tensor, got "
-                                    f"{type(state_dict).__name__}")
         missing = [n for b in self.buckets for n in b.names if n not in state_dict]
         for b in self.buckets:
             for i, n in enumerate(b.names):
@@ -463,24 +505,47 @@ class ZeroModel(Module):
                         piece = t.detach().to(device=b.device, dtype=b.dtype).reshape(-1)[seg.lo:seg.hi]
                         b.shard[seg.shard_lo:seg.shard_hi].copy_(piece)
         rest = {k: v for k, v in state_dict.items() if k not in self._names.values()}
-        return self.module.load_state_dict(rest, strict=False) if rest else None
+        return self.module.load_state_dict(self._local(rest), strict=False) if rest else None
 
     def state_shard(self) -> StateShard:
-        """This rank's pieces of the parameters (the shard masters) and, on rank 0, the unsharded state."""
+        """This rank's pieces of the parameters (the shard masters) and, on rank 0 of the group, the unsharded
+        state, as parts of the single-process model's tensors: a piece of a whole tensor is its range, a piece
+        of a tensor an inner mode cut is a window of that mode's range. What another rank holds the same of
+        (a placement not ``saved``) is left to that rank."""
         shard = StateShard(shapes={})
         for b in self.buckets:
             for i, name in enumerate(b.names):
-                shard.shapes[name] = b.shapes[i]
+                shard.shapes[name] = self._placed[id(b.params[i])].shape
             for seg in b.segments:
-                name = b.names[seg.index]
-                shard.ranges[name] = (seg.lo, seg.hi)
-                shard.params[name] = b.shard[seg.shard_lo:seg.shard_hi]
-        for name, t in self._whole():
-            shard.shapes[name] = tuple(t.shape)
-            if self.group.rank == 0 and t.numel():
-                shard.ranges[name] = (0, t.numel())
-                shard.params[name] = t.reshape(-1)
+                pl = self._placed[id(b.params[seg.index])]
+                if not pl.saved:
+                    continue
+                if pl.whole:
+                    shard.ranges[pl.name] = (seg.lo, seg.hi)
+                else:
+                    shard.ranges[pl.name] = pl.range
+                    if (seg.lo, seg.hi) != (0, b.numels[seg.index]):
+                        shard.windows[pl.name] = (seg.lo, seg.hi)
+                shard.params[pl.name] = b.shard[seg.shard_lo:seg.shard_hi]
+        for pl in self._whole():
+            shard.shapes[pl.name] = pl.shape
+            if self.group.rank == 0 and pl.saved and pl.tensor.numel():
+                shard.ranges[pl.name] = pl.range
+                shard.params[pl.name] = pl.tensor.detach().reshape(-1)
         return shard
+
+    def saved_gradients(self) -> list[Tensor]:
+        """The parts of the gradient shards this rank counts in the global norm: every shard, but where a
+        placement is not ``saved`` (another rank of the inner mode holds the same elements) only the segments
+        of those that are."""
+        out: list[Tensor] = []
+        for b in self.buckets:
+            if all(self._placed[id(p)].saved for p in b.params):
+                out.append(b.shard_grad)
+                continue
+            out.extend(b.shard_grad[seg.shard_lo:seg.shard_hi] for seg in b.segments
+                       if self._placed[id(b.params[seg.index])].saved)
+        return out
 
     def extra_repr(self) -> str:
         units = f", units={len(self.units)}" if self.stage == 3 else ""

@@ -63,13 +63,14 @@ class ZeroOptimizer:
         self._reduced = True
 
     def grad_norm(self) -> Tensor:
-        """The L2 norm of the whole averaged gradient (a collective: every rank calls it)."""
+        """The L2 norm of the whole averaged gradient (a collective: every rank of the model's ``norm_group``
+        calls it)."""
         self._ready()
         with no_grad():
-            grads = [b.shard_grad for b in self.model.buckets]
+            grads = self.model.saved_gradients()
             local = norm(stack([norm(g).to(dtype="float32") for g in grads])) if grads else zeros(())
             sq = local * local
-            self.model.group.all_reduce(sq, op="sum")
+            self.model.norm_group.all_reduce(sq, op="sum")
             return sq ** 0.5
 
     def clip_grad_norm_(self, max_norm: float, eps: float = 1e-6) -> Tensor:
@@ -121,8 +122,9 @@ class ZeroOptimizer:
         shard = self.model.state_shard()
         for b, seg, view in self._segments:
             st = self.inner.state.get(view)
-            if st:
-                shard.optimizer[b.names[seg.index]] = dict(st)
+            name = b.names[seg.index]
+            if st and name in shard.ranges:  # not where another rank saves the same elements
+                shard.optimizer[name] = dict(st)
         shard.param_groups = [{**_hyper(g), "params": [self.model.parameter_name(p) for p in g["params"]]}
                               for g in self.param_groups]
         return shard

@@ -33,14 +33,15 @@ from blutrain.dist.group import (
 )
 from blutrain.dist.mesh import DeviceMesh
 from blutrain.dist.parallel import ParallelMode
+from blutrain.dist.placement import Placement, take_range, whole_placements
 from blutrain.dist.process_group import REDUCE_OPS, CompletedWork, ProcessGroup, ReduceOp, Work
 from blutrain.dist.registry import CommBackendRegistry, ParallelModeRegistry, comm_backends, parallel_modes
-from blutrain.dist.sharded import StateShard, merge_shards
+from blutrain.dist.sharded import Range, StateShard, Window, merge_shards
 from blutrain.dist.store import Store, StoreServer, TCPStore
 from blutrain.dist.traceable import TraceableGroup, traceable
 
 __all__ = ["DEFAULT_BUCKET_CAP_MB", "REDUCE_OPS", "RUN_ID_ENV", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
-           "DistEnv", "DistEnvironmentError", "DistError", "GradBucket", "GradientAverager", "LaunchError", "ParallelMode", "ParallelModeRegistry",
-           "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "TraceableGroup",
+           "DistEnv", "DistEnvironmentError", "DistError", "GradBucket", "GradientAverager", "LaunchError", "ParallelMode", "ParallelModeRegistry", "Placement", "Range",
+           "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "TraceableGroup", "Window",
            "Work", "WorkList", "all_reduce_coalesced", "before_destroy", "default_comm_backend", "broadcast_from_rank0", "bucket_parameters", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",
-           "get_world_size", "init_process_group", "is_initialized", "merge_shards", "parallel_modes", "sendrecv", "traceable"]
+           "get_world_size", "init_process_group", "is_initialized", "merge_shards", "parallel_modes", "sendrecv", "take_range", "traceable", "whole_placements"]

@@ -28,6 +28,7 @@ from blutrain.tensor import Tensor
 
 from blutrain.dist.mesh import DeviceMesh
 from blutrain.dist.process_group import ProcessGroup
+from blutrain.dist.placement import Placement
 from blutrain.dist.sharded import StateShard
 
 
@@ -43,6 +44,10 @@ class ParallelMode:
       first: data parallelism outermost, the dimension whose ranks talk most innermost (neighbours on a node).
       ``mesh_options``: the mesh form's keys that configure this mode → the keyword argument each sets
       (``attn`` → ``attn``).
+    - ``on_mesh_by_name``: the mesh form runs this mode along ``dim`` in place of the dimension's ``on_mesh`` mode
+      when it names the mode, ``NAME[=VALUE]`` beside the sizes with VALUE its first option
+      (``dp=2,tp=2,zero=1``: ZeRO stage 1 along dp instead of DDP); the mesh must give ``dim`` a size, and at
+      most one mode per dimension may be named so.
     - ``splits_batch``: ranks along ``dim`` train on different rows of the batch (data parallelism); the
       trainer's data rank and size are taken over the mesh dimensions whose modes declare it (ranks that
       differ only along the others, tp or cp, read the same rows).
@@ -57,6 +62,15 @@ class ParallelMode:
       give the global norm.
     - ``shards_state``: ranks hold parts of the model or optimizer state; checkpoints are written by
       :meth:`state_shard`, whole state is read by :meth:`full_state_dict` and loaded by :meth:`load_full_state`.
+      On a mesh, :meth:`placements` says where each of a rank's tensors sits in the single-process state, for an
+      outer mode that shards them further (``nests_state``); :attr:`state_dims` names the mesh dimensions along
+      which ranks hold different parts (one checkpoint file per rank of :attr:`group`, written by the ranks whose
+      index along every other dimension is 0).
+    - ``nests_state``: a ``shards_state`` mode that, on a mesh, shards what each rank holds once the inner modes
+      have wrapped the model (ZeRO over tensor parallelism's blocks). Before :meth:`wrap_model` the trainer calls
+      :meth:`nest` with the single-process model as the inner modes left it and the outermost inner mode that
+      shards state (or None); the mode then names, saves, loads and counts state in the single-process
+      model's terms, through that mode's :meth:`placements`.
     """
 
     dim: ClassVar[str]
@@ -70,8 +84,16 @@ class ParallelMode:
     wraps_rewritten: ClassVar[bool] = False
     shards_gradients: ClassVar[bool] = False
     shards_state: ClassVar[bool] = False
+    on_mesh_by_name: ClassVar[bool] = False
+    nests_state: ClassVar[bool] = False
 
     group: ProcessGroup  # the group along ``dim`` (sharded checkpoints have one file per rank of it)
+
+    @property
+    def state_dims(self) -> tuple[str, ...]:
+        """The mesh dimensions along which the ranks of :attr:`group` hold different parts of the state (a
+        ``shards_state`` mode's checkpoint files): ``dim`` unless the mode says otherwise."""
+        return (self.dim,)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, *options: Any, **keyword_options: Any) -> None:
         """A mode is made over a mesh (its group along ``dim``), a process group, or None (the default group), with
@@ -118,6 +140,11 @@ class ParallelMode:
         raise NotImplementedError(_undeclared(self, "shards_gradients", "clip_grad_norm_"))
 
     # -- shards_state ----------------------------------------------------------------------------
+    def placements(self) -> list[Placement]:
+        """Where each tensor of this rank's model state (parameters and persistent buffers, the model's own
+        tensors) sits in the single-process model's state, in ``state_dict`` order (no collective)."""
+        raise NotImplementedError(_undeclared(self, "shards_state", "placements"))
+
     def state_shard(self, optimizer: Any) -> StateShard:
         """This rank's part of a checkpoint of the model and ``optimizer`` (the optimizer to step), with no
         collective; the shards of every rank of :attr:`group` merge into whole state
@@ -132,6 +159,14 @@ class ParallelMode:
         """Load whole state (a single-process checkpoint, or merged shards) into this rank's parts of the model
         and of ``optimizer``. No collective."""
         raise NotImplementedError(_undeclared(self, "shards_state", "load_full_state"))
+
+
+    # -- nests_state -----------------------------------------------------------------------------
+    def nest(self, net: Any, inner: ParallelMode | None) -> None:
+        """On a mesh, before :meth:`wrap_model`: ``net`` is the single-process model as the inner modes left it
+        (rewritten in place: its tensors are this rank's), ``inner`` the outermost inner mode that shards state
+        (its :meth:`placements` place ``net``'s tensors; None: every tensor is whole)."""
+        raise NotImplementedError(_undeclared(self, "nests_state", "nest"))
 
 
 def _undeclared(mode: ParallelMode, flag: str, method: str) -> str:

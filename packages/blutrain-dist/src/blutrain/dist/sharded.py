@@ -11,6 +11,11 @@ flattened. Ranges say nothing about how the ranks were laid out, so shards saved
 on 2 ranks, tp = 2) merge into full state that any other layout (4 ranks, a single process) slices
 again: :func:`merge_shards`.
 
+A shard may hold only part of its range's piece: ``windows[name] = (lo, hi)`` says it holds elements
+``[lo, hi)`` of that piece (nested shards: ZeRO's flat shard of a tensor-parallel block, whose piece is
+the block flattened). Layouts with windows are written in format ``blutrain-sharded-2``, which a reader
+that knows no windows refuses instead of misreading; both formats are read.
+
 In a shard's optimizer state a tensor that is 1-D with the range's length is a piece of a tensor of
 the parameter's shape (Adam's moments); every other value (a step count) is the same on every rank
 holding part of that parameter and is taken from any of them.
@@ -30,8 +35,11 @@ from blutrain.tensor import Tensor, from_numpy
 from blutrain.dist.errors import DistArgumentError
 
 FORMAT = "blutrain-sharded-1"
+FORMAT_NESTED = "blutrain-sharded-2"  # a layout with windows (nested shards)
+FORMATS = (FORMAT, FORMAT_NESTED)
 
 Range = tuple[int, ...]  # (start, stop) then (step, count) pairs, outermost first; see the module doc
+Window = tuple[int, int]  # (lo, hi): the elements [lo, hi) of a range's piece; see the module doc
 
 
 def range_length(r: Range) -> int:
@@ -45,6 +53,27 @@ def range_blocks(r: Range) -> list[tuple[int, int]]:
     for step, count in zip(r[2::2], r[3::2], strict=True):
         starts = [s + j * step for s in starts for j in range(count)]
     return [(s, s + r[1] - r[0]) for s in starts]
+
+
+def piece_blocks(r: Range, window: Window | None = None) -> list[tuple[int, int]]:
+    """The contiguous blocks ``[start, stop)`` of the flattened full tensor that the piece of ``r`` holds, cut to
+    ``window`` (elements ``[lo, hi)`` of the piece; None: all of it), in the order the piece holds them."""
+    blocks = range_blocks(r)
+    if window is None:
+        return blocks
+    lo, hi = window
+    out, at = [], 0
+    for start, stop in blocks:
+        a, b = max(lo - at, 0), min(hi - at, stop - start)
+        if a < b:
+            out.append((start + a, start + b))
+        at += stop - start
+    return out
+
+
+def piece_length(r: Range, window: Window | None = None) -> int:
+    """How many elements a shard holds of range ``r`` cut to ``window``."""
+    return range_length(r) if window is None else window[1] - window[0]
 
 
 @dataclass
@@ -63,26 +92,40 @@ class StateShard:
     params: dict[str, Tensor] = field(default_factory=dict)
     optimizer: dict[str, dict[str, Any]] = field(default_factory=dict)
     param_groups: list[dict[str, Any]] = field(default_factory=list)
+    windows: dict[str, Window] = field(default_factory=dict)
+
+    def length(self, name: str) -> int:
+        """How many elements this shard holds of ``name`` (the length of its 1-D piece)."""
+        return piece_length(self.ranges[name], self.windows.get(name))
 
     def layout(self) -> dict[str, Any]:
         """Everything but the tensors, as JSON-ready values (the index a checkpoint stores)."""
-        return {"format": FORMAT, "shapes": {n: list(s) for n, s in self.shapes.items()},
-                "ranges": {n: list(r) for n, r in self.ranges.items()}, "param_groups": self.param_groups}
+        out = {"format": FORMAT_NESTED if self.windows else FORMAT,
+               "shapes": {n: list(s) for n, s in self.shapes.items()},
+               "ranges": {n: list(r) for n, r in self.ranges.items()}, "param_groups": self.param_groups}
+        if self.windows:
+            out["windows"] = {n: list(w) for n, w in self.windows.items()}
+        return out
 
     @classmethod
     def from_layout(cls, layout: Any, params: dict[str, Tensor], optimizer: dict[str, dict[str, Any]],
                     where: str = "shard") -> StateShard:
         """The inverse of :meth:`layout` plus the tensors; every range and piece is checked."""
-        if not isinstance(layout, dict) or layout.get("format") != FORMAT:
+        if not isinstance(layout, dict) or layout.get("format") not in FORMATS:
             got = layout.get("format") if isinstance(layout, dict) else type(layout).__name__
-            raise DistArgumentError(f"{where}: expected a sharded-state layout of format {FORMAT!r}, got {got!r}")
+            raise DistArgumentError(f"{where}: expected a sharded-state layout of format "
+                                    f"{' or '.join(map(repr, FORMATS))}, got {got!r}")
         try:
             shapes = {str(n): tuple(int(d) for d in s) for n, s in layout["shapes"].items()}
             ranges = {str(n): tuple(int(v) for v in r) for n, r in layout["ranges"].items()}
             groups = list(layout["param_groups"])
+            windows: dict[str, Window] = {}
+            for n, w in dict(layout.get("windows", {})).items():
+                lo, hi = (int(v) for v in w)
+                windows[str(n)] = (lo, hi)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise DistArgumentError(f"{where}: malformed sharded-state layout ({type(exc).__name__}: {exc})") from None
-        shard = cls(shapes, ranges, dict(params), {str(k): dict(v) for k, v in optimizer.items()}, groups)
+        shard = cls(shapes, ranges, dict(params), {str(k): dict(v) for k, v in optimizer.items()}, groups, windows)
         shard.check(where)
         return shard
 
@@ -98,12 +141,18 @@ class StateShard:
             last = start + sum(step * (count - 1) for step, count in zip(r[2::2], r[3::2], strict=True))
             if not 0 <= start < stop <= n or last + stop - start > n:
                 raise DistArgumentError(f"{where}: range {list(r)} of {name!r} is not inside its {n} elements")
+            window = self.windows.get(name)
+            if window is not None and not 0 <= window[0] < window[1] <= range_length(r):
+                raise DistArgumentError(f"{where}: window {list(window)} of {name!r} is not inside the "
+                                        f"{range_length(r)} elements of its range {list(r)}")
             piece = self.params.get(name)
-            length = range_length(r)
+            length = piece_length(r, window)
             if piece is None or tuple(piece.shape) != (length,):
                 got = list(piece.shape) if piece is not None else "nothing"
                 raise DistArgumentError(f"{where}: {name!r} must hold a 1-D piece of {length} elements for "
                                         f"its range {list(r)}, got {got}")
+        if not set(self.windows) <= set(self.ranges):
+            raise DistArgumentError(f"{where}: windows without ranges: {sorted(set(self.windows) - set(self.ranges))}")
         if set(self.params) != set(self.ranges):
             raise DistArgumentError(f"{where}: pieces without ranges: {sorted(set(self.params) ^ set(self.ranges))}")
 
@@ -112,13 +161,15 @@ def _numpy(t: Tensor) -> np.ndarray[Any, Any]:
     return np.asarray(t.detach().to(device="cpu").numpy())
 
 
-def _join(name: str, key: str, shape: tuple[int, ...], pieces: list[tuple[Range, Tensor]]) -> Tensor:
+def _join(name: str, key: str, shape: tuple[int, ...],
+          pieces: list[tuple[Range, Window | None, Tensor]]) -> Tensor:
     n = math.prod(shape)
     blocks: list[tuple[int, int, np.ndarray[Any, Any]]] = []
-    for r, piece in pieces:
-        spans = range_blocks(r)
-        rows = _numpy(piece).reshape(len(spans), r[1] - r[0])
-        blocks.extend((start, stop, row) for (start, stop), row in zip(spans, rows, strict=True))
+    for r, window, piece in pieces:
+        flat, at = _numpy(piece).reshape(-1), 0
+        for start, stop in piece_blocks(r, window):
+            blocks.append((start, stop, flat[at:at + stop - start]))
+            at += stop - start
     blocks.sort(key=lambda x: x[0])
     at = 0
     for start, stop, _ in blocks:
@@ -150,7 +201,7 @@ def merge_shards(shards: Sequence[StateShard]) -> tuple[dict[str, Tensor], dict[
                                     "models)")
     model = {}
     for name, shape in shapes.items():
-        held = [(s.ranges[name], s.params[name]) for s in shards if name in s.ranges]
+        held = [(s.ranges[name], s.windows.get(name), s.params[name]) for s in shards if name in s.ranges]
         model[name] = _join(name, "", shape, held)
     groups = shards[0].param_groups
     order = [name for g in groups for name in g["params"]]
@@ -163,8 +214,8 @@ def merge_shards(shards: Sequence[StateShard]) -> tuple[dict[str, Tensor], dict[
             continue
         entry: dict[str, Any] = {}
         for key, value in holders[0].optimizer[name].items():
-            if isinstance(value, Tensor) and tuple(value.shape) == (range_length(holders[0].ranges[name]),):
-                pieces = [(s.ranges[name], s.optimizer[name][key]) for s in holders]
+            if isinstance(value, Tensor) and tuple(value.shape) == (holders[0].length(name),):
+                pieces = [(s.ranges[name], s.windows.get(name), s.optimizer[name][key]) for s in holders]
                 entry[key] = _join(name, f" (optimizer state {key!r})", shapes[name], pieces)
             else:
                 entry[key] = value
@@ -174,4 +225,5 @@ def merge_shards(shards: Sequence[StateShard]) -> tuple[dict[str, Tensor], dict[
     return model, {"state": state, "param_groups": numbered}
 
 
-__all__ = ["FORMAT", "Range", "StateShard", "merge_shards", "range_blocks", "range_length"]
+__all__ = ["FORMAT", "FORMATS", "FORMAT_NESTED", "Range", "StateShard", "Window", "merge_shards", "piece_blocks",
+           "piece_length", "range_blocks", "range_length"]

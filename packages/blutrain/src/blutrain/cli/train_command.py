@@ -49,7 +49,7 @@ _FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
                       "after it (ddp,grad_dtype=bf16: gradients averaged in bf16); or mesh sizes multiplying to N: "
                       "dp=2,tp=2[,async=K], dp=2,cp=2[,attn=ring|allgather|ulysses], tp=N, cp=N, "
                       "dp=N[,grad_dtype=bf16] (ddp); async=K: async TP, each all-reduce in K row blocks overlapping "
-                      "the GEMMs"),
+                      "the GEMMs; zero=STAGE beside the sizes (dp=2,tp=2,zero=1): ZeRO along dp instead of ddp"),
     ("dist-backend", str, "the process group's comm backend for --parallel: mpi or nccl (default: the one the "
                           "device's backend declares: nccl on cuda, mpi on cpu)"),
 )

@@ -51,6 +51,8 @@ class ParallelPlan:
     ``cp=2``, ``dp=4``): a :class:`blutrain.dist.DeviceMesh` of those dimensions, whose sizes multiply to the
     number of ranks, each dimension run by the installed mode that declares ``on_mesh`` for it, and the other
     keys the options those modes declare (``mesh_options``); the inner dimensions' modes wrap the model first.
+    A mode that declares ``on_mesh_by_name`` runs along its dimension in place of that dimension's ``on_mesh``
+    mode when the mesh names it, ``NAME[=VALUE]`` with VALUE its first option (``dp=2,tp=2,zero=1``).
     ``modes``: (name, positional options, keyword options), innermost first.
     """
 
@@ -114,7 +116,7 @@ class TrainConfig:
     async_checkpoint: bool = False  # stage checkpoints to host memory, write them on a background thread
     deterministic: bool = False  # deterministic kernels (e.g. the cuda embedding backward): bit-identical runs
     auto_batch: bool = False  # find the largest micro-batch that fits; accumulation keeps the global batch
-    parallel: str = ""  # "MODE[=VALUE]" ("ddp", "zero=2") or mesh sizes ("dp=2,tp=2"); "" → one process
+    parallel: str = ""  # "MODE[=VALUE]" ("ddp", "zero=2") or a mesh ("dp=2,tp=2", "dp=2,tp=2,zero=1"); "" → one process
     dist_backend: str = "auto"  # the comm backend of --parallel ("mpi", "nccl"); auto: the device's declared one
     log: list[str] = field(default_factory=list)  # loggers of the training events, by plugin name: csv, tensorboard
     model_overrides: dict[str, Any] = field(default_factory=dict)
@@ -203,7 +205,7 @@ class TrainConfig:
             return None
         text = self.parallel
         form = (f"parallel must be MODE[=VALUE] ('ddp', 'zero=2', 'ddp,grad_dtype=bf16') or mesh sizes "
-                f"('dp=2,tp=2', 'dp=2,cp=2,attn=ulysses', 'tp=4'), got {text!r}")
+                f"('dp=2,tp=2', 'dp=2,cp=2,attn=ulysses', 'tp=4', 'dp=2,tp=2,zero=1'), got {text!r}")
         parts: list[tuple[str, str | None]] = []
         for item in text.split(","):
             key, sep, value = item.strip().partition("=")
@@ -214,7 +216,10 @@ class TrainConfig:
             parts.append((key, value if sep else None))
         modes = installed_modes()
         on_mesh = mesh_modes(modes)
-        if not any(key in on_mesh for key, _ in parts):
+        # modes a mesh runs along their dimension when named (dp=2,tp=2,zero=1), in place of the on_mesh mode
+        by_name = {name: cls for name, cls in modes.items() if cls.on_mesh_by_name and not cls.on_mesh}
+        dims = {*on_mesh, *(cls.dim for cls in by_name.values())}
+        if not any(key in dims for key, _ in parts):
             name, given = parts[0]
             keywords: dict[str, int | str] = {}
             for key, raw in parts[1:]:  # MODE[=VALUE],key=value,...: the mode's keyword options
@@ -224,50 +229,85 @@ class TrainConfig:
                 option = _option(raw)
                 keywords[key] = option if isinstance(option, (int, str)) else raw
             return ParallelPlan(text, {}, ((name, () if given is None else (_option(given),), keywords),))
-        # the mesh form's option keys: key → (dimension, the keyword of that dimension's mode)
-        option_keys = {key: (dim, keyword) for dim, name in on_mesh.items()
-                       for key, keyword in modes[name].mesh_options.items()}
-        sizes: dict[str, int] = {}
-        options: dict[str, dict[str, int | str]] = {dim: {} for dim in on_mesh}
+        # the dimension → mode of this mesh: the on_mesh ones, replaced where a mode is named
+        chosen = dict(on_mesh)
+        named: dict[str, str] = {}  # dimension → the named mode's part as given
+        first: dict[str, tuple[int | float | str, ...]] = {}
         for key, raw in parts:
-            if key in on_mesh:
+            if key in by_name:
+                dim = by_name[key].dim
+                part = key if raw is None else f"{key}={raw}"
+                if dim in named:
+                    raise ConfigError(f"parallel {text!r}: {named[dim]} and {part} both run along {dim}; a dimension "
+                                      "takes one mode, give one of them")
+                named[dim] = part
+                chosen[dim] = key
+                first[dim] = () if raw is None else (_option(raw),)
+        order = {dim: modes[name].mesh_order for dim, name in chosen.items()}
+        chosen = dict(sorted(chosen.items(), key=lambda item: order[item[0]]))
+        # the mesh form's option keys: key → (dimension, the keyword of that dimension's mode)
+        option_keys = {key: (dim, keyword) for dim, name in chosen.items()
+                       for key, keyword in modes[name].mesh_options.items()}
+        replaced = {key: (dim, on_mesh[dim]) for dim in named if dim in on_mesh
+                    for key in modes[on_mesh[dim]].mesh_options if key not in option_keys}
+        sizes: dict[str, int] = {}
+        options: dict[str, dict[str, int | str]] = {dim: {} for dim in chosen}
+        for key, raw in parts:
+            if key in dims:
                 if raw is None or not raw.isdigit() or int(raw) < 1:
                     raise ConfigError(f"parallel {text!r}: {key} must be a number of ranks >= 1 (e.g. {key}=2), "
                                       f"got {'no size' if raw is None else repr(raw)}")
                 sizes[key] = int(raw)
+            elif key in by_name:
+                continue
             elif key in option_keys and raw is not None:
                 dim, keyword = option_keys[key]
                 option = _option(raw)
                 options[dim][keyword] = option if isinstance(option, (int, str)) else raw
+            elif key in replaced:
+                dim, name = replaced[key]
+                raise ConfigError(f"parallel {text!r}: {key}= is an option of mode {name!r}, which {named[dim]} "
+                                  f"replaces along {dim}; leave {key}= out, or give {dim}=N without {named[dim]}")
             elif key in modes and modes[key].on_mesh:
                 raise ConfigError(f"parallel {text!r}: in a mesh, mode {key} runs along {modes[key].dim}: give "
                                   f"{modes[key].dim}=N instead of {key}")
             elif key in modes:
                 alone = key if raw is None else f"{key}={raw}"
-                dims = ", ".join(f"{dim}=N" for dim in on_mesh)
-                raise ConfigError(f"parallel {text!r}: mode {key} does not compose with a mesh (it does not declare "
-                                  f"on_mesh): it runs alone over every rank; give {alone} alone, or mesh sizes "
-                                  f"({dims})")
+                sized = ", ".join(f"{dim}=N" for dim in chosen)
+                raise ConfigError(f"parallel {text!r}: mode {key} does not compose with a mesh (it declares neither "
+                                  f"on_mesh nor on_mesh_by_name): it runs alone over every rank; give {alone} alone, "
+                                  f"or mesh sizes ({sized})")
             else:
                 part = key if raw is None else f"{key}={raw}"
                 keys = ", ".join(f"{k}= (with {dim}=N)" for k, (dim, _) in option_keys.items())
+                alternatives = ", ".join(f"{name}[=VALUE] (along {cls.dim})" for name, cls in by_name.items())
                 raise ConfigError(f"parallel {text!r}: unknown part {part!r}; a mesh takes "
-                                  f"{', '.join(f'{dim}=N' for dim in on_mesh)}"
-                                  + (f" and the options {keys}" if keys else ""))
+                                  f"{', '.join(f'{dim}=N' for dim in chosen)}"
+                                  + (f", the options {keys}" if keys else "")
+                                  + (f" and the modes {alternatives}" if alternatives else ""))
+        for dim in sizes:
+            if dim not in chosen:
+                names = ", ".join(f"{name}[=VALUE]" for name, cls in by_name.items() if cls.dim == dim)
+                raise ConfigError(f"parallel {text!r}: no installed mode runs along {dim} unless named; give one "
+                                  f"beside {dim}={sizes[dim]}: {names}")
+        for dim, part in named.items():
+            if dim not in sizes:
+                raise ConfigError(f"parallel {text!r}: {part} runs along {dim}, which the mesh does not size; give "
+                                  f"{dim}=N beside it (e.g. '{dim}=2,{part}')")
         for key, (dim, _) in option_keys.items():
             given = dict(parts).get(key)
             if given is not None and dim not in sizes:
-                raise ConfigError(f"parallel {text!r}: {key}={given} is an option of mode {on_mesh[dim]!r} and "
+                raise ConfigError(f"parallel {text!r}: {key}={given} is an option of mode {chosen[dim]!r} and "
                                   f"needs {dim}=N")
-        mesh = {dim: sizes[dim] for dim in on_mesh if dim in sizes}
+        mesh = {dim: sizes[dim] for dim in chosen if dim in sizes}
         # layer-rewriting modes wrap each other innermost first; each but the innermost must take a rewritten model
-        rewriting = [on_mesh[dim] for dim in mesh if modes[on_mesh[dim]].rewrites_layers]
+        rewriting = [chosen[dim] for dim in mesh if modes[chosen[dim]].rewrites_layers]
         refusing = [name for name in rewriting[:-1] if not modes[name].wraps_rewritten]
         if refusing:
             raise ConfigError(f"parallel {text!r}: {' and '.join(rewriting)} do not compose ({refusing[0]} rewrites "
                               f"the model's layers and cannot wrap a model {rewriting[-1]} rewrote: it does not "
                               "declare wraps_rewritten); give one of them, alone or with the other dimensions")
-        plan_modes = tuple((on_mesh[dim], (), options[dim]) for dim in reversed(mesh))
+        plan_modes = tuple((chosen[dim], first.get(dim, ()), options[dim]) for dim in reversed(mesh))
         return ParallelPlan(text, mesh, plan_modes)
 
     @property

@@ -5,8 +5,9 @@ Rank 0's file is the checkpoint's name (``step_000010.safetensors``); rank ``r``
 ``step_000010.rank{r}-of-{n}.safetensors`` beside it. Each file's optimizer state is
 ``{"sharded": index, "state": <this rank's optimizer pieces>}`` and its model tensors are this rank's
 pieces; the index holds the shard's layout (ranges of the flattened tensors, their shapes, the
-parameter groups by name) and the names of every rank's file. Under tensor parallelism the files are
-those of one tp group (``r`` and ``n`` its tp rank and size): the data-parallel replicas write none.
+parameter groups by name) and the names of every rank's file. ``r`` and ``n`` are the rank and size of the
+state-sharding mode's group: under tensor parallelism one tp group writes (the data-parallel replicas write
+none); under ZeRO on a mesh every rank of dp (× cp) × tp holds a different part and writes.
 :func:`load_any_checkpoint` reads a plain or a sharded checkpoint and returns whole state, which any
 layout loads: another world size, DDP, tp, or a single process.
 """

@@ -230,7 +230,9 @@ class Trainer:
         self.n_params = self.net.num_parameters()
         self.modes: list[ParallelMode] = self._parallel_modes()  # innermost first
         self.model: Any = self.net
-        for mode in self.modes:  # a mode may rewrite self.net in place: the optimizer is built over what it leaves
+        for i, mode in enumerate(self.modes):  # a mode may rewrite self.net in place: the optimizer is built over
+            if mode.nests_state and self.mesh is not None:  # what it leaves
+                self._nest(mode, self.modes[:i])
             self.model = self._configured(mode.wrap_model, self.model)
         # the loss without the [B, T, vocab] logits (the fused head and loss of the model's forward); a mode that
         # computes its own loss from sharded logits takes no such option
@@ -353,6 +355,12 @@ class Trainer:
                 raise ConfigError(f"parallel {self.plan.text!r}: {exc}") from None
         return modes
 
+    def _nest(self, mode: ParallelMode, inner_modes: list[ParallelMode]) -> None:
+        """Tell ``mode`` (``nests_state``) where each rank's tensors sit before it wraps the model: ``net`` as the
+        inner modes left it, and the outermost of them that shards state (None: every tensor is whole)."""
+        inner = next((m for m in reversed(inner_modes) if m.shards_state), None)
+        self._configured(lambda net: mode.nest(net, inner), self.net)
+
     def _configured(self, wrap: Any, target: Any) -> Any:
         """``wrap(target)``, a mode's refusal (e.g. heads not divisible by its group) reported as a ConfigError."""
         from blutrain.dist import DistArgumentError
@@ -407,12 +415,12 @@ class Trainer:
 
     def _writes_a_file(self) -> bool:
         """Whether this rank writes a file of each checkpoint: rank 0 the whole state; with sharded
-        checkpoints the ranks of the state-sharding mode's group whose index along every other mesh
-        dimension is 0 (the other ranks hold the same parts)."""
+        checkpoints the ranks of the state-sharding mode's group whose index along every mesh dimension
+        but its ``state_dims`` is 0 (the other ranks hold the same parts)."""
         if self.state_owner is None:
             return self.rank == 0
-        dim = self.state_owner.dim
-        return self.mesh is None or all(self.mesh.local_rank(d) == 0 for d in self.mesh.names if d != dim)
+        dims = self.state_owner.state_dims
+        return self.mesh is None or all(self.mesh.local_rank(d) == 0 for d in self.mesh.names if d not in dims)
 
     def _shard(self) -> tuple[Any, int, int]:
         """This rank's part of a sharded checkpoint, and its file's rank and number of files."""
