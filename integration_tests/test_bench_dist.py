@@ -286,7 +286,8 @@ def test_a_model_family_runs_its_preset_and_pytorch_shards_it_with_fsdp2() -> No
     (("--model", "llama", "--preset", "llama-1b", "--seq-len", "4096"),
      "--seq-len 4096 exceeds preset llama-1b's block_size 2048; give --seq-len 2048 or less"),
     (("--model", "no-such-family"), "--model: no model 'no-such-family'; installed: "),
-    (("--modes", "fsdp2"), "expected a comma-separated list of ddp, zero1, zero2, zero3, ddp-bf16, got 'fsdp2'"),
+    (("--modes", "fsdp2"), "expected a comma-separated list of ddp, zero1, zero2, zero3, ddp-bf16, tp, tp-async, "
+                           "got 'fsdp2'"),
 ])
 def test_a_model_or_preset_that_does_not_fit_is_refused_in_one_line(capsys: pytest.CaptureFixture[str],
                                                                     argv: tuple[str, ...], message: str) -> None:
@@ -432,6 +433,25 @@ def test_eight_ranks_run_compiled_ddp_and_zero_and_give_the_one_rank_losses(tmp_
         assert len(rows[name]["losses"]) == 2 and rows[name]["max_rel_dloss"] < 1e-4, name
     assert all(json.loads((tmp_path / "runs" / "blutrain-8gpu-1" / f"rank{r}.json").read_text())["rank"] == r
                for r in range(8))
+
+
+def test_tensor_parallel_rows_count_one_rank_s_tokens_and_are_scored_against_one_gpu(tmp_path: Path) -> None:
+    """tp and tp-async over every rank: each rank trains on the same rows, so a step's tokens are one rank's,
+    and the goal line says whether it beat one GPU (its efficiency times N)."""
+    assert config(mode="tp", gpus=4).tokens_per_step == config(mode="single", gpus=1).tokens_per_step
+    assert config(mode="ddp", gpus=4).tokens_per_step == 4 * config(mode="single", gpus=1).tokens_per_step
+    proc, result = run_bench(tmp_path, "--frameworks", "blutrain", "--modes", "tp,tp-async", "--impls", "compiled",
+                             "--stages", "scaling", "--steps", "2")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = {r["config"]["name"]: r for r in result["rows"]}
+    assert list(rows) == ["blutrain-compiled-single-1gpu", "blutrain-compiled-tp-2gpu",
+                          "blutrain-compiled-tp-async-2gpu"]
+    assert all(r["status"] == "ok" and r["steps"] == 2 and r["tokens_per_s"] for r in rows.values())
+    one = rows["blutrain-compiled-single-1gpu"]["tokens_per_s"]
+    for name in ("blutrain-compiled-tp-2gpu", "blutrain-compiled-tp-async-2gpu"):
+        assert rows[name]["efficiency"] == pytest.approx(rows[name]["tokens_per_s"] / (2 * one))
+    text = (tmp_path / "bench_dist.txt").read_text()
+    assert "goal blutrain compiled tp on 2 GPUs faster than compiled 1 GPU: " in text
 
 
 def test_the_cpu_mode_trains_the_family_it_is_given_with_zero3(tmp_path: Path) -> None:

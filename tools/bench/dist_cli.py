@@ -11,9 +11,9 @@ multi-GPU row against the one-GPU row of the same mode (compiled against compile
     python tools/bench/dist_cli.py --gpus 4 --out OUT --seq-len 65536 --batch-size 1 --no-single --modes "" \
         --config "model_overrides = { block_size = 65536 }" --extra "cp=4@4;cp=4,attn=ulysses@4"
 
-Prints one table and writes OUT/dist_cli.json. A configuration that fails (out of memory, a refused mode) is a
-row that says why; the others still run. The default model and batch are issue 21's: GPT-2 124M, bf16,
-micro-batch 16 x 1024 per GPU. A data-parallel row (ddp, zero, dp=) is scored by its efficiency against the
+Prints one table and writes OUT/dist_cli.json and each run's output to OUT/run_*.log. A configuration that
+fails (out of memory, a refused mode) is a row that says why; the others still run. The default model and batch
+are issue 21's: GPT-2 124M, bf16, micro-batch 16 x 1024 per GPU. A data-parallel row (ddp, zero, dp=) is scored by its efficiency against the
 one-GPU row of the same compile flag; a row that trains on the same batch as one GPU (tp=, cp=) by its speed-up
 over it and the largest |loss difference| over the steps both ran (the same seed, data and weights).
 """
@@ -43,9 +43,9 @@ def command(gpus: int, flags: list[str], out: Path, args: argparse.Namespace) ->
     lines there)."""
     config = out.parent / "run_config.toml"
     config.write_text("sample_tokens = 0\n" + "".join(f"{line}\n" for line in args.config))
-    train = ["blutrain", "train", "--config", str(config), *TRAIN, "--device", args.device, "--preset", args.preset, "--dtype", args.dtype,
-             "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--max-steps", str(args.steps),
-             "--out", str(out), *flags]
+    train = ["blutrain", "train", "--config", str(config), *TRAIN, "--device", args.device, "--preset", args.preset,
+             "--dtype", args.dtype, "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
+             "--max-steps", str(args.steps), "--out", str(out), *flags]
     cli = [sys.executable, "-m", "blutrain.cli"]
     if gpus == 1:
         return [*cli, *train[1:]]
@@ -132,10 +132,10 @@ def main() -> int:
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         row["wall_s"] = round(time.monotonic() - t0, 1)
         metrics = run_dir / "metrics.jsonl"
+        (args.out / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)  # warnings too (e.g. no graph)
         if proc.returncode != 0 or not metrics.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()
             row["error"] = tail[-1][:160] if tail else f"exit {proc.returncode}"
-            (args.out / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
             continue
         row |= summarize([json.loads(line) for line in metrics.read_text().splitlines() if line.strip()], args.tail)
         scaling(results)

@@ -45,7 +45,7 @@ from bench.dist_report import Config
 WORKER_FAILED = 3  # a rank's exit code after it wrote its error to its JSON
 TEARDOWN_S = 30.0  # seconds a rank waits for its process group to come apart after writing its results
 TRAINER_MODES = {"single": "", "ddp": "ddp", "zero1": "zero=1", "zero2": "zero=2", "zero3": "zero=3",
-                 "ddp-bf16": "ddp,grad_dtype=bf16"}
+                 "ddp-bf16": "ddp,grad_dtype=bf16", "tp": "tp={gpus}", "tp-async": "tp={gpus},async=4"}
 HYPER = {"lr": 6e-4, "weight_decay": 0.1, "clip": 1.0}  # tools/bench/gpt2.py's recipe, constant learning rate
 
 
@@ -212,7 +212,7 @@ class BluTrainRank:
                          max_steps=c.warmup + c.steps + c.profile_steps, lr=HYPER["lr"], min_lr_ratio=1.0,
                          warmup_steps=0, weight_decay=HYPER["weight_decay"], clip=HYPER["clip"], eval_every=0,
                          out=str(self.tmp / c.name), seed=job.seed, compile=c.impl == "compiled",
-                         parallel=TRAINER_MODES[c.mode], model_overrides=dict(job.overrides))
+                         parallel=TRAINER_MODES[c.mode].format(gpus=c.gpus), model_overrides=dict(job.overrides))
         meter = self.g2.blutrain_meter() if self.cuda else self.g2.Meter()
         entry["memory_source"] = meter.source
         meter.baseline()
