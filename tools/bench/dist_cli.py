@@ -13,9 +13,10 @@ multi-GPU row against the one-GPU row of the same mode (compiled against compile
 
 Prints one table and writes OUT/dist_cli.json and each run's output to OUT/run_*.log. A configuration that
 fails (out of memory, a refused mode) is a row that says why; the others still run. The default model and batch
-are issue 21's: GPT-2 124M, bf16, micro-batch 16 x 1024 per GPU. A data-parallel row (ddp, zero, dp=) is scored by its efficiency against the
-one-GPU row of the same compile flag; a row that trains on the same batch as one GPU (tp=, cp=) by its speed-up
-over it and the largest |loss difference| over the steps both ran (the same seed, data and weights).
+are issue 21's: GPT-2 124M, bf16, micro-batch 16 x 1024 per GPU. A data-parallel row (ddp, zero, dp=) is
+scored by its efficiency against the one-GPU row of the same compile flag; a row that trains on the same batch
+as one GPU (tp=, cp=) by its speed-up over it and the largest |loss difference| over the steps both ran (the
+same seed, data and weights).
 """
 
 from __future__ import annotations
