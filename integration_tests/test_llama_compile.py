@@ -70,3 +70,13 @@ def test_the_residual_norm_pass_folds_llamas_residual_adds_into_its_rms_norms() 
     norms = [line for line in fn.ir().splitlines() if '"blutrain.rms_norm"' in line]
     # every norm but the first reads a residual sum (2 blocks: 4 of 5 norms), and now returns it as a third result
     assert sum(line.split("=")[0].count("%") == 3 for line in norms) == 4
+
+
+def test_the_compiled_llama_attention_reads_the_shared_key_value_heads() -> None:
+    """Grouped-query attention traces as one sdpa op (and one sdpa_backward) per layer whose k and v keep
+    their 2 heads against q's 4: no expanded or repeated K/V reaches the kernel."""
+    _, fn = run(True, False, False, steps=3)
+    ops = [line for line in fn.ir().splitlines() if '"blutrain.sdpa' in line]
+    assert len(ops) == 4  # 2 layers, forward and backward
+    for line in ops:
+        assert "tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>" in line, line

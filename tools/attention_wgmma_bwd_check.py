@@ -178,7 +178,8 @@ class Ours:
         S = k.shape[2]
         sq, skv = VARIANTS[name]
         wq, wkv = DQ_KERNELS[sq][0], DKV_KERNELS[skv][0]
-        head = (np.int32(L), np.int32(S), np.float32(scale), np.int32(int(causal)), np.int32(H))
+        head = (np.int32(L), np.int32(S), np.float32(scale), np.int32(int(causal)), np.int32(H),
+                np.int32(1))  # group 1: one key/value head per query head
         launch(FAMILY, f"attn_wgmma_bwd_dq_d64_{sq}", ((L + 64 * wq - 1) // (64 * wq), B * H), (128 * wq,),
                (q, k, v, out, do, lse, lse2, delta, dq, *head, *layout_args(q, k, v, out, do, dq)),
                self.smem("dq", sq))

@@ -109,7 +109,7 @@ class Ours:
         wg = VARIANTS[name][0]
         bm = 64 * wg
         args = (q, k, v, out, lse, np.int32(T), np.int32(S), np.float32(scale), np.int32(int(causal)), np.int32(H),
-                *layout_args(q, k, v, out))
+                np.int32(1), *layout_args(q, k, v, out))  # group 1: one key/value head per query head
         launch(FAMILY, f"attn_wgmma_fwd_d64_{name}", ((T + bm - 1) // bm, B * H), (128 * wg,), args, self.smem(name))
 
 

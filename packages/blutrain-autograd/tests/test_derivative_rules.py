@@ -491,9 +491,15 @@ def _sdpa(data: st.DataObject, rng: np.random.Generator) -> Drawn:
         allowed = rng.random((L, S)) < 0.6
         allowed[:, 0] = True
         mask = bt.tensor(allowed)
-    inputs = [rng.standard_normal((*batch, L, E)), rng.standard_normal((*batch, S, E)),
-              rng.standard_normal((*batch, S, E))]
-    return inputs, lambda q, k, v: bt.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kind == 1)
+    group = data.draw(st.sampled_from((1, 2, 3)))  # > 1: grouped-query attention, heads at dim -3
+    kv_batch = batch
+    if group > 1:
+        kv_batch = (*batch, data.draw(st.integers(1, 2)))
+        batch = (*kv_batch[:-1], kv_batch[-1] * group)
+    inputs = [rng.standard_normal((*batch, L, E)), rng.standard_normal((*kv_batch, S, E)),
+              rng.standard_normal((*kv_batch, S, E))]
+    return inputs, lambda q, k, v: bt.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kind == 1,
+                                                                   enable_gqa=group > 1)
 
 
 @case("sdpa_packed")

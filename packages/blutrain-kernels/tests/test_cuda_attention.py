@@ -198,7 +198,7 @@ def test_flash_attention_bfloat16_d64_forward_on_hopper_is_the_wgmma_kernel(bh: 
     q, k, v, _ = (dev(a, BF16) for a in _attn_data(bh, L, S, 64, BF16, 25))
     res = cuda.sdpa(q, k, v, None, causal, 0.125)
     assert res is not None
-    args = (np.int32(L), np.int32(S), np.float32(0.125), np.int32(causal), np.int32(1),
+    args = (np.int32(L), np.int32(S), np.float32(0.125), np.int32(causal), np.int32(1), np.int32(1),  # H, group
             *(np.int64(x) for t in (q, k, v, q) for x in ((L if t is q else S) * 64, 0, 64)))  # (batch, head, row)
     out = cp.empty_like(q)
     lse = cp.empty((bh, L), np.float32)

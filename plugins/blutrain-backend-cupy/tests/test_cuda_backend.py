@@ -466,6 +466,11 @@ OPS: dict[str, Case] = {
     "cross_entropy": lambda t: bt.cross_entropy(bt.linear(t["x"], t["w"]), t["target"]),
     "sdpa_causal": lambda t: bt.scaled_dot_product_attention(t["q"], t["k"], t["v"], is_causal=True),
     "sdpa_mask": lambda t: bt.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=t["mask"]),
+    # grouped-query attention: one key/value head shared by q's 3 (the fused kernels; with a mask, the generic one)
+    "sdpa_gqa_causal": lambda t: bt.scaled_dot_product_attention(t["q"], t["k"][:, :1], t["v"][:, :1],
+                                                                 is_causal=True, enable_gqa=True),
+    "sdpa_gqa_mask": lambda t: bt.scaled_dot_product_attention(t["q"], t["k"][:, :1], t["v"][:, :1],
+                                                               attn_mask=t["mask"], enable_gqa=True),
     "embedding": lambda t: bt.embedding(t["ids"], t["table"]),
     "cat": lambda t: bt.cat([t["x"], t["y"]], 1),
     "where_scalar": lambda t: bt.where(t["x"] > 0, t["x"], 0.5),
@@ -488,12 +493,32 @@ def test_op_on_cuda_matches_the_cpu(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["add", "exp", "gelu_tanh", "sum_dim0", "softmax_last", "layer_norm", "matmul",
-                                  "linear", "cross_entropy", "sdpa_causal", "embedding"])
+                                  "linear", "cross_entropy", "sdpa_causal", "sdpa_gqa_causal", "embedding"])
 def test_bfloat16_op_on_cuda_matches_the_cpu(name: str) -> None:
     data = _inputs(5)
     cpu = {k: bt.tensor(v).to(dtype="bfloat16") if v.dtype == np.float32 else bt.tensor(v) for k, v in data.items()}
     gpu = {k: t.to(device="cuda") for k, t in cpu.items()}
     assert_close(OPS[name](gpu), OPS[name](cpu), 2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_grouped_query_attention_gradients_on_cuda_match_the_cpu(dtype: str, masked: bool) -> None:
+    """dq, dk, dv of enable_gqa attention (2 key/value heads for 6 query heads) in key and value's own shapes."""
+    r = np.random.default_rng(6)
+    data = {"q": r.standard_normal((2, 6, 17, 64)), "k": r.standard_normal((2, 2, 21, 64)),
+            "v": r.standard_normal((2, 2, 21, 64)), "g": r.standard_normal((2, 6, 17, 64))}
+    mask = r.random((17, 21)) > 0.3
+    grads = []
+    for device in ("cpu", "cuda"):
+        t = {k: bt.tensor(v.astype(np.float32), device=device).to(dtype=dtype) for k, v in data.items()}
+        q, k, v = (t[n].requires_grad_() for n in ("q", "k", "v"))
+        kw: dict[str, Any] = {"attn_mask": bt.tensor(mask, device=device)} if masked else {"is_causal": True}
+        bt.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw).backward(t["g"])
+        grads.append([x.grad for x in (q, k, v)])
+    for got, want in zip(*grads, strict=True):
+        assert got is not None and want is not None
+        assert_close(got, want, 1e-5 if dtype == "float32" else 2e-2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64", "int8", "int64", "uint8", "bool"])

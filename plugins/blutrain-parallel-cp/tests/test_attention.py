@@ -94,7 +94,13 @@ def _plugins_loaded_before_any_thread() -> None:
 
 
 def causal_attention(q: Array, k: Array, v: Array, w: Array) -> tuple[Array, ...]:
-    """Causal attention in float64 and the gradients of sum(out · w) with respect to q, k, v."""
+    """Causal attention in float64 and the gradients of sum(out · w) with respect to q, k, v. k and v may
+    have fewer heads than q (grouped-query attention): repeated here, their gradients summed back."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        out, dq, dk, dv = causal_attention(q, np.repeat(k, group, axis=1), np.repeat(v, group, axis=1), w)
+        B, H_kv, T, D = k.shape
+        return out, dq, dk.reshape(B, H_kv, group, T, D).sum(2), dv.reshape(B, H_kv, group, T, D).sum(2)
     T, D = q.shape[-2], q.shape[-1]
     s = q @ np.swapaxes(k, -1, -2) / np.sqrt(D)
     s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
@@ -137,13 +143,16 @@ def on_ranks(world: int, kind: str, dtype: str, q: Array, k: Array, v: Array, w:
 @pytest.mark.parametrize(("dtype", "tol"), [("float64", 1e-12), ("float32", 2e-5)])
 @settings(max_examples=25, deadline=None)
 @given(world=st.integers(1, 4), kind=st.sampled_from(["ring", "allgather"]), batch=st.integers(1, 2),
-       heads=st.integers(1, 3), chunk=st.integers(1, 4), head_dim=st.integers(1, 9), seed=st.integers(0, 2**16))
+       heads=st.integers(1, 3), group=st.sampled_from((1, 1, 2, 3)), chunk=st.integers(1, 4),
+       head_dim=st.integers(1, 9), seed=st.integers(0, 2**16))
 def test_ring_and_allgather_equal_causal_attention_forward_and_backward(
-        dtype: str, tol: float, world: int, kind: str, batch: int, heads: int, chunk: int, head_dim: int,
-        seed: int) -> None:
+        dtype: str, tol: float, world: int, kind: str, batch: int, heads: int, group: int, chunk: int,
+        head_dim: int, seed: int) -> None:
+    """``heads`` K/V heads, each shared by ``group`` query heads (grouped-query attention when > 1)."""
     T = 2 * world * chunk
     rng = np.random.default_rng(seed)
-    q, k, v, w = (rng.standard_normal((batch, heads, T, head_dim)) for _ in range(4))
+    q, w = (rng.standard_normal((batch, heads * group, T, head_dim)) for _ in range(2))
+    k, v = (rng.standard_normal((batch, heads, T, head_dim)) for _ in range(2))
     want = causal_attention(q, k, v, w)
     layout = ChunkLayout(T, world)
     for r, got in enumerate(on_ranks(world, kind, dtype, q, k, v, w)):
@@ -197,6 +206,22 @@ def test_partials_merge_in_float32_whatever_their_dtype() -> None:
 def test_merging_nothing_is_an_error() -> None:
     with pytest.raises(DistArgumentError, match="at least one"):
         merge_partials([])
+
+
+def test_grouped_key_value_heads_travel_as_they_are_and_get_gradients_of_their_shape() -> None:
+    q = bt.randn(1, 4, 8, 4, requires_grad=True)
+    k, v = (bt.randn(1, 2, 8, 4, requires_grad=True) for _ in range(2))
+    y = context_parallel_attention(q, k, v, ThreadRanks(1).rank(0), ChunkLayout(8, 1), "ring")  # type: ignore[arg-type]
+    saved = [list(t.shape) for t in y.grad_fn.saved if isinstance(t, bt.Tensor)]  # type: ignore[union-attr]
+    assert saved[1:3] == [[1, 2, 8, 4]] * 2  # k and v kept with their 2 heads, not repeated to 4
+    y.sum().backward()
+    assert y.shape == (1, 4, 8, 4) and k.grad is not None and k.grad.shape == (1, 2, 8, 4)
+
+
+def test_key_value_heads_that_do_not_divide_the_query_heads_are_an_error() -> None:
+    q, k = bt.zeros(1, 3, 8, 4), bt.zeros(1, 2, 8, 4)
+    with pytest.raises(DistArgumentError, match="H a multiple of H_kv"):
+        context_parallel_attention(q, k, k, ThreadRanks(1).rank(0), ChunkLayout(8, 1), "ring")  # type: ignore[arg-type]
 
 
 def test_a_shape_that_does_not_fit_the_layout_is_an_error_naming_it() -> None:

@@ -8,9 +8,10 @@ weights, the residual output projections (``o_proj``, ``down_proj``) scaled by 1
 GPT-2's, RMSNorm weights one; weights come from the device's default generator.
 
 Grouped-query attention: each of the ``n_kv_head`` K/V heads serves ``n_head / n_kv_head`` query heads.
-The attention runs on q viewed as (B, H_kv, group, T, D) against K/V expanded to the same shape (a
-stride-0 view, no copy on the CPU, whose kernels read strided arrays; a backend whose attention kernel
-needs contiguous operands copies the expanded K/V, group times its size).
+Training attention is ``scaled_dot_product_attention(..., enable_gqa=True)`` on the (B, H, T, D) and
+(B, H_kv, T, D) transposed views of the projections: the kernels read the shared K/V heads in place (query
+head h reads K/V head h // group) and sum the K/V gradients over each group, so nothing is repeated or
+copied. Decoding against the KV cache views q by groups and expands the cached K/V (a stride-0 view).
 """
 
 from __future__ import annotations
@@ -43,16 +44,8 @@ from blutrain_model_llama.config import LlamaConfig
 
 def causal_gqa_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """Causal attention of q (B, H, T, D) over k, v (B, H_kv, T, D), query head h reading K/V head
-    h // (H / H_kv): q viewed by groups and K/V expanded to it (no copy where the kernel reads strides)."""
-    B, H, T, D = q.shape
-    kv = k.shape[1]
-    if kv == H:
-        return scaled_dot_product_attention(q, k, v, is_causal=True)
-    group = H // kv
-    q5 = q.reshape(B, kv, group, T, D)
-    k5 = k.unsqueeze(2).expand(B, kv, group, T, D)
-    v5 = v.unsqueeze(2).expand(B, kv, group, T, D)
-    return scaled_dot_product_attention(q5, k5, v5, is_causal=True).reshape(B, H, T, D)
+    h // (H / H_kv): grouped-query attention, the shared K/V heads never repeated."""
+    return scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
 class LlamaAttention(Module):

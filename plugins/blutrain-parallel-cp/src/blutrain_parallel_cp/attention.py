@@ -1,8 +1,10 @@
 """Causal attention over a sequence sharded in the load-balanced layout, three ways.
 
-Every function takes this rank's ``q``, ``k``, ``v`` (B, H, T_local, D) in :class:`ChunkLayout` order
-and returns its attention output in the same layout, equal to full causal attention restricted to
-this rank's queries.
+Every function takes this rank's ``q`` (B, H, T_local, D) and ``k``, ``v`` (B, H_kv, T_local, D) in
+:class:`ChunkLayout` order and returns its attention output in the same layout, equal to full causal
+attention restricted to this rank's queries. H_kv may be a divisor of H (grouped-query attention: query
+head h reads K/V head h // (H / H_kv)); ring and all-gather then move and attend the H_kv shared heads as
+they are (the flash-attention kernels take grouped heads), ulysses repeats them to H first.
 
 - ``ring``: K/V travel round the ring peer to peer (``world - 1`` shifts, each started before the
   current block is computed, so the transfer overlaps the compute).
@@ -238,6 +240,9 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, layo
     if H % W:
         raise DistArgumentError(f"ulysses attention: the number of heads ({H}) must be divisible by the "
                                 f"context-parallel size {W}; use attn='ring' or 'allgather'")
+    groups = H // k.shape[1]
+    if groups > 1:  # q, k and v travel as one tensor: the shared K/V heads repeated to the query heads
+        k, v = (t.unsqueeze(2).expand(B, t.shape[1], groups, T_l, D).reshape(B, H, T_l, D) for t in (k, v))
     h = H // W
     # (3, B, W, h, T_l, D) → (W, 3, B, h, T_l, D): block s holds the heads rank s will compute
     qkv = stack([q, k, v]).reshape(3, B, W, h, T_l, D).permute(2, 0, 1, 3, 4, 5)
@@ -253,17 +258,24 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, layo
 ATTENTION = {"ring": ring_attention, "allgather": allgather_attention, "ulysses": ulysses_attention}
 
 
+def _shares_heads(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """k and v (B, H_kv, T_local, D) fit q (B, H, T_local, D): H a multiple of H_kv."""
+    return k.ndim == 4 and v.shape == k.shape and (k.shape[0], *k.shape[2:]) == (q.shape[0], *q.shape[2:]) \
+        and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
+
+
 def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, layout: ChunkLayout,
                                kind: str = "ring", scale: float | None = None) -> Tensor:
-    """Causal attention of this rank's queries (B, H, T_local, D) over the whole sharded sequence."""
+    """Causal attention of this rank's queries (B, H, T_local, D) over the whole sharded sequence, k and v
+    (B, H_kv, T_local, D) with H_kv a divisor of H (grouped-query attention when smaller)."""
     fn = ATTENTION.get(kind)
     if fn is None:
         raise DistArgumentError(f"context_parallel_attention: kind must be one of {', '.join(ATTENTION_KINDS)}, "
                                 f"got {kind!r}")
-    if q.ndim != 4 or k.shape != q.shape or v.shape != q.shape or q.shape[2] * group.size != layout.seq_len:
-        raise DistArgumentError(f"context_parallel_attention: q, k and v must be (B, H, T_local, D) with T_local · "
-                                f"cp = {layout.seq_len}, got {list(q.shape)}, {list(k.shape)}, {list(v.shape)} on "
-                                f"{group.size} rank(s)")
+    if q.ndim != 4 or not _shares_heads(q, k, v) or q.shape[2] * group.size != layout.seq_len:
+        raise DistArgumentError(f"context_parallel_attention: q must be (B, H, T_local, D) and k, v (B, H_kv, "
+                                f"T_local, D) with H a multiple of H_kv and T_local · cp = {layout.seq_len}, got "
+                                f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)} on {group.size} rank(s)")
     sc = float(scale) if scale is not None else q.shape[-1] ** -0.5
     return fn(q, k, v, group, layout, sc)
 

@@ -64,7 +64,8 @@ SEQUENCE_LOSS = "cp_sequence_loss"
 class ContextParallelAttentionCore:
     """The ``attention_core`` (:class:`blutrain.models.PlannedAttention`) this mode gives each planned
     attention: q (B, H, T_local, D) and k, v (B, H_kv, T_local, D) in the layout of ``group``, attended by
-    ``kind`` across the ranks; K/V heads repeated to H first where H_kv < H (grouped-query attention)."""
+    ``kind`` across the ranks; with H_kv < H (grouped-query attention) ring and all-gather move and attend
+    the shared K/V heads as they are, ulysses repeats them to H."""
 
     def __init__(self, group: ProcessGroup, kind: str = "ring") -> None:
         if kind not in ATTENTION_KINDS:
@@ -78,11 +79,7 @@ class ContextParallelAttentionCore:
             raise ShapeError(f"ContextParallelAttentionCore: q must be (B, H, T_local, D) and k, v (B, H_kv, "
                              f"T_local, D) with H a multiple of H_kv, got {list(q.shape)}, {list(k.shape)}, "
                              f"{list(v.shape)}")
-        B, H, T, D = q.shape
-        groups = H // k.shape[1]
-        if groups > 1:
-            k, v = (t.unsqueeze(2).expand(B, t.shape[1], groups, T, D).reshape(B, H, T, D) for t in (k, v))
-        layout = ChunkLayout(T * self.group.size, self.group.size)
+        layout = ChunkLayout(q.shape[2] * self.group.size, self.group.size)
         return context_parallel_attention(q, k, v, self.group, layout, self.kind)
 
     def __repr__(self) -> str:

@@ -424,7 +424,8 @@ _op("cross_entropy",
 _op("cross_entropy_backward", "cross_entropy(...) → backward",
     "gradient of cross_entropy: softmax − smoothed one-hot, zero on ignored rows", FLOATING_DTYPES,
     lambda dt: cross_entropy_samples(dt, grad=True), _fn("cross_entropy"), backward=True)
-_op("sdpa", "scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None)",
+_op("sdpa", "scaled_dot_product_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, "
+    "enable_gqa=False)",
     "softmax(q kᵀ·scale + mask) v", FLOATING_DTYPES, lambda dt: sdpa_samples(dt), _sdpa)
 _op("sdpa_backward", "scaled_dot_product_attention(...) → backward",
     "gradients of attention for q, k and v (probabilities recomputed from the log-sum-exp)", FLOATING_DTYPES,

@@ -570,17 +570,25 @@ def linear_cross_entropy_samples(draw: DrawFn, dtype: DType) -> Sample:
 
 @_composite
 def sdpa_samples(draw: DrawFn, dtype: DType, grad: bool = False) -> Sample:
-    """q (…, L, E), k (…, S, E), v (…, S, Ev); causal, a bool or float mask, or none."""
+    """q (…, L, E), k (…, S, E), v (…, S, Ev); causal, a bool or float mask, or none; or grouped-query
+    attention (``enable_gqa``): q (…, H_kv·group, L, E) with k and v of H_kv heads."""
     st = strategies()
     rng, seed = _rng(draw)
     batch = _draw_shape(draw, 0, 2, zero=False)
     side = st.integers(1, 9)
     L, S, E, Ev = draw(side), draw(side), draw(side), draw(side)
+    group = draw(st.sampled_from((1, 1, 2, 3)))
+    kv_batch = batch
+    if group > 1:  # heads at dim -3: H_kv for key and value, H_kv * group for the query
+        kv_batch = (*batch, draw(st.integers(1, 3)))
+        batch = (*kv_batch[:-1], kv_batch[-1] * group)
     q = _draw_arg(draw, rng, (*batch, L, E), dtype, grad=grad)
-    k = _draw_arg(draw, rng, (*batch, S, E), dtype, grad=grad)
-    v = _draw_arg(draw, rng, (*batch, S, Ev), dtype, grad=grad)
+    k = _draw_arg(draw, rng, (*kv_batch, S, E), dtype, grad=grad)
+    v = _draw_arg(draw, rng, (*kv_batch, S, Ev), dtype, grad=grad)
     kind = draw(st.integers(0, 3))
     kwargs: dict[str, Any] = {"is_causal": kind == 1, "scale": draw(st.sampled_from((None, 0.3)))}
+    if group > 1:
+        kwargs["enable_gqa"] = True
     mask: Arg | None = None
     if kind == 2:  # bool mask; key 0 always visible, so no row is fully masked
         allowed = rng.random((L, S)) < 0.7

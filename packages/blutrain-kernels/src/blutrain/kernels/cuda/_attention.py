@@ -23,6 +23,11 @@ from blutrain.kernels.cuda._core import (
 # [B, T, 3C] projection, or the output written straight into a [B, T, C] buffer. Rows move by cp.async in
 # 16-byte chunks, so the base pointer and every stride must be multiples of 16 bytes; a view that is not gets a
 # contiguous (aligned) copy. lse, Delta and lse * log2(e) are [B*H, L] float32, contiguous.
+# Grouped-query attention: k and v (and dk, dv) may have H / group heads, query head h reading key/value head
+# h // group; every kernel takes `group` (1: one key/value head per query head). The forward and dq kernels
+# run one block per (query tile, batch, query head); the dk/dv kernel one per (key tile, batch, key/value
+# head), stepping through the group's query heads and summing dk, dv in registers: no expanded copy of k or
+# v, no atomics, and group 1 computes exactly what it did before grouping existed.
 
 _ATT_TILE = 64
 
@@ -76,26 +81,33 @@ def _layout_args(*layouts: tuple[int, int, int]) -> tuple[Any, ...]:
     return tuple(np.int64(s) for lay in layouts for s in lay)
 
 
-def _attn_shapes(q: Array, k: Array, v: Array, mask: Array | None) -> tuple[str, int, int, int, int, int] | None:
-    """(kernel suffix, B*H, H, L, S, D) of a call the kernels cover, else None."""
+AttnShapes = tuple[str, int, int, int, int, int, int]
+
+
+def _attn_shapes(q: Array, k: Array, v: Array, mask: Array | None) -> AttnShapes | None:
+    """(kernel suffix, B*H, H, group, L, S, D) of a call the kernels cover, else None. ``group`` is H / H_kv
+    when k and v have H_kv heads (dim -3, a divisor of q's H): grouped-query attention."""
     suffix = _suffix(q.dtype)
     if suffix is None or mask is not None or q.ndim < 2 or k.dtype != q.dtype or v.dtype != q.dtype:
         return None
     D = int(q.shape[-1])
     if D not in (64, 128) or k.shape[-1] != D or v.shape[-1] != D or k.shape[-2] != v.shape[-2]:
         return None
-    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
+    if k.ndim != q.ndim or v.shape[:-2] != k.shape[:-2] or k.shape[:-3] != q.shape[:-3]:
+        return None
+    H = int(q.shape[-3]) if q.ndim >= 3 else 1
+    H_kv = int(k.shape[-3]) if k.ndim >= 3 else 1
+    if H_kv == 0 or H % H_kv:
         return None
     L, S = int(q.shape[-2]), int(k.shape[-2])
     BH = _numel(q.shape[:-2])
-    H = int(q.shape[-3]) if q.ndim >= 3 else 1
     if L == 0 or S == 0 or BH == 0 or BH > 65535:
         return None
-    return suffix, BH, H, L, S, D
+    return suffix, BH, H, H // H_kv, L, S, D
 
 
-def _attn_forward(q: Array, k: Array, v: Array, out: Array, suffix: str, BH: int, H: int, L: int, S: int, D: int,
-                  causal: bool, scale: float) -> Array:
+def _attn_forward(q: Array, k: Array, v: Array, out: Array, suffix: str, BH: int, H: int, group: int, L: int,
+                  S: int, D: int, causal: bool, scale: float) -> Array:
     """Launch the forward kernel on (B..., H, L, D) views, writing ``out`` (a view of the same shape, allocated
     aligned by the caller); returns the float32 lse [B*H, L]."""
     cp = _cp()
@@ -103,7 +115,7 @@ def _attn_forward(q: Array, k: Array, v: Array, out: Array, suffix: str, BH: int
     lo = _row_layout(out)
     assert lo is not None, "attention outputs are allocated 16-byte aligned"
     lse = cp.empty((BH, L), np.float32)
-    args = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)), np.int32(H),
+    args = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)), np.int32(H), np.int32(group),
             *_layout_args(lq, lk, lv, lo))
     if suffix == "bf16" and D == 64 and hopper_module("attention_wgmma") is not None:
         # Hopper's warpgroup MMA (attention_wgmma.cu): 2 warpgroups of 64 queries, 64-key tiles, S_j overlapping
@@ -125,18 +137,19 @@ def _attn_forward(q: Array, k: Array, v: Array, out: Array, suffix: str, BH: int
 
 
 def _attn_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, dq: Array, dk: Array,
-                   dv: Array, suffix: str, BH: int, H: int, L: int, S: int, D: int, causal: bool,
+                   dv: Array, suffix: str, BH: int, H: int, group: int, L: int, S: int, D: int, causal: bool,
                    scale: float) -> None:
     """Launch the two backward kernels (dq per query tile first: it also writes Delta = rowsum(dO * out), and
-    for bf16 lse * log2(e), per row; then dk/dv per key tile; no atomics: deterministic), writing the views
-    ``dq``, ``dk``, ``dv`` (allocated aligned by the caller)."""
+    for bf16 lse * log2(e), per row; then dk/dv per key tile of each key/value head, B*H / group of them; no
+    atomics: deterministic), writing the views ``dq``, ``dk``, ``dv`` (allocated aligned by the caller)."""
     cp = _cp()
     (q, lq), (k, lk), (v, lv), (grad, ldo), (out, lo) = (_attn_operand(t) for t in (q, k, v, grad, out))
     lsec = _aligned16(cp.ascontiguousarray(lse, dtype=np.float32).reshape(BH, L))
     ldq, ldk, ldv = (_row_layout(t) for t in (dq, dk, dv))
     assert ldq is not None and ldk is not None and ldv is not None, "attention gradients are allocated aligned"
     delta = cp.empty((BH, L), np.float32)
-    head = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)), np.int32(H))
+    head = (np.int32(L), np.int32(S), np.float32(scale), np.int32(bool(causal)), np.int32(H), np.int32(group))
+    BH_kv = BH // group  # the dk/dv kernels' blocks: one per (key tile, batch, key/value head)
     if suffix == "bf16" and D == 64 and hopper_module("attention_wgmma_bwd") is not None:
         # Hopper's warpgroup MMA (attention_wgmma_bwd.cu), one warpgroup of 64 rows per block in both kernels; dq, dk,
         # dv within 2e-5 of attention_bf16.cu's, and faster (docs/kernels.md)
@@ -144,7 +157,7 @@ def _attn_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: A
         _launch("attention_wgmma_bwd", "attn_wgmma_bwd_dq_d64_wg1", ((L + 63) // 64, BH), (128,),
                 (q, k, v, out, grad, lsec, lse2, delta, dq, *head, *_layout_args(lq, lk, lv, lo, ldo, ldq)),
                 2 * 64 * 128 + 4 * 64 * 128 + 8 * 64 + 1024)  # q and dO, two stages of k and v, row stats, slack
-        _launch("attention_wgmma_bwd", "attn_wgmma_bwd_dkv_d64_wg1", ((S + 63) // 64, BH), (128,),
+        _launch("attention_wgmma_bwd", "attn_wgmma_bwd_dkv_d64_wg1", ((S + 63) // 64, BH_kv), (128,),
                 (q, k, v, grad, lse2, delta, dk, dv, *head, *_layout_args(lq, lk, lv, ldo, ldk, ldv)),
                 2 * 64 * 128 + 4 * 64 * 128 + 1024 + 1024)  # k and v, two stages of q and dO, their row stats
         return
@@ -155,7 +168,8 @@ def _attn_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: A
                 (q, k, v, out, grad, lsec, lse2, delta, dq, *head, *_layout_args(lq, lk, lv, lo, ldo, ldq)),
                 (3 * rows + 4 * _ATT_BF16_KEYS) * D * 2)
         name, warps, keys, queries = _ATT_BF16_DKV[D]
-        _launch("attention_bf16", f"attn_bf16_bwd_dkv_d{D}_{name}", ((S + keys - 1) // keys, BH), (32 * warps,),
+        _launch("attention_bf16", f"attn_bf16_bwd_dkv_d{D}_{name}", ((S + keys - 1) // keys, BH_kv),
+                (32 * warps,),
                 (q, k, v, grad, lse2, delta, dk, dv, *head, *_layout_args(lq, lk, lv, ldo, ldk, ldv)),
                 (2 * keys + 4 * queries) * D * 2 + 4 * queries * 4)
         return
@@ -164,33 +178,35 @@ def _attn_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: A
     _launch("attention", f"attn_bwd_dq_f32_d{D}", ((L + t - 1) // t, BH), (128,),
             (q, k, v, grad, out, lsec, delta, dq, *head, *_layout_args(lq, lk, lv, ldo, lo, ldq)),
             (2 * t + 2 * bn) * (D + 4) * 4)
-    _launch("attention", f"attn_bwd_dkv_f32_d{D}", ((S + t - 1) // t, BH), (128,),
+    _launch("attention", f"attn_bwd_dkv_f32_d{D}", ((S + t - 1) // t, BH_kv), (128,),
             (q, k, v, grad, lsec, delta, dk, dv, *head, *_layout_args(lq, lk, lv, ldo, ldk, ldv)),
             ((2 * t + 2 * bq) * (D + 4) + 2 * bq) * 4)
 
 
 def sdpa(q: Array, k: Array, v: Array, mask: Array | None, causal: bool, scale: float) -> tuple[Array, Array] | None:
     """Flash-attention forward: (out, float32 lse) without the L x S matrix; None when a mask is given. q, k, v
-    are read in place when their D elements are contiguous (transposed views included)."""
+    are read in place when their D elements are contiguous (transposed views included); k and v may have
+    fewer heads than q (grouped-query attention)."""
     shapes = _attn_shapes(q, k, v, mask)
     if shapes is None:
         return None
-    suffix, BH, H, L, S, D = shapes
+    suffix, BH, H, group, L, S, D = shapes
     out = _cp().empty(q.shape, q.dtype)
-    lse = _attn_forward(q, k, v, out, suffix, BH, H, L, S, D, causal, scale)
+    lse = _attn_forward(q, k, v, out, suffix, BH, H, group, L, S, D, causal, scale)
     return out, lse.reshape(q.shape[:-1])
 
 
 def sdpa_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, mask: Array | None,
                   causal: bool, scale: float) -> tuple[Array, Array, Array] | None:
-    """Flash-attention backward (dq, dk, dv), recomputing P from the saved lse; deterministic."""
+    """Flash-attention backward (dq, dk, dv), recomputing P from the saved lse; deterministic. With grouped
+    key/value heads dk and dv (k's and v's shapes) sum over each head's query group."""
     shapes = _attn_shapes(q, k, v, mask)
     if shapes is None or grad.shape != q.shape or out.shape != q.shape:
         return None
-    suffix, BH, H, L, S, D = shapes
+    suffix, BH, H, group, L, S, D = shapes
     cp = _cp()
     dq, dk, dv = cp.empty(q.shape, q.dtype), cp.empty(k.shape, q.dtype), cp.empty(v.shape, q.dtype)
-    _attn_backward(grad, q, k, v, out, lse, dq, dk, dv, suffix, BH, H, L, S, D, causal, scale)
+    _attn_backward(grad, q, k, v, out, lse, dq, dk, dv, suffix, BH, H, group, L, S, D, causal, scale)
     return dq, dk, dv
 
 
@@ -213,7 +229,7 @@ def _merged_heads(y: Array, n_head: int) -> Array:
     return y.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
 
 
-def _packed_shapes(qkv: Array, n_head: int) -> tuple[str, int, int, int, int, int] | None:
+def _packed_shapes(qkv: Array, n_head: int) -> AttnShapes | None:
     if qkv.ndim != 3 or n_head <= 0 or qkv.shape[-1] % (3 * n_head):
         return None
     q, k, v = _packed_heads(qkv, n_head)
@@ -226,11 +242,11 @@ def sdpa_packed(qkv: Array, n_head: int, causal: bool, scale: float) -> tuple[Ar
     shapes = _packed_shapes(qkv, n_head)
     if shapes is None:
         return None
-    suffix, BH, H, L, S, D = shapes
+    suffix, BH, H, group, L, S, D = shapes
     B, T, C3 = qkv.shape
     y = _cp().empty((B, T, C3 // 3), qkv.dtype)
     q, k, v = _packed_heads(qkv, n_head)
-    lse = _attn_forward(q, k, v, _merged_heads(y, n_head), suffix, BH, H, L, S, D, causal, scale)
+    lse = _attn_forward(q, k, v, _merged_heads(y, n_head), suffix, BH, H, group, L, S, D, causal, scale)
     return y, lse.reshape(B, H, T)
 
 
@@ -241,12 +257,12 @@ def sdpa_packed_backward(grad: Array, qkv: Array, out: Array, lse: Array, n_head
     shapes = _packed_shapes(qkv, n_head)
     if shapes is None or grad.shape != out.shape or out.shape != (*qkv.shape[:2], qkv.shape[2] // 3):
         return None
-    suffix, BH, H, L, S, D = shapes
+    suffix, BH, H, group, L, S, D = shapes
     dqkv = _cp().empty(qkv.shape, qkv.dtype)
     q, k, v = _packed_heads(qkv, n_head)
     dq, dk, dv = _packed_heads(dqkv, n_head)
     _attn_backward(_merged_heads(grad, n_head), q, k, v, _merged_heads(out, n_head), lse, dq, dk, dv, suffix, BH,
-                   H, L, S, D, causal, scale)
+                   H, group, L, S, D, causal, scale)
     return dqkv
 
 

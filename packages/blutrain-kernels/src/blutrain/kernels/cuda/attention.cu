@@ -6,7 +6,9 @@
 // stride 3HD) and out a [B, T, H, D] buffer (row stride HD). blockIdx.y = b * H + h. Base pointers and
 // strides must keep every row 16-byte aligned (cp.async; the host checks). lse (and Delta) are
 // [B*H, L] float32, contiguous (natural log of the row's sum of exp(scale * q.k)). bfloat16 lives in
-// attention_bf16.cu.
+// attention_bf16.cu. Grouped-query attention: k, v, dk, dv have H / group heads, query head h reads key/value
+// head h / group (group 1: one each); the dk/dv kernel's blocks are per key/value head (blockIdx.y = b * H /
+// group + h_kv) and step through the query tiles of the group's query heads one head after another.
 //
 // float32 (attn_*_f32_d*): tensor cores with 3xTF32 (mma.sync m16n8k8), the scheme PyTorch's fp32
 // memory-efficient attention (xFormers' CUTLASS kernel, OpMultiplyAddFastF32) uses. TF32 mma.sync
@@ -37,7 +39,7 @@
 //                   (written for the next kernel), then per key tile dP = dO V^T,
 //                   P = exp(scale S - lse), dS = P (dP - Delta), dq += scale dS K.
 //                   smem (2*64 + 2*BN)*(D+4) floats.
-// attn_bwd_dkv_f32: grid (ceil(S/64), BH), BQ = 32 queries per step: dP^T = V dO^T, P^T, dS^T,
+// attn_bwd_dkv_f32: grid (ceil(S/64), BH / group), BQ = 32 queries per step: dP^T = V dO^T, P^T, dS^T,
 //                   dv += P^T dO, dk += scale dS^T Q. Separate from dq (which recomputes P and dP)
 //                   instead of atomics on dq: deterministic. smem (2*64 + 2*BQ)*(D+4) + 2*BQ floats.
 //
@@ -220,7 +222,8 @@ template <int D, int WARPS, int BN, int CH>
 __device__ __forceinline__ void attn_fwd_tc(const float* __restrict__ q, const float* __restrict__ k,
                                             const float* __restrict__ v, float* __restrict__ out,
                                             float* __restrict__ lse, int L, int S, float scale, int causal,
-                                            int H, RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo) {
+                                            int H, int group, RowLayout lq, RowLayout lk, RowLayout lv,
+                                            RowLayout lo) {
     constexpr int BM = WARPS * 16, TH = WARPS * 32, ST = D + 4, NT = BN / 8, DT = D / 8;
     extern __shared__ __align__(16) float tc_smem[];
     float* sQ = tc_smem;
@@ -231,8 +234,8 @@ __device__ __forceinline__ void attn_fwd_tc(const float* __restrict__ q, const f
     const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;  // heaviest causal tiles first
     const int qw = q0 + warp * 16;                                            // this warp's first row
     const float* qb = head_rows(q, lq, batch, head);
-    const float* kb = head_rows(k, lk, batch, head);
-    const float* vb = head_rows(v, lv, batch, head);
+    const float* kb = head_rows(k, lk, batch, head / group);
+    const float* vb = head_rows(v, lv, batch, head / group);
     const float sl2 = scale * ATTN_LOG2E;
 
     load_rows_async<D, BM, TH>(sQ, qb, lq.row, q0, L);
@@ -335,8 +338,9 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
                                                const float* __restrict__ v, const float* __restrict__ dout,
                                                const float* __restrict__ out, const float* __restrict__ lse,
                                                float* __restrict__ delta, float* __restrict__ dq, int L, int S,
-                                               float scale, int causal, int H, RowLayout lq, RowLayout lk,
-                                               RowLayout lv, RowLayout ldo, RowLayout lo, RowLayout ldq) {
+                                               float scale, int causal, int H, int group, RowLayout lq,
+                                               RowLayout lk, RowLayout lv, RowLayout ldo, RowLayout lo,
+                                               RowLayout ldq) {
     constexpr int BM = WARPS * 16, TH = WARPS * 32, ST = D + 4, NT = BN / 8, DT = D / 8;
     extern __shared__ __align__(16) float tc_smem[];
     float* sQ = tc_smem;
@@ -348,8 +352,8 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const float* __restrict__ q, cons
     const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const int qw = q0 + warp * 16;
     const long long rowbase = (long long)bh * L;  // lse and Delta
-    const float* kb = head_rows(k, lk, batch, head);
-    const float* vb = head_rows(v, lv, batch, head);
+    const float* kb = head_rows(k, lk, batch, head / group);
+    const float* vb = head_rows(v, lv, batch, head / group);
     const float* ob = head_rows(out, lo, batch, head);
     const float sl2 = scale * ATTN_LOG2E;
 
@@ -452,8 +456,9 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
                                                 const float* __restrict__ v, const float* __restrict__ dout,
                                                 const float* __restrict__ lse, const float* __restrict__ delta,
                                                 float* __restrict__ dk, float* __restrict__ dv, int L, int S,
-                                                float scale, int causal, int H, RowLayout lq, RowLayout lk,
-                                                RowLayout lv, RowLayout ldo, RowLayout ldk, RowLayout ldv) {
+                                                float scale, int causal, int H, int group, RowLayout lq,
+                                                RowLayout lk, RowLayout lv, RowLayout ldo, RowLayout ldk,
+                                                RowLayout ldv) {
     constexpr int BN = WARPS * 16, TH = WARPS * 32, ST = D + 4, NQ = BQ / 8, DT = D / 8;
     extern __shared__ __align__(16) float tc_smem[];
     float* sK = tc_smem;
@@ -463,21 +468,24 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
     float* sL = sdO + BQ * ST;  // lse of the tile's queries
     float* sD = sL + BQ;        // Delta of the tile's queries
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, k0 = blockIdx.x * BN, batch = bh / H, head = bh - batch * H;
+    const int kv_heads = H / group;
+    const int bkv = blockIdx.y, k0 = blockIdx.x * BN, batch = bkv / kv_heads, kv_head = bkv - batch * kv_heads;
     const int kw = k0 + warp * 16;  // this warp's first key
-    const long long rowbase = (long long)bh * L;  // lse and Delta
-    const float* qb = head_rows(q, lq, batch, head);
-    const float* ob = head_rows(dout, ldo, batch, head);
     const float sl2 = scale * ATTN_LOG2E;
     const int qstart = causal ? (k0 / BQ) * BQ : 0;  // earlier queries see none of these keys
+    const int n_tiles = qstart < L ? (L - qstart + BQ - 1) / BQ : 0;  // per query head
+    // Step i: query tile i % n_tiles of query head kv_head * group + i / n_tiles (the group's heads in turn).
+    const int n_steps = n_tiles * group;
+    const int head0 = kv_head * group;
+    const long long rowbase0 = ((long long)batch * H + head0) * L;  // lse and Delta of step 0's head
 
-    load_rows_async<D, BN, TH>(sK, head_rows(k, lk, batch, head), lk.row, k0, S);
-    load_rows_async<D, BN, TH>(sV, head_rows(v, lv, batch, head), lv.row, k0, S);
-    load_rows_async<D, BQ, TH>(sdO, ob, ldo.row, qstart, L);
-    load_vec_async<BQ>(sL, lse + rowbase, qstart, L);
-    load_vec_async<BQ>(sD, delta + rowbase, qstart, L);
+    load_rows_async<D, BN, TH>(sK, head_rows(k, lk, batch, kv_head), lk.row, k0, S);
+    load_rows_async<D, BN, TH>(sV, head_rows(v, lv, batch, kv_head), lv.row, k0, S);
+    load_rows_async<D, BQ, TH>(sdO, head_rows(dout, ldo, batch, head0), ldo.row, qstart, L);
+    load_vec_async<BQ>(sL, lse + rowbase0, qstart, L);
+    load_vec_async<BQ>(sD, delta + rowbase0, qstart, L);
     cp_async_commit();
-    load_rows_async<D, BQ, TH>(sQ, qb, lq.row, qstart, L);
+    load_rows_async<D, BQ, TH>(sQ, head_rows(q, lq, batch, head0), lq.row, qstart, L);
     cp_async_commit();
 
     float ak[DT][4], av[DT][4];
@@ -486,8 +494,12 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
         zero(ak[n]);
         zero(av[n]);
     }
-    for (int q0 = qstart; q0 < L; q0 += BQ) {
-        const bool more = q0 + BQ < L;
+    for (int i = 0; i < n_steps; ++i) {
+        const int q0 = qstart + (i % n_tiles) * BQ;
+        const bool more = i + 1 < n_steps;
+        // the next step's query head and tile, loaded into the stages this step releases
+        const int next_head = head0 + (i + 1) / n_tiles, next_q0 = qstart + ((i + 1) % n_tiles) * BQ;
+        const long long next_rows = ((long long)batch * H + next_head) * L;
         // Query blocks entirely before this warp's first key see none of its keys (kw - q0 is a
         // multiple of 8).
         const int nlo = causal ? min(NQ, max(0, (kw - q0) / 8)) : 0;
@@ -521,20 +533,20 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
         warp_mma_pb<NQ, DT, CH, ST>(av, st, sdO, nlo, NQ, g, t);
         __syncthreads();  // every warp is done with sdO, sL, sD
         if (more) {
-            load_rows_async<D, BQ, TH>(sdO, ob, ldo.row, q0 + BQ, L);
-            load_vec_async<BQ>(sL, lse + rowbase, q0 + BQ, L);
-            load_vec_async<BQ>(sD, delta + rowbase, q0 + BQ, L);
+            load_rows_async<D, BQ, TH>(sdO, head_rows(dout, ldo, batch, next_head), ldo.row, next_q0, L);
+            load_vec_async<BQ>(sL, lse + next_rows, next_q0, L);
+            load_vec_async<BQ>(sD, delta + next_rows, next_q0, L);
         }
         cp_async_commit();
         warp_mma_pb<NQ, DT, CH, ST>(ak, dpt, sQ, nlo, NQ, g, t);
         __syncthreads();  // every warp is done with sQ
-        if (more) load_rows_async<D, BQ, TH>(sQ, qb, lq.row, q0 + BQ, L);
+        if (more) load_rows_async<D, BQ, TH>(sQ, head_rows(q, lq, batch, next_head), lq.row, next_q0, L);
         cp_async_commit();
     }
     cp_async_wait<0>();
 
-    float* dkb = head_rows(dk, ldk, batch, head);
-    float* dvb = head_rows(dv, ldv, batch, head);
+    float* dkb = head_rows(dk, ldk, batch, kv_head);
+    float* dvb = head_rows(dv, ldv, batch, kv_head);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = kw + g + 8 * h;
@@ -556,26 +568,27 @@ __device__ __forceinline__ void attn_bwd_dkv_tc(const float* __restrict__ q, con
 #define ATTN_TC_FWD(NAME, D, WARPS, BN, CH, MINB)                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
         NAME(const float* q, const float* k, const float* v, float* out, float* lse, int L, int S, float scale, \
-             int causal, int H, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o)) {    \
-        attn_fwd_tc<D, WARPS, BN, CH>(q, k, v, out, lse, L, S, scale, causal, H, LAYOUT(q), LAYOUT(k),      \
-                                      LAYOUT(v), LAYOUT(o));                                               \
+             int causal, int H, int group, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v),             \
+             LAYOUT_PARAMS(o)) {                                                                           \
+        attn_fwd_tc<D, WARPS, BN, CH>(q, k, v, out, lse, L, S, scale, causal, H, group, LAYOUT(q),          \
+                                      LAYOUT(k), LAYOUT(v), LAYOUT(o));                                    \
     }
 #define ATTN_TC_DQ(NAME, D, WARPS, BN, CH, MINB)                                                           \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
         NAME(const float* q, const float* k, const float* v, const float* dout, const float* out,          \
              const float* lse, float* delta, float* dq, int L, int S, float scale, int causal, int H,        \
-             LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(o),     \
-             LAYOUT_PARAMS(dq)) {                                                                          \
-        attn_bwd_dq_tc<D, WARPS, BN, CH>(q, k, v, dout, out, lse, delta, dq, L, S, scale, causal, H,         \
+             int group, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO),            \
+             LAYOUT_PARAMS(o), LAYOUT_PARAMS(dq)) {                                                        \
+        attn_bwd_dq_tc<D, WARPS, BN, CH>(q, k, v, dout, out, lse, delta, dq, L, S, scale, causal, H, group,  \
                                          LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(dO), LAYOUT(o), LAYOUT(dq)); \
     }
 #define ATTN_TC_DKV(NAME, D, WARPS, BQ, CH, MINB)                                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)                                         \
         NAME(const float* q, const float* k, const float* v, const float* dout, const float* lse,          \
              const float* delta, float* dk, float* dv, int L, int S, float scale, int causal, int H,         \
-             LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dk),    \
-             LAYOUT_PARAMS(dv)) {                                                                          \
-        attn_bwd_dkv_tc<D, WARPS, BQ, CH>(q, k, v, dout, lse, delta, dk, dv, L, S, scale, causal, H,         \
+             int group, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO),            \
+             LAYOUT_PARAMS(dk), LAYOUT_PARAMS(dv)) {                                                       \
+        attn_bwd_dkv_tc<D, WARPS, BQ, CH>(q, k, v, dout, lse, delta, dk, dv, L, S, scale, causal, H, group,  \
                                           LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(dO), LAYOUT(dk),         \
                                           LAYOUT(dv));                                                     \
     }

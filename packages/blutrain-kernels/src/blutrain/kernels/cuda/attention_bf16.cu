@@ -5,7 +5,10 @@
 // addressed through its own (batch, head, row) strides in elements (a row's D elements contiguous,
 // every row 16-byte aligned), so that q, k, v may be the parts of one packed [B, T, 3, H, D]
 // projection and dq, dk, dv the parts of its gradient; blockIdx.y = b * H + h. lse [B*H, L] float32
-// natural-log log-sum-exp of the scaled scores, contiguous. No L x S matrix in memory.
+// natural-log log-sum-exp of the scaled scores, contiguous. No L x S matrix in memory. Grouped-query
+// attention: k, v, dk, dv have H / group heads, query head h reads key/value head h / group (group 1: one
+// each); the dk/dv kernel's blocks are per key/value head (blockIdx.y = b * H / group + h_kv) and step through
+// the query tiles of the group's query heads one head after another, summing in registers (no atomics).
 //
 // Work split. Every warp owns 16 rows of the "M" side of each product (queries in the forward and dq
 // kernels, keys in the dk/dv kernel), so the softmax statistics of a row live in the four lanes of
@@ -21,7 +24,7 @@
 //                        float32, for the dk/dv kernel), then per 64-key tile recomputes S = q k^T,
 //                        dP = dO v^T, P = exp2(S scale log2e - lse2), dS = P (dP - Delta), and
 //                        accumulates dq += scale dS k.
-//   attn_bf16_bwd_dkv_*: grid (ceil(S/BN), BH), BN = 16 * WARPS keys; loops over BM-query tiles:
+//   attn_bf16_bwd_dkv_*: grid (ceil(S/BN), BH / group), BN = 16 * WARPS keys; loops over BM-query tiles:
 //                        S^T = k q^T and dP^T = v dO^T (warp = 16 keys), P^T, dS^T as above,
 //                        dv += P^T dO, dk += scale dS^T q.
 //   Two kernels rather than float32 atomics for dq: the result is deterministic, at 7 instead of 5
@@ -155,7 +158,8 @@ template <int D, int WARPS, int M_TILES, bool Q_IN_REGISTERS>
 __device__ __forceinline__ void attn_bf16_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                               const bf16* __restrict__ v, bf16* __restrict__ out,
                                               float* __restrict__ lse, int L, int S, float scale, int causal,
-                                              int H, RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo) {
+                                              int H, int group, RowLayout lq, RowLayout lk, RowLayout lv,
+                                              RowLayout lo) {
     constexpr int THREADS = 32 * WARPS;
     constexpr int BM = 16 * WARPS * M_TILES;
     constexpr int BN = ATTN_KEYS_PER_TILE;
@@ -174,8 +178,8 @@ __device__ __forceinline__ void attn_bf16_fwd(const bf16* __restrict__ q, const 
     const int warp_row0 = q0 + warp * 16 * M_TILES;  // this warp's first query
     const int warp_row_last = warp_row0 + 16 * M_TILES - 1;
     const bf16* qb = head_rows(q, lq, batch, head);
-    const bf16* kb = head_rows(k, lk, batch, head);
-    const bf16* vb = head_rows(v, lv, batch, head);
+    const bf16* kb = head_rows(k, lk, batch, head / group);
+    const bf16* vb = head_rows(v, lv, batch, head / group);
     const float scale_log2 = scale * ATTN_LOG2E;
     const int key_end = causal ? min(S, q0 + BM) : S;
     const int n_tiles = (key_end + BN - 1) / BN;
@@ -356,8 +360,9 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
                                                   const bf16* __restrict__ v, const bf16* __restrict__ dout,
                                                   const float* __restrict__ lse2, const float* __restrict__ delta,
                                                   bf16* __restrict__ dk, bf16* __restrict__ dv, int L, int S,
-                                                  float scale, int causal, int H, RowLayout lq, RowLayout lk,
-                                                  RowLayout lv, RowLayout ldo, RowLayout ldk, RowLayout ldv) {
+                                                  float scale, int causal, int H, int group, RowLayout lq,
+                                                  RowLayout lk, RowLayout lv, RowLayout ldo, RowLayout ldk,
+                                                  RowLayout ldv) {
     constexpr int THREADS = 32 * WARPS;
     constexpr int BN = 16 * WARPS;
     constexpr int KSTEPS = D / 16;
@@ -373,19 +378,26 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
     float* sLse2 = reinterpret_cast<float*>(smem + 2 * BN * D * 2 + 4 * Q_TILE_BYTES);  // [2][BM]
     float* sDelta = sLse2 + 2 * BM;                                                     // [2][BM]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
+    const int kv_heads = H / group;
+    const int bkv = blockIdx.y, batch = bkv / kv_heads, kv_head = bkv - batch * kv_heads;
     const int k0 = blockIdx.x * BN;
     const int warp_key0 = k0 + warp * 16;
-    const bf16* qb = head_rows(q, lq, batch, head);
-    const bf16* ob = head_rows(dout, ldo, batch, head);
-    const float* lb = lse2 + (long long)bh * L;
-    const float* db_ = delta + (long long)bh * L;
     const float scale_log2 = scale * ATTN_LOG2E;
     // Causal: queries before the tile containing k0 see none of these keys.
     const int q_begin = causal ? (k0 / BM) * BM : 0;
-    const int n_tiles = q_begin < L ? (L - q_begin + BM - 1) / BM : 0;
+    const int n_tiles = q_begin < L ? (L - q_begin + BM - 1) / BM : 0;  // per query head
+    // Step i: query tile i % n_tiles of query head kv_head * group + i / n_tiles (the group's heads in turn).
+    const int n_steps = n_tiles * group;
 
-    auto load_query_tile = [&](int stage, int q0) {
+    auto load_query_tile = [&](int stage, int step) {
+        const int member = step / n_tiles;
+        const int q0 = q_begin + (step - member * n_tiles) * BM;
+        const int head = kv_head * group + member;
+        const bf16* qb = head_rows(q, lq, batch, head);
+        const bf16* ob = head_rows(dout, ldo, batch, head);
+        const long long rows = ((long long)batch * H + head) * L;  // this head's lse2 and Delta
+        const float* lb = lse2 + rows;
+        const float* db_ = delta + rows;
         load_tile_async<D, BM, THREADS>(sQ + stage * Q_TILE_BYTES, qb, lq.row, q0, L);
         load_tile_async<D, BM, THREADS>(sdO + stage * Q_TILE_BYTES, ob, ldo.row, q0, L);
         if (threadIdx.x < BM) {
@@ -395,9 +407,9 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
             cp_async_4(shared_address(sDelta + stage * BM + threadIdx.x), db_ + (valid ? row : 0), valid);
         }
     };
-    load_tile_async<D, BN, THREADS>(sK, head_rows(k, lk, batch, head), lk.row, k0, S);
-    load_tile_async<D, BN, THREADS>(sV, head_rows(v, lv, batch, head), lv.row, k0, S);
-    if (n_tiles > 0) load_query_tile(0, q_begin);
+    load_tile_async<D, BN, THREADS>(sK, head_rows(k, lk, batch, kv_head), lk.row, k0, S);
+    load_tile_async<D, BN, THREADS>(sV, head_rows(v, lv, batch, kv_head), lv.row, k0, S);
+    if (n_steps > 0) load_query_tile(0, 0);
     cp_async_commit();
 
     constexpr int KREG = K_IN_REGISTERS ? KSTEPS : 1;
@@ -412,11 +424,11 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
         }
     }
 
-    for (int i = 0; i < n_tiles; ++i) {
-        const int q0 = q_begin + i * BM;
+    for (int i = 0; i < n_steps; ++i) {
+        const int q0 = q_begin + (i % n_tiles) * BM;
         const int stage = i & 1;
-        if (i + 1 < n_tiles) {
-            load_query_tile(stage ^ 1, q0 + BM);
+        if (i + 1 < n_steps) {
+            load_query_tile(stage ^ 1, i + 1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -498,10 +510,10 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
         }
         __syncthreads();
     }
-    if (n_tiles == 0) cp_async_wait<0>();  // causal keys past the last query: zero gradients
+    if (n_steps == 0) cp_async_wait<0>();  // causal keys past the last query: zero gradients
 
-    store_rows<D>(head_rows(dk, ldk, batch, head), ldk.row, dk_acc, warp_key0, S, scale, scale);
-    store_rows<D>(head_rows(dv, ldv, batch, head), ldv.row, dv_acc, warp_key0, S, 1.f, 1.f);
+    store_rows<D>(head_rows(dk, ldk, batch, kv_head), ldk.row, dk_acc, warp_key0, S, scale, scale);
+    store_rows<D>(head_rows(dv, ldv, batch, kv_head), ldv.row, dv_acc, warp_key0, S, 1.f, 1.f);
 }
 
 // dq of BM = 16 * WARPS queries, looping over 64-key tiles. Runs before the dk/dv kernel: it also computes
@@ -513,8 +525,8 @@ __device__ __forceinline__ void attn_bf16_bwd_dq(const bf16* __restrict__ q, con
                                                  const bf16* __restrict__ dout, const float* __restrict__ lse,
                                                  float* __restrict__ lse2, float* __restrict__ delta,
                                                  bf16* __restrict__ dq, int L, int S, float scale, int causal,
-                                                 int H, RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo,
-                                                 RowLayout ldo, RowLayout ldq) {
+                                                 int H, int group, RowLayout lq, RowLayout lk, RowLayout lv,
+                                                 RowLayout lo, RowLayout ldo, RowLayout ldq) {
     constexpr int THREADS = 32 * WARPS;
     constexpr int BM = 16 * WARPS;
     constexpr int BN = ATTN_KEYS_PER_TILE;
@@ -533,8 +545,8 @@ __device__ __forceinline__ void attn_bf16_bwd_dq(const bf16* __restrict__ q, con
     const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
     const int q0 = (causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const int warp_row0 = q0 + warp * 16;
-    const bf16* kb = head_rows(k, lk, batch, head);
-    const bf16* vb = head_rows(v, lv, batch, head);
+    const bf16* kb = head_rows(k, lk, batch, head / group);
+    const bf16* vb = head_rows(v, lv, batch, head / group);
     const float scale_log2 = scale * ATTN_LOG2E;
     const int key_end = causal ? min(S, q0 + BM) : S;
     const int n_tiles = (key_end + BN - 1) / BN;
@@ -671,26 +683,28 @@ __device__ __forceinline__ void attn_bf16_bwd_dq(const bf16* __restrict__ q, con
 #define ATTN_BF16_FWD(D, NAME, WARPS, M_TILES, Q_IN_REGISTERS, MIN_BLOCKS)                                 \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS) attn_bf16_fwd_d##D##_##NAME(       \
         const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, int L, int S, float scale,      \
-        int causal, int H, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o)) {        \
-        attn_bf16_fwd<D, WARPS, M_TILES, Q_IN_REGISTERS>(q, k, v, out, lse, L, S, scale, causal, H,         \
+        int causal, int H, int group, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v),                 \
+        LAYOUT_PARAMS(o)) {                                                                                \
+        attn_bf16_fwd<D, WARPS, M_TILES, Q_IN_REGISTERS>(q, k, v, out, lse, L, S, scale, causal, H, group,  \
                                                          LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(o));      \
     }
 #define ATTN_BF16_DKV(D, NAME, WARPS, BM, K_IN_REGISTERS, MIN_BLOCKS)                                      \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS) attn_bf16_bwd_dkv_d##D##_##NAME(   \
         const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse2,                   \
-        const float* delta, bf16* dk, bf16* dv, int L, int S, float scale, int causal, int H,               \
+        const float* delta, bf16* dk, bf16* dv, int L, int S, float scale, int causal, int H, int group,    \
         LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dk),         \
         LAYOUT_PARAMS(dv)) {                                                                               \
         attn_bf16_bwd_dkv<D, WARPS, BM, K_IN_REGISTERS>(q, k, v, dout, lse2, delta, dk, dv, L, S, scale,    \
-                                                        causal, H, LAYOUT(q), LAYOUT(k), LAYOUT(v),        \
+                                                        causal, H, group, LAYOUT(q), LAYOUT(k), LAYOUT(v),        \
                                                         LAYOUT(dO), LAYOUT(dk), LAYOUT(dv));               \
     }
 #define ATTN_BF16_DQ(D, NAME, WARPS, MIN_BLOCKS)                                                            \
     extern "C" __global__ void __launch_bounds__(32 * WARPS, MIN_BLOCKS) attn_bf16_bwd_dq_d##D##_##NAME(    \
         const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse,   \
-        float* lse2, float* delta, bf16* dq, int L, int S, float scale, int causal, int H, LAYOUT_PARAMS(q), \
-        LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dq)) {       \
-        attn_bf16_bwd_dq<D, WARPS>(q, k, v, out, dout, lse, lse2, delta, dq, L, S, scale, causal, H,        \
+        float* lse2, float* delta, bf16* dq, int L, int S, float scale, int causal, int H, int group,       \
+        LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o), LAYOUT_PARAMS(dO),          \
+        LAYOUT_PARAMS(dq)) {                                                                               \
+        attn_bf16_bwd_dq<D, WARPS>(q, k, v, out, dout, lse, lse2, delta, dq, L, S, scale, causal, H, group, \
                                    LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(o), LAYOUT(dO), LAYOUT(dq));    \
     }
 

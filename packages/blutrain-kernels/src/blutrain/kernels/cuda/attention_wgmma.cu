@@ -6,7 +6,8 @@
 // tools/attention_wgmma_check.py checks and times them all, the numbers are in docs/kernels.md): q, out hold
 // L rows of D per (batch, head), k, v S rows, each addressed through its own (batch, head, row) strides in
 // elements (a row's D elements contiguous, every row 16-byte aligned), blockIdx.y = b * H + h; lse [B*H, L]
-// float32, contiguous, the natural-log log-sum-exp of the scaled scores (scale * m + ln l).
+// float32, contiguous, the natural-log log-sum-exp of the scaled scores (scale * m + ln l). Grouped-query
+// attention: k and v have H / group heads, query head h reads key/value head h / group (group 1: one each).
 // Needs -arch=sm_90a (wgmma does not exist on plain sm_90). Dynamic shared memory: BM * 128 + STAGES *
 // 2 * BN * 128 + 1024 bytes (the base is rounded up to 1024 inside the kernel), from 50176 (wg2n64) to
 // 123904 (wg3n128p): more than 48 KB, so the host raises the function's dynamic limit first.
@@ -116,7 +117,8 @@ template <int WG, int BN, bool PIPELINED>
 __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                const bf16* __restrict__ v, bf16* __restrict__ out,
                                                float* __restrict__ lse, int L, int S, float scale, int causal,
-                                               int H, RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo) {
+                                               int H, int group, RowLayout lq, RowLayout lk, RowLayout lv,
+                                               RowLayout lo) {
     static_assert(BN == 64 || BN == 128, "BN: 64 or 128 keys per tile");
     constexpr int THREADS = 128 * WG;
     constexpr int BM = 64 * WG;
@@ -133,8 +135,8 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
     const int wg_row0 = q0 + 64 * wg;            // this warpgroup's first query
     const int warp_row0 = wg_row0 + 16 * warp;   // this warp's
     const int row_g = warp_row0 + (lane >> 2);   // this thread's rows: row_g, row_g + 8
-    const bf16* kb = head_rows(k, lk, batch, head);
-    const bf16* vb = head_rows(v, lv, batch, head);
+    const bf16* kb = head_rows(k, lk, batch, head / group);
+    const bf16* vb = head_rows(v, lv, batch, head / group);
     const float scale_log2 = scale * ATTN_LOG2E;
     const int key_end = causal ? min(S, q0 + BM) : S;
     const int n_tiles = (key_end + BN - 1) / BN;  // >= 1: L, S >= 1
@@ -280,9 +282,10 @@ __device__ __forceinline__ void attn_wgmma_fwd(const bf16* __restrict__ q, const
 #define ATTN_WGMMA_FWD(NAME, WG, BN, PIPELINED, MIN_BLOCKS)                                                \
     extern "C" __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS) attn_wgmma_fwd_d64_##NAME(          \
         const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, int L, int S, float scale,      \
-        int causal, int H, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o)) {        \
-        attn_wgmma_fwd<WG, BN, PIPELINED>(q, k, v, out, lse, L, S, scale, causal, H, LAYOUT(q), LAYOUT(k),  \
-                                          LAYOUT(v), LAYOUT(o));                                           \
+        int causal, int H, int group, LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v),                 \
+        LAYOUT_PARAMS(o)) {                                                                                \
+        attn_wgmma_fwd<WG, BN, PIPELINED>(q, k, v, out, lse, L, S, scale, causal, H, group, LAYOUT(q),      \
+                                          LAYOUT(k), LAYOUT(v), LAYOUT(o));                                \
     }
 
 ATTN_WGMMA_FWD(wg2n64, 2, 64, false, 2)

@@ -5,6 +5,9 @@
 // same outputs, same layouts (each tensor addressed through its own (batch, head, row) strides in elements, a
 // row's D elements contiguous, every row 16-byte aligned; blockIdx.y = b * H + h), same launch order (dq first:
 // it writes Delta = rowsum(dO * out) and lse2 = lse * log2(e), float32 [B*H, L], that dk/dv reads).
+// Grouped-query attention: k, v, dk and dv have H / group heads, query head h reads key/value head h / group
+// (group 1: one each); the dk/dv kernel's blocks are per key/value head (blockIdx.y = b * H / group + h_kv)
+// and step through the query tiles of the group's query heads one head after another, summing in registers.
 // blutrain.kernels.cuda runs the wg1 kernels on compute capability 9.0: dq, dk, dv agree with attention_bf16.cu's
 // to 2e-5, and wg1 is the fastest variant at GPT-2's shapes (tools/attention_wgmma_bwd_check.py checks and times
 // them; the numbers are in docs/kernels.md).
@@ -18,7 +21,7 @@
 //     lse2), dS = P (dP - Delta) on the accumulators, dq += dS k (4 wgmma.m64n64k16, dS from registers, k as
 //     an MN-major B). dq is stored scaled by `scale`. Dynamic shared memory 2 BM 128 + 4 * 64 * 128 + 8 BM +
 //     1024 bytes (wg2: 67584, wg1: 50688).
-//   attn_wgmma_bwd_dkv_d64_wg<WG>: grid (ceil(S / BN), B*H), BN = 64 WG keys, warpgroup w owns keys 64w ..
+//   attn_wgmma_bwd_dkv_d64_wg<WG>: grid (ceil(S / BN), B*H / group), BN = 64 WG keys, warpgroup w owns keys 64w ..
 //     64w + 63. k and v tiles loaded once; 64-query q/dO tiles (with their lse2 and Delta) stream through two
 //     cp.async stages. Per query tile and warpgroup: S^T = k q^T (A = k, B = q) and dP^T = v dO^T (A = v,
 //     B = dO), all K-major; P^T, dS^T as above; dv += P^T dO and dk += dS^T q (A from registers, B = dO and q
@@ -90,7 +93,7 @@ __device__ __forceinline__ void attn_wgmma_bwd_dq(const bf16* __restrict__ q, co
                                                   const bf16* __restrict__ dout, const float* __restrict__ lse,
                                                   float* __restrict__ lse2, float* __restrict__ delta,
                                                   bf16* __restrict__ dq, int L, int S, float scale, int causal, int H,
-                                                  RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo,
+                                                  int group, RowLayout lq, RowLayout lk, RowLayout lv, RowLayout lo,
                                                   RowLayout ldo, RowLayout ldq) {
     constexpr int THREADS = 128 * WG;
     constexpr int BM = 64 * WG;
@@ -110,8 +113,8 @@ __device__ __forceinline__ void attn_wgmma_bwd_dq(const bf16* __restrict__ q, co
     const int wg_row0 = q0 + 64 * wg;
     const int warp_row0 = wg_row0 + 16 * warp;
     const int row_g = warp_row0 + (lane >> 2);
-    const bf16* kb = head_rows(k, lk, batch, head);
-    const bf16* vb = head_rows(v, lv, batch, head);
+    const bf16* kb = head_rows(k, lk, batch, head / group);
+    const bf16* vb = head_rows(v, lv, batch, head / group);
     const float scale_log2 = scale * ATTN_LOG2E;
     const int key_end = causal ? min(S, q0 + BM) : S;
     const int n_tiles = (key_end + BN - 1) / BN;
@@ -236,8 +239,9 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
                                                    const bf16* __restrict__ v, const bf16* __restrict__ dout,
                                                    const float* __restrict__ lse2, const float* __restrict__ delta,
                                                    bf16* __restrict__ dk, bf16* __restrict__ dv, int L, int S,
-                                                   float scale, int causal, int H, RowLayout lq, RowLayout lk,
-                                                   RowLayout lv, RowLayout ldo, RowLayout ldk, RowLayout ldv) {
+                                                   float scale, int causal, int H, int group, RowLayout lq,
+                                                   RowLayout lk, RowLayout lv, RowLayout ldo, RowLayout ldk,
+                                                   RowLayout ldv) {
     constexpr int THREADS = 128 * WG;
     constexpr int BN = 64 * WG;  // keys per block
     constexpr int BM = 64;       // queries per step
@@ -252,21 +256,28 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
     const float* sLse2 = reinterpret_cast<const float*>(smem_raw + (sRows - shared_address(smem_raw)));
     const float* sDelta = sLse2 + STAGES * BM;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, batch = bh / H, head = bh - batch * H;
+    const int kv_heads = H / group;
+    const int bkv = blockIdx.y, batch = bkv / kv_heads, kv_head = bkv - batch * kv_heads;
     const int k0 = blockIdx.x * BN;
     const int wg_key0 = k0 + 64 * wg;
     const int warp_key0 = wg_key0 + 16 * warp;
     const int key_g = warp_key0 + (lane >> 2);  // this thread's keys: key_g, key_g + 8
-    const bf16* qb = head_rows(q, lq, batch, head);
-    const bf16* ob = head_rows(dout, ldo, batch, head);
-    const float* lb = lse2 + (long long)bh * L;
-    const float* db_ = delta + (long long)bh * L;
     const float scale_log2 = scale * ATTN_LOG2E;
     // Causal: queries before k0 see none of these keys (k0 is a multiple of BM).
     const int q_begin = causal ? k0 : 0;
-    const int n_tiles = q_begin < L ? (L - q_begin + BM - 1) / BM : 0;
+    const int n_tiles = q_begin < L ? (L - q_begin + BM - 1) / BM : 0;  // per query head
+    // Step i: query tile i % n_tiles of query head kv_head * group + i / n_tiles (the group's heads in turn).
+    const int n_steps = n_tiles * group;
 
-    auto load_query_tile = [&](int stage, int q0) {
+    auto load_query_tile = [&](int stage, int step) {
+        const int member = step / n_tiles;
+        const int q0 = q_begin + (step - member * n_tiles) * BM;
+        const int head = kv_head * group + member;
+        const bf16* qb = head_rows(q, lq, batch, head);
+        const bf16* ob = head_rows(dout, ldo, batch, head);
+        const long long rows = ((long long)batch * H + head) * L;  // this head's lse2 and Delta
+        const float* lb = lse2 + rows;
+        const float* db_ = delta + rows;
         load_tile_async<BM, THREADS>(sQ + stage * Q_TILE_BYTES, qb, lq.row, q0, L);
         load_tile_async<BM, THREADS>(sdO + stage * Q_TILE_BYTES, ob, ldo.row, q0, L);
         if (threadIdx.x < BM) {
@@ -276,9 +287,9 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
             cp_async_4(sRows + 4 * ((STAGES + stage) * BM + threadIdx.x), db_ + (valid ? row : 0), valid);
         }
     };
-    load_tile_async<BN, THREADS>(sK, head_rows(k, lk, batch, head), lk.row, k0, S);
-    load_tile_async<BN, THREADS>(sV, head_rows(v, lv, batch, head), lv.row, k0, S);
-    if (n_tiles > 0) load_query_tile(0, q_begin);
+    load_tile_async<BN, THREADS>(sK, head_rows(k, lk, batch, kv_head), lk.row, k0, S);
+    load_tile_async<BN, THREADS>(sV, head_rows(v, lv, batch, kv_head), lv.row, k0, S);
+    if (n_steps > 0) load_query_tile(0, 0);
     cp_async_commit();
 
     const unsigned long long dk_desc = desc_kmajor(sK + wg * (64 * 128));
@@ -301,14 +312,14 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
         }
     }
 
-    for (int i = 0; i < n_tiles; ++i) {
-        const int q0 = q_begin + i * BM;
+    for (int i = 0; i < n_steps; ++i) {
+        const int q0 = q_begin + (i % n_tiles) * BM;
         const int stage = i % STAGES;
         cp_async_wait<0>();
         fence_proxy_async_shared();
         __syncthreads();
-        if (i + 1 < n_tiles) {
-            load_query_tile((i + 1) % STAGES, q0 + BM);
+        if (i + 1 < n_steps) {
+            load_query_tile((i + 1) % STAGES, i + 1);
             cp_async_commit();
         }
         // Causal: a query tile wholly before this warpgroup's first key contributes nothing.
@@ -360,11 +371,11 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
             fence_registers(dsf);
         }
     }
-    if (n_tiles == 0) cp_async_wait<0>();  // causal keys past the last query: zero gradients
+    if (n_steps == 0) cp_async_wait<0>();  // causal keys past the last query: zero gradients
 
     const int key_row = wg_key0 + 16 * warp + (lane >> 2);
-    store_acc_rows(head_rows(dk, ldk, batch, head), ldk.row, dk_acc, key_row, S, scale);
-    store_acc_rows(head_rows(dv, ldv, batch, head), ldv.row, dv_acc, key_row, S, 1.f);
+    store_acc_rows(head_rows(dk, ldk, batch, kv_head), ldk.row, dk_acc, key_row, S, scale);
+    store_acc_rows(head_rows(dv, ldv, batch, kv_head), ldv.row, dv_acc, key_row, S, 1.f);
 }
 
 // ---------------------------------------------------------------------------------------------- entry points
@@ -373,19 +384,20 @@ __device__ __forceinline__ void attn_wgmma_bwd_dkv(const bf16* __restrict__ q, c
 #define ATTN_WGMMA_DQ(NAME, WG, MIN_BLOCKS)                                                                 \
     extern "C" __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS) attn_wgmma_bwd_dq_d64_##NAME(        \
         const bf16* q, const bf16* k, const bf16* v, const bf16* out, const bf16* dout, const float* lse,   \
-        float* lse2, float* delta, bf16* dq, int L, int S, float scale, int causal, int H, LAYOUT_PARAMS(q), \
-        LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dq)) {       \
-        attn_wgmma_bwd_dq<WG>(q, k, v, out, dout, lse, lse2, delta, dq, L, S, scale, causal, H, LAYOUT(q),  \
-                              LAYOUT(k), LAYOUT(v), LAYOUT(o), LAYOUT(dO), LAYOUT(dq));                    \
+        float* lse2, float* delta, bf16* dq, int L, int S, float scale, int causal, int H, int group,       \
+        LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(o), LAYOUT_PARAMS(dO),          \
+        LAYOUT_PARAMS(dq)) {                                                                               \
+        attn_wgmma_bwd_dq<WG>(q, k, v, out, dout, lse, lse2, delta, dq, L, S, scale, causal, H, group,      \
+                              LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(o), LAYOUT(dO), LAYOUT(dq));         \
     }
 #define ATTN_WGMMA_DKV(NAME, WG, MIN_BLOCKS)                                                                \
     extern "C" __global__ void __launch_bounds__(128 * WG, MIN_BLOCKS) attn_wgmma_bwd_dkv_d64_##NAME(       \
         const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse2,                   \
-        const float* delta, bf16* dk, bf16* dv, int L, int S, float scale, int causal, int H,               \
+        const float* delta, bf16* dk, bf16* dv, int L, int S, float scale, int causal, int H, int group,    \
         LAYOUT_PARAMS(q), LAYOUT_PARAMS(k), LAYOUT_PARAMS(v), LAYOUT_PARAMS(dO), LAYOUT_PARAMS(dk),         \
         LAYOUT_PARAMS(dv)) {                                                                               \
-        attn_wgmma_bwd_dkv<WG>(q, k, v, dout, lse2, delta, dk, dv, L, S, scale, causal, H, LAYOUT(q),       \
-                               LAYOUT(k), LAYOUT(v), LAYOUT(dO), LAYOUT(dk), LAYOUT(dv));                  \
+        attn_wgmma_bwd_dkv<WG>(q, k, v, dout, lse2, delta, dk, dv, L, S, scale, causal, H, group,           \
+                               LAYOUT(q), LAYOUT(k), LAYOUT(v), LAYOUT(dO), LAYOUT(dk), LAYOUT(dv));       \
     }
 
 ATTN_WGMMA_DQ(wg2, 2, 1)

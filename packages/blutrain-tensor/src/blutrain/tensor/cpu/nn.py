@@ -326,8 +326,37 @@ def _scores(q: Array, k: Array, mask: Array | None, causal: bool, scale: float) 
     return s
 
 
+def _query_group(q: Array, k: Array) -> int:
+    """Query heads per key/value head: 1, or H / H_kv when k has fewer heads (dim -3) than q (grouped-query
+    attention: query head h reads key/value head h // group)."""
+    return 1 if q.ndim < 3 or k.shape[-3] == q.shape[-3] else q.shape[-3] // k.shape[-3]
+
+
+def _grouped(q: Array, k: Array, v: Array, mask: Array | None, group: int) -> tuple[Array, Array, Array, Array | None]:
+    """(..., H_kv, group, L, E) queries and (..., H_kv, 1, S, E) keys and values (views; the matmuls broadcast
+    the key/value heads over their group, nothing is repeated), the mask broadcast to the grouped scores."""
+    xp = array_module(q)
+    hkv = k.shape[-3]
+    qg = q.reshape(*q.shape[:-3], hkv, group, *q.shape[-2:])
+    kg, vg = k[..., None, :, :], v[..., None, :, :]
+    if mask is not None:
+        scores = (*q.shape[:-1], k.shape[-2])
+        mask = xp.broadcast_to(mask, scores).reshape(*scores[:-3], hkv, group, *scores[-2:])
+    return qg, kg, vg, mask
+
+
 def sdpa(q: Array, k: Array, v: Array, mask: Array | None, causal: bool, scale: float) -> tuple[Array, Array]:
-    """softmax(q kᵀ·scale + mask) v, returning the output and the row log-sum-exp."""
+    """softmax(q kᵀ·scale + mask) v, returning the output and the row log-sum-exp. k and v may have fewer
+    heads (dim -3) than q, a divisor: query head h then attends with key/value head h // (H / H_kv)."""
+    group = _query_group(q, k)
+    if group > 1:
+        out, lse = _attend(*_grouped(q, k, v, mask, group), causal, scale)
+        return out.reshape(*q.shape[:-1], v.shape[-1]), lse.reshape(q.shape[:-1])
+    return _attend(q, k, v, mask, causal, scale)
+
+
+def _attend(q: Array, k: Array, v: Array, mask: Array | None, causal: bool, scale: float) -> tuple[Array, Array]:
+    """``sdpa`` on arrays whose leading dims broadcast in the matmuls."""
     xp = array_module(q)
     s = _scores(q, k, mask, causal, scale)
     if mask is None:
@@ -350,7 +379,22 @@ def sdpa(q: Array, k: Array, v: Array, mask: Array | None, causal: bool, scale: 
 
 def sdpa_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, mask: Array | None,
                   causal: bool, scale: float) -> tuple[Array, Array, Array]:
-    """Flash-attention backward: P is recomputed from the saved log-sum-exp; D = rowsum(dO ∘ O)."""
+    """Flash-attention backward: P is recomputed from the saved log-sum-exp; D = rowsum(dO ∘ O). With fewer
+    key/value heads than query heads (see ``sdpa``) dk and dv sum over each key/value head's query group."""
+    group = _query_group(q, k)
+    if group > 1:
+        qg, kg, vg, mg = _grouped(q, k, v, mask, group)
+        lead = (*qg.shape[:-2], grad.shape[-2])
+        dq, dk, dv = _attend_backward(grad.reshape(*lead, grad.shape[-1]), qg, kg, vg,
+                                      out.reshape(*lead, out.shape[-1]), lse.reshape(lead), mg, causal, scale)
+        return dq.reshape(q.shape), dk.sum(axis=-3, dtype=dk.dtype), dv.sum(axis=-3, dtype=dv.dtype)
+    return _attend_backward(grad, q, k, v, out, lse, mask, causal, scale)
+
+
+def _attend_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, mask: Array | None,
+                     causal: bool, scale: float) -> tuple[Array, Array, Array]:
+    """``sdpa_backward`` on arrays whose leading dims broadcast in the matmuls (dk, dv in the scores' batch
+    shape)."""
     xp = array_module(q)
     s = _scores(q, k, mask, causal, scale)
     if mask is None:  # no row is wholly masked (see sdpa): P in place of the scores, no NaN to clear

@@ -341,11 +341,14 @@ def linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor, *, ignor
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False,
-                                 scale: float | None = None) -> Tensor:
+                                 scale: float | None = None, enable_gqa: bool = False) -> Tensor:
     """softmax(q kᵀ · scale + mask) v over (..., L, E) queries and (..., S, E) keys.
 
     A bool ``attn_mask`` marks positions that take part (True) as in PyTorch; a float mask is added
-    to the scores. ``is_causal`` lets query i see keys 0..i (top-left aligned).
+    to the scores. ``is_causal`` lets query i see keys 0..i (top-left aligned). ``enable_gqa`` allows
+    grouped-query attention as in PyTorch: key and value may have H_kv heads (dim -3), a divisor of query's
+    H, and query head h reads key/value head h // (H / H_kv); the shared heads are never repeated in memory,
+    and the gradients of key and value (summed over each head's query group) have their own shapes.
     """
     if _autocast.dtype is not None:
         query, key, value = lower(query), lower(key), lower(value)
@@ -355,10 +358,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             raise ShapeError(f"scaled_dot_product_attention: {name} needs at least 2 dims, got {list(t.shape)}")
     _same("scaled_dot_product_attention", query, "key", key, x_name="query")
     _same("scaled_dot_product_attention", query, "value", value, x_name="query")
-    if key.shape[-1] != query.shape[-1] or key.shape[-2] != value.shape[-2] or key.shape[:-2] != query.shape[:-2] \
-            or value.shape[:-2] != query.shape[:-2]:
+    if enable_gqa:
+        _check_gqa_heads(query, key, value)
+    if key.shape[-1] != query.shape[-1] or key.shape[-2] != value.shape[-2] or key.shape[:-3] != query.shape[:-3] \
+            or value.shape[:-3] != query.shape[:-3] or key.shape[-3:-2] != value.shape[-3:-2] \
+            or (not enable_gqa and key.shape[:-2] != query.shape[:-2]):
         raise ShapeError(f"scaled_dot_product_attention: query {list(query.shape)}, key {list(key.shape)} and "
-                         f"value {list(value.shape)} do not fit (..., L, E), (..., S, E), (..., S, Ev)")
+                         f"value {list(value.shape)} do not fit (..., L, E), (..., S, E), (..., S, Ev)"
+                         + _gqa_hint(query, key, value, enable_gqa))
     if dropout_p != 0.0:
         raise TensorValueError("scaled_dot_product_attention: dropout_p must be 0.0; attention dropout is not "
                                f"supported (got {dropout_p})")
@@ -384,6 +391,28 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             "lse": _statistic(lse, query), "mask": mask_data, "causal": bool(is_causal),
             "scale": sc})
     return res
+
+
+def _check_gqa_heads(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """With enable_gqa: key and value have the same head count (dim -3), a divisor of query's."""
+    if query.ndim < 3 or key.ndim != query.ndim or value.ndim != query.ndim:
+        raise ShapeError(f"scaled_dot_product_attention: enable_gqa needs query, key and value of the same rank "
+                         f"with heads at dim -3, got query {list(query.shape)}, key {list(key.shape)} and value "
+                         f"{list(value.shape)}")
+    h, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+    if hk != hv or (h % hk if hk else h):
+        raise ShapeError(f"scaled_dot_product_attention: with enable_gqa key and value need the same number of "
+                         f"heads (dim -3), a divisor of query's {h}; got key {hk} and value {hv} heads")
+
+
+def _gqa_hint(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> str:
+    """The advice for shapes that differ only in a head count that grouped-query attention accepts."""
+    if enable_gqa or query.ndim < 3 or key.ndim != query.ndim or value.ndim != query.ndim:
+        return ""
+    hk = key.shape[-3]
+    fits = hk == value.shape[-3] and hk > 0 and query.shape[-3] % hk == 0 \
+        and key.shape[:-3] == query.shape[:-3] == value.shape[:-3]
+    return "; for key/value heads shared by groups of query heads pass enable_gqa=True" if fits else ""
 
 
 def self_attention(qkv: Tensor, n_head: int, is_causal: bool = False, scale: float | None = None) -> Tensor:
