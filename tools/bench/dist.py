@@ -83,6 +83,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
+# what `pip install blutrain` runs: not the workspace's teaching plugin blutrain-kernels-example, whose gelu
+# outranks the built-in kernel wherever it is installed (the launched ranks inherit this)
+os.environ.setdefault("BLUTRAIN_DISABLE_PLUGINS", "kernels-example")
 from bench import dist_options as options
 from bench.dist_options import gpu_names
 from bench.dist_profile import (

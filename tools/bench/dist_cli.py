@@ -32,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
+# what `pip install blutrain` runs: not the workspace's teaching plugin blutrain-kernels-example, whose gelu
+# outranks the built-in kernel wherever it is installed (the launched ranks inherit this)
+os.environ.setdefault("BLUTRAIN_DISABLE_PLUGINS", "kernels-example")
 from bench.dist_report import scaling_efficiency
 
 TRAIN = ["--eval-every", "0", "--warmup-steps", "5"]

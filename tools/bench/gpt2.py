@@ -89,6 +89,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
+# what `pip install blutrain` runs: not the workspace's teaching plugin blutrain-kernels-example, whose gelu
+# outranks the built-in kernel wherever it is installed (the launched ranks inherit this)
+os.environ.setdefault("BLUTRAIN_DISABLE_PLUGINS", "kernels-example")
 from bench.arguments import choice_list
 from bench.gpt2_measure import (
     GIB,

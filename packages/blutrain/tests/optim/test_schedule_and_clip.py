@@ -7,9 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blutrain import nn
-from blutrain.optim import OptimizerError, clip_grad_norm_, constant, warmup_cosine
+from blutrain.optim import OptimizerError, clip_grad_norm_, constant, global_norm, scale_, warmup_cosine
 from blutrain.tensor import float64, from_numpy
 
 
@@ -107,3 +109,28 @@ def test_the_multi_tensor_norm_kernel_is_the_float64_norm_of_all_elements(dtype:
     got = dispatch.kernel("norm_multi_tensor", "cpu", dt)(arrays)
     assert got.shape == () and got.dtype == (np.float64 if dtype == "float64" else np.float32)
     assert math.isclose(float(got), want, rel_tol=1e-7)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(1, 7), st.sampled_from(["float32", "float64"])), min_size=1,
+                max_size=6), st.floats(0.1, 4.0))
+def test_global_norm_and_scale_are_the_float64_norm_and_product_of_all_elements(shapes: list[tuple[int, int, str]],
+                                                                                 factor: float) -> None:
+    """The helpers clip_grad_norm_ is made of, which parallel modes use on their own shards: the L2 norm of all
+    elements of tensors of several shapes and dtypes together (in the widest dtype), and every tensor scaled in
+    place by a 0-d device value."""
+    rng = np.random.default_rng(len(shapes))
+    arrays = [rng.standard_normal((r, c)).astype(d) for r, c, d in shapes]
+    tensors = [from_numpy(a.copy()) for a in arrays]
+    expected = math.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in arrays))
+    total = global_norm(tensors)
+    assert total.dtype.name == ("float64" if any(d == "float64" for _, _, d in shapes) else "float32")
+    assert float(total.item()) == pytest.approx(expected, rel=1e-5)
+    scale_(tensors, from_numpy(np.array(factor, dtype=np.float64)))
+    for a, t in zip(arrays, tensors, strict=True):
+        np.testing.assert_allclose(t.numpy(), a.astype(np.float64) * factor, rtol=1e-6)
+
+
+def test_global_norm_of_nothing_is_refused_in_one_line() -> None:
+    with pytest.raises(OptimizerError, match="global_norm: got no tensors; give at least one"):
+        global_norm([])

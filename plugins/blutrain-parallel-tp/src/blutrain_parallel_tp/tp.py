@@ -22,12 +22,13 @@ blocks as ranges of the full tensors, so every rank writes its own part of a che
 :mod:`blutrain_parallel_tp.overlap`: each all-reduce cut into k row blocks overlapping the GEMMs.
 
 Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist.traceable` and every
-layer, the vocab-parallel loss and the gradient norm use it, so a compiled training step is cut at each
-all-reduce (per block: two forward, two backward; the embedding's, the loss's three and the norm's) and
-issues them between its compiled parts. Nothing chooses by values (the loss's count of targets stays a
-device value), and the buffers the all-reduces write are made by kernels (clones, GEMM results). With
-``async_chunks`` each block's all-reduce is its own cut and completes where it is issued: the async
-ops read a block only after waiting for its handle, so the result is eager's, without the overlap.
+layer, the vocab-parallel loss and the gradient norm use it, so each all-reduce (per block: two forward,
+two backward; the embedding's, the loss's three and the norm's) is an op of the compiled step's one
+program (on CUDA a branch of its graph on a communication stream, joined by the first op that reads its
+buffer). Nothing chooses by values (the loss's count of targets stays a device value), and the buffers
+the all-reduces write are made by kernels (clones, GEMM results). With ``async_chunks`` each row block's
+all-reduce is such an op too, joined where the blocks are concatenated, so the next block's GEMM may run
+beside it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from blutrain.dist import (
 )
 from blutrain.models import RewrittenModel, module_at, replace_module, require_plan
 from blutrain.nn import Embedding, Linear, Module
-from blutrain.tensor import Tensor, clamp, norm, stack, zeros
+from blutrain.optim import global_norm, scale_
+from blutrain.tensor import Tensor, clamp, zeros
 from blutrain.tensor.errors import ShapeError
 from blutrain_parallel_tp.comm import copy_to_tp_region
 from blutrain_parallel_tp.cross_entropy import vocab_parallel_cross_entropy
@@ -287,9 +289,8 @@ class TensorParallelModel(RewrittenModel):
             grads = [p.grad.detach() for p in self.module.parameters()
                      if p.grad is not None and (id(p) in self._shards or self.group.rank == 0)]
             first = next(iter(self.module.parameters()))
-            dtype = max((g.dtype for g in grads), key=lambda d: d.itemsize, default=first.dtype)
-            local = norm(stack([norm(g).to(dtype=dtype) for g in grads])) if grads else zeros(
-                (), dtype=dtype, device=first.device)
+            # one multi-tensor norm over this rank's gradients (a norm per tensor would be several launches each)
+            local = global_norm(grads) if grads else zeros((), dtype=first.dtype, device=first.device)
             sq = local * local
             self.group.all_reduce(sq, op="sum")
             total: Tensor = sq ** 0.5
@@ -305,10 +306,9 @@ class TensorParallelModel(RewrittenModel):
                                     f"got {max_norm!r}")
         total = self.grad_norm()
         with no_grad():
-            coef = clamp(max_norm / (total + eps), max=1.0)
-            for p in self.module.parameters():
-                if p.grad is not None:
-                    p.grad.detach().mul_(coef if coef.dtype is p.grad.dtype else coef.to(dtype=p.grad.dtype))
+            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+            if grads:
+                scale_(grads, clamp(max_norm / (total + eps), max=1.0))
         return total
 
     def extra_repr(self) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from blutrain.autograd import no_grad
@@ -34,40 +34,58 @@ def clip_grad_norm_(parameters: Iterable[Tensor] | Tensor, max_norm: float, eps:
         dev = params[0].device if params else None
         return zeros((), device=dev)
     with no_grad():
-        dt = grads[0].dtype
-        for g in grads:
-            if g.device is not grads[0].device:
-                raise OptimizerError(f"clip_grad_norm_: gradients are on {grads[0].device} and {g.device}; "
-                                     "clip each device's gradients separately")
-            if g.dtype.itemsize > dt.itemsize:
-                dt = g.dtype
-        # One norm per dtype over all its gradients: the multi-tensor kernel (on CUDA two launches reading
-        # each gradient once), else the norm of the gradients laid end to end (a flat copy); a norm per
-        # tensor would be three or four launches for each of GPT-2's 149 tensors.
-        by_dtype: dict[Any, list[Tensor]] = {}
-        for g in grads:
-            by_dtype.setdefault(g.dtype, []).append(g)
-        device = grads[0].device
-        norms = []
-        for dtype, same in by_dtype.items():
-            if dispatch.has_kernel(NORM, device.type, dtype):
-                data = multi_tensor_apply(NORM, [[g.detach() for g in same]], written=())
-                part = Tensor.from_array(data, float64 if dtype is float64 else float32, device)
-            else:
-                flat = [g.detach().reshape(-1) for g in same]
-                part = norm(cat(flat) if len(flat) > 1 else flat[0])
-            norms.append(part.to(dtype=dt))
-        total = norms[0] if len(norms) == 1 else norm(stack(norms))
-        coef = clamp(max_norm / (total + eps), max=1.0)
-        for dtype, same in by_dtype.items():
-            scale = coef if coef.dtype is dtype else coef.to(dtype=dtype)
-            if not dispatch.has_kernel(SCALE, device.type, dtype):  # a backend without it: one multiply each
-                for g in same:
-                    g.detach().mul_(scale)
-                continue
-            # one multi-tensor kernel for all of them (on CUDA one launch, not one multiply per tensor)
-            multi_tensor_apply(SCALE, [same], scale.array, written=(0,))
+        total = global_norm(grads)
+        scale_(grads, clamp(max_norm / (total + eps), max=1.0))
     return total
 
 
-__all__ = ["clip_grad_norm_"]
+def _by_dtype(tensors: Sequence[Tensor], where: str) -> dict[Any, list[Tensor]]:
+    """``tensors`` grouped by dtype, checked to be on one device."""
+    by_dtype: dict[Any, list[Tensor]] = {}
+    for t in tensors:
+        if t.device is not tensors[0].device:
+            raise OptimizerError(f"{where}: tensors are on {tensors[0].device} and {t.device}; give one device's "
+                                 "tensors at a time")
+        by_dtype.setdefault(t.dtype, []).append(t)
+    return by_dtype
+
+
+def global_norm(tensors: Sequence[Tensor]) -> Tensor:
+    """The L2 norm of all elements of ``tensors`` together (0-d, in the widest of their dtypes, on their device),
+    computed on the device without a host sync: one norm per dtype through the multi-tensor kernel where the
+    device has it (on CUDA two launches reading each tensor once), else the norm of the tensors laid end to end
+    (a flat copy); a norm per tensor would be three or four launches for each of GPT-2's 149 tensors. Not
+    recorded by autograd."""
+    if not tensors:
+        raise OptimizerError("global_norm: got no tensors; give at least one")
+    with no_grad():
+        widest = max((t.dtype for t in tensors), key=lambda d: d.itemsize)
+        device = tensors[0].device
+        norms = []
+        for dtype, same in _by_dtype(tensors, "global_norm").items():
+            if dispatch.has_kernel(NORM, device.type, dtype):
+                data = multi_tensor_apply(NORM, [[t.detach() for t in same]], written=())
+                part = Tensor.from_array(data, float64 if dtype is float64 else float32, device)
+            else:
+                flat = [t.detach().reshape(-1) for t in same]
+                part = norm(cat(flat) if len(flat) > 1 else flat[0])
+            norms.append(part.to(dtype=widest))
+        return norms[0] if len(norms) == 1 else norm(stack(norms))
+
+
+def scale_(tensors: Sequence[Tensor], coef: Tensor) -> None:
+    """Multiply every tensor of ``tensors`` in place by the 0-d ``coef`` (a device value, cast to each dtype):
+    one multi-tensor kernel per dtype where the device has it (on CUDA one launch, not one multiply per
+    tensor), else one multiply each. Not recorded by autograd."""
+    with no_grad():
+        device = tensors[0].device if tensors else None
+        for dtype, same in _by_dtype(tensors, "scale_").items():
+            scale = coef if coef.dtype is dtype else coef.to(dtype=dtype)
+            if device is None or not dispatch.has_kernel(SCALE, device.type, dtype):
+                for t in same:
+                    t.detach().mul_(scale)
+                continue
+            multi_tensor_apply(SCALE, [same], scale.array, written=(0,))
+
+
+__all__ = ["clip_grad_norm_", "global_norm", "scale_"]
