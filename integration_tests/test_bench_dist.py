@@ -264,7 +264,8 @@ def test_a_misspelt_mode_is_refused_naming_the_choices(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         args("--modes", "ddp,zero4")
     err = capsys.readouterr().err
-    assert "expected a comma-separated list of ddp, zero1, zero2, zero3, ddp-bf16, got 'ddp,zero4'" in err
+    assert "expected a comma-separated list of ddp, zero1, zero2, zero3, ddp-bf16, tp, tp-async, got 'ddp,zero4'" \
+        in err
 
 
 def test_a_model_family_runs_its_preset_and_pytorch_shards_it_with_fsdp2() -> None:

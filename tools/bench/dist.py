@@ -25,7 +25,8 @@ What runs
    ``MixedPrecisionPolicy``, compiled block by block before sharding). A mode that does not compile, or runs
    out of memory, is a row that says so.
 2. ``equivalence``: the same global batch (G × micro-batch, G = the largest size) for ``--equiv-steps`` 50
-   steps, same seed and data, on 1, 2 and G GPUs whatever ``--sizes`` says: BluTrain compiled on one GPU
+   steps, same seed and data, the learning rate warmed up linearly over ``--equiv-lr-warmup`` 10 steps (both
+   frameworks), on 1, 2 and G GPUs whatever ``--sizes`` says: BluTrain compiled on one GPU
    accumulating G micro-batches, compiled DDP on 2 and on G GPUs (G/N micro-batches each): max |Δloss| against
    the one-GPU run; the same for PyTorch DDP (eager), its own 1-vs-N difference, the bf16 noise floor; and
    BluTrain in fp32 on 1 and G GPUs (max relative |Δloss|).
@@ -164,7 +165,8 @@ def plan(a: argparse.Namespace) -> list[Launch]:
                     for prec in [a.precision] + (["fp32"] if fp32 else []):
                         launch.configs.append(Config(
                             stage, f"equiv-{fw}-{prec}-{n}gpu", fw, impl, "single" if n == 1 else "ddp", n, prec,
-                            steps=a.equiv_steps, warmup=0, accum=most // n, **shape))
+                            steps=a.equiv_steps, warmup=0, accum=most // n, lr_warmup=a.equiv_lr_warmup,
+                            **shape))
                 if launch.configs:
                     launches.append(launch)
     return launches

@@ -113,6 +113,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, help="timed steps (default 20 on cuda, 3 on cpu)")
     ap.add_argument("--warmup", type=int, help="warm-up steps (default 3: compiled runs eagerly, traces, replays)")
     ap.add_argument("--equiv-steps", type=int, help="steps of the equivalence runs (default 50 on cuda, 4 on cpu)")
+    ap.add_argument("--equiv-lr-warmup", type=int, default=10,
+                    help="steps of linear learning-rate warm-up in the equivalence runs, both frameworks (default 10: "
+                         "without it the loss spikes in the first steps and float32 rounding grows chaotically)")
     ap.add_argument("--profile", action="store_true",
                     help="exposed communication and a per-kernel table per step, from rank 0's profiled steps")
     ap.add_argument("--profiler", choices=("torch", "nsys"),

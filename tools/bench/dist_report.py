@@ -54,6 +54,7 @@ class Config:
     warmup: int
     accum: int = 1
     profile_steps: int = 0
+    lr_warmup: int = 0  # steps of linear learning-rate warm-up to HYPER's lr (the equivalence stage's)
 
     @property
     def tokens_per_step(self) -> int:

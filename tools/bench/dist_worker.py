@@ -210,7 +210,7 @@ class BluTrainRank:
                          batch_size=c.batch_size, seq_len=c.seq_len,
                          total_batch_tokens=c.tokens_per_step if c.accum > 1 else 0,
                          max_steps=c.warmup + c.steps + c.profile_steps, lr=HYPER["lr"], min_lr_ratio=1.0,
-                         warmup_steps=0, weight_decay=HYPER["weight_decay"], clip=HYPER["clip"], eval_every=0,
+                         warmup_steps=c.lr_warmup, weight_decay=HYPER["weight_decay"], clip=HYPER["clip"], eval_every=0,
                          out=str(self.tmp / c.name), seed=job.seed, compile=c.impl == "compiled",
                          parallel=TRAINER_MODES[c.mode].format(gpus=c.gpus), model_overrides=dict(job.overrides))
         meter = self.g2.blutrain_meter() if self.cuda else self.g2.Meter()
@@ -353,7 +353,14 @@ class TorchRank:
                              seed=job.seed, vocab_size=job.vocab_size)
         no_sync = getattr(wrapped, "no_sync", None)
 
+        done = [0]  # optimizer steps taken: the warm-up's position
+
         def step() -> float:
+            # BluTrain's schedule (warmup_cosine with min_lr = lr): linear warm-up, then constant
+            lr = HYPER["lr"] * min(1.0, (done[0] + 1) / c.lr_warmup) if c.lr_warmup else HYPER["lr"]
+            for group in opt.param_groups:
+                group["lr"] = lr
+            done[0] += 1
             opt.zero_grad(set_to_none=True)
             total = torch.zeros((), device=self.device)
             for k in range(c.accum):
