@@ -516,7 +516,7 @@ def test_grouped_query_attention_gradients_on_cuda_match_the_cpu(dtype: str, mas
         kw: dict[str, Any] = {"attn_mask": bt.tensor(mask, device=device)} if masked else {"is_causal": True}
         bt.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw).backward(t["g"])
         grads.append([x.grad for x in (q, k, v)])
-    for got, want in zip(*grads, strict=True):
+    for want, got in zip(*grads, strict=True):  # grads: the cpu run's, then the cuda run's
         assert got is not None and want is not None
         assert_close(got, want, 1e-5 if dtype == "float32" else 2e-2)
 
