@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 # Generic passes only: each matches ops of the catalogue (or the multi-tensor calls any optimizer makes), never one
 # optimizer's or one model family's code.
-CORE_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "layernorm-residual", "gemm-epilogue",
-                                  "layernorm-grad-add", "layernorm-cast", "layernorm-grad-outputs",
+CORE_PIPELINE: tuple[str, ...] = ("copy-elision", "inplace-aliasing", "dce", "cse", "dce", "layernorm-residual",
+                                  "gemm-epilogue", "layernorm-grad-add", "layernorm-cast", "layernorm-grad-outputs",
                                   "embedding-grad-add", "elementwise-fusion", "multi-tensor-cast", "kernel-selection",
                                   "memory-plan")
 
@@ -28,6 +28,7 @@ CORE_PIPELINE: tuple[str, ...] = ("inplace-aliasing", "dce", "cse", "dce", "laye
 @hookimpl
 def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.aliasing import InplaceAliasing
+    from blutrain.compiler.passes.copy_elision import CopyElision
     from blutrain.compiler.passes.cse import CommonSubexpressionElimination
     from blutrain.compiler.passes.dce import DeadCodeElimination
     from blutrain.compiler.passes.emb_grad import EmbeddingGradAdd
@@ -41,7 +42,7 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.norm_residual import LayerNormResidual, LayerNormResidualLinearAdd
     from blutrain.compiler.passes.select import KernelSelection
 
-    for p in (InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
+    for p in (CopyElision, InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
               EmbeddingGradAdd, LayerNormGradAdd, LayerNormCast, LayerNormGradOutputs, ElementwiseFusion,
               KernelSelection, MemoryPlan,
               MultiTensorCast, LayerNormResidual, LayerNormResidualLinearAdd):
