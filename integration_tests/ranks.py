@@ -42,3 +42,34 @@ def assert_trains_as_eager(got: dict[str, Any]) -> None:
     np.testing.assert_allclose(compiled["norms"], eager["norms"], rtol=1e-5, atol=0)
     assert got["param_diff"] < 1e-6
     assert compiled["traces"] == 1
+
+
+def assert_merged_like_one_process(merged: dict[str, Any], one: dict[str, Any], steps: int) -> None:
+    """A parallel run's checkpoint merged into whole state (``load_any_checkpoint``) against one process's after
+    the same ``steps`` AdamW steps: the same tensors, parameters within 3e-5 (AdamW's normalized update turns
+    float32 reduction-order noise into up to ~1e-5 after a few steps), the same groups, moments within 1e-6."""
+    import numpy as np
+
+    assert sorted(merged["model"]) == sorted(one["model"])
+    for name, want in one["model"].items():
+        assert merged["model"][name].shape == want.shape, name
+        np.testing.assert_allclose(merged["model"][name].numpy(), want.numpy(), rtol=0, atol=3e-5, err_msg=name)
+    assert merged["optimizer"]["param_groups"] == one["optimizer"]["param_groups"]
+    for i, entry in one["optimizer"]["state"].items():
+        state = merged["optimizer"]["state"][int(i)]
+        assert state["step"] == entry["step"] == steps
+        for key in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_allclose(state[key].numpy(), entry[key].numpy(), rtol=0, atol=1e-6,
+                                       err_msg=f"{i}.{key}")
+
+
+def load_worker(path: Path) -> Any:
+    """A worker script imported as a module (its helpers and constants, without running it), named after its
+    file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

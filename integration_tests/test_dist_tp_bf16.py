@@ -13,14 +13,13 @@ runs on 4 GPUs (NCCL) where the machine has them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from ranks import launch
+from ranks import launch, load_worker
 
 import blutrain.tensor as bt
 
@@ -29,11 +28,7 @@ RANKS = 4
 
 
 def _worker() -> Any:
-    spec = importlib.util.spec_from_file_location("tp_bf16_gpt", WORKER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_worker(WORKER)
 
 
 def _gpus() -> int:

@@ -12,24 +12,19 @@ must continue those of the uninterrupted run within 1e-5.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from ranks import launch
+from ranks import assert_merged_like_one_process, launch, load_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "train_runs.py"
 
 
 def _worker() -> Any:
-    spec = importlib.util.spec_from_file_location("train_runs", WORKER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_worker(WORKER)
 
 
 @pytest.fixture(scope="module")
@@ -92,15 +87,5 @@ def test_a_tp_checkpoint_merges_into_the_single_process_state(runs: Path) -> Non
     from blutrain.train import load_checkpoint
     from blutrain.train.sharded import load_any_checkpoint
 
-    whole = load_any_checkpoint(runs / "tp" / "final.safetensors")
-    one = load_checkpoint(runs / "one" / "final.safetensors")
-    assert sorted(whole["model"]) == sorted(one["model"])
-    for name, want in one["model"].items():
-        np.testing.assert_allclose(whole["model"][name].numpy(), want.numpy(), rtol=0, atol=3e-5, err_msg=name)
-    assert whole["optimizer"]["param_groups"] == one["optimizer"]["param_groups"]
-    for i, entry in one["optimizer"]["state"].items():
-        merged = whole["optimizer"]["state"][int(i)]
-        assert merged["step"] == entry["step"] == 4
-        for key in ("exp_avg", "exp_avg_sq"):
-            np.testing.assert_allclose(merged[key].numpy(), entry[key].numpy(), rtol=0, atol=1e-6,
-                                       err_msg=f"{i}.{key}")
+    assert_merged_like_one_process(load_any_checkpoint(runs / "tp" / "final.safetensors"),
+                                   load_checkpoint(runs / "one" / "final.safetensors"), steps=4)

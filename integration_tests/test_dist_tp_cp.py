@@ -17,7 +17,6 @@ the ranks is refused. Resuming under tp: test_dist_tp_checkpoint.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ranks import launch
+from ranks import launch, load_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "tp_cp_gpt.py"
 CONFIGS = {
@@ -43,11 +42,7 @@ UNITS = ["vocab_parallel_cross_entropy_float64", "vocab_parallel_cross_entropy_f
 
 
 def _worker() -> Any:
-    spec = importlib.util.spec_from_file_location("tp_cp_gpt", WORKER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_worker(WORKER)
 
 
 @pytest.fixture(scope="module")

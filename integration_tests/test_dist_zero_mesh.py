@@ -13,7 +13,6 @@ the uninterrupted losses within 1e-5. A malformed mesh is refused in one line be
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ranks import launch
+from ranks import assert_merged_like_one_process, launch, load_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "train_runs.py"
 MESHES = ["dp=2,tp=2,zero=1", "dp=2,tp=2,zero=2", "dp=2,tp=2,zero=3", "dp=2,cp=2,zero=1"]
@@ -35,11 +34,7 @@ RESUMED = {"same-mesh": (SOURCE, SOURCE), "another-stage": ("dp=2,tp=2,zero=3", 
 
 
 def _worker() -> Any:
-    spec = importlib.util.spec_from_file_location("train_runs", WORKER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_worker(WORKER)
 
 
 def _step2(d: Path, run: str) -> str:
@@ -99,20 +94,8 @@ def test_a_zero_mesh_checkpoint_merges_into_the_single_process_state(runs: Path,
     n = 8 if mesh == MESH_8 else 4
     assert sorted(p.name for p in (runs / mesh).glob("final*.safetensors")) == [
         *(f"final.rank{r}-of-{n}.safetensors" for r in range(1, n)), "final.safetensors"]
-    one = load_checkpoint(runs / "one" / "final.safetensors")
-    got = load_any_checkpoint(runs / mesh / "final.safetensors")
-    assert sorted(got["model"]) == sorted(one["model"])
-    for name, want in one["model"].items():
-        assert got["model"][name].shape == want.shape, name
-        # AdamW's normalized update turns float32 reduction-order noise into up to ~1e-5 after four steps
-        np.testing.assert_allclose(got["model"][name].numpy(), want.numpy(), rtol=0, atol=3e-5, err_msg=name)
-    assert got["optimizer"]["param_groups"] == one["optimizer"]["param_groups"]
-    for i, entry in one["optimizer"]["state"].items():
-        merged = got["optimizer"]["state"][int(i)]
-        assert merged["step"] == entry["step"] == 4
-        for key in ("exp_avg", "exp_avg_sq"):
-            np.testing.assert_allclose(merged[key].numpy(), entry[key].numpy(), rtol=0, atol=1e-6,
-                                       err_msg=f"{i}.{key}")
+    assert_merged_like_one_process(load_any_checkpoint(runs / mesh / "final.safetensors"),
+                                   load_checkpoint(runs / "one" / "final.safetensors"), steps=4)
 
 
 def test_zero_over_tp_writes_windows_of_the_tp_ranges(runs: Path) -> None:

@@ -50,3 +50,16 @@ def check(out: Any, ref: np.ndarray[Any, Any], dtype: Any, tol: float | None = N
 
 def rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+def assert_attention_backward_deterministic(q: Any, k: Any, v: Any, g: Any, scale: float = 0.125) -> None:
+    """Causal flash attention's backward twice on the same inputs: the same bits (no atomics in dq or dk/dv)."""
+    from blutrain.kernels import cuda
+
+    res = cuda.sdpa(q, k, v, None, True, scale)
+    assert res is not None
+    first = cuda.sdpa_backward(g, q, k, v, res[0], res[1], None, True, scale)
+    second = cuda.sdpa_backward(g, q, k, v, res[0], res[1], None, True, scale)
+    assert first is not None and second is not None
+    for a, b in zip(first, second, strict=True):
+        assert np.array_equal(host(a), host(b))

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cuda_kernel_checks import BF16, DTYPES, check, dev, f64, host, rng
+from cuda_kernel_checks import BF16, DTYPES, assert_attention_backward_deterministic, check, dev, f64, host, rng
 
 from blutrain.kernels.cuda import _attention
 from blutrain.tensor.cpu import nn as cpu_nn
@@ -257,16 +257,8 @@ def test_flash_attention_bfloat16_handles_batch_head_dims_and_unaligned_inputs()
 
 
 def test_flash_attention_bfloat16_backward_is_deterministic() -> None:
-    from blutrain.kernels import cuda
-
     q, k, v, g = (dev(a, BF16) for a in _attn_data(4, 300, 300, 64, BF16, 24))
-    res = cuda.sdpa(q, k, v, None, True, 0.125)
-    assert res is not None
-    first = cuda.sdpa_backward(g, q, k, v, res[0], res[1], None, True, 0.125)
-    second = cuda.sdpa_backward(g, q, k, v, res[0], res[1], None, True, 0.125)
-    assert first is not None and second is not None
-    for a, b in zip(first, second, strict=True):
-        assert np.array_equal(host(a), host(b))
+    assert_attention_backward_deterministic(q, k, v, g)
 
 
 # Strided operands: the kernels take (batch, head, row) strides, so (B, H, T, D) views of [B, T, H, D] data

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cuda_kernel_checks import BF16, DTYPES, check, dev, f64, host, rng
+from cuda_kernel_checks import BF16, DTYPES, assert_attention_backward_deterministic, check, dev, f64, host, rng
 
 from blutrain.kernels.cuda import _attention
 from blutrain.tensor.cpu import nn as cpu_nn
@@ -95,18 +95,10 @@ def test_grouped_query_attention_bfloat16_d64_at_llama_shapes(causal: bool) -> N
 
 
 def test_grouped_query_attention_backward_is_deterministic() -> None:
-    from blutrain.kernels import cuda
-
     r = rng(34)
     q, g = (dev(f64(r.standard_normal((2, 16, 300, 64)), BF16), BF16) for _ in range(2))
     k, v = (dev(f64(r.standard_normal((2, 2, 300, 64)), BF16), BF16) for _ in range(2))
-    res = cuda.sdpa(q, k, v, None, True, 0.125)
-    assert res is not None
-    first = cuda.sdpa_backward(g, q, k, v, res[0], res[1], None, True, 0.125)
-    second = cuda.sdpa_backward(g, q, k, v, res[0], res[1], None, True, 0.125)
-    assert first is not None and second is not None
-    for a, b in zip(first, second, strict=True):
-        assert np.array_equal(host(a), host(b))
+    assert_attention_backward_deterministic(q, k, v, g)
 
 
 def test_key_value_heads_that_do_not_divide_the_query_heads_go_to_the_generic_kernel() -> None:

@@ -16,6 +16,22 @@ template <typename T> __device__ __forceinline__ T* head_rows(T* base, const Row
     return base + b * l.batch + h * l.head;
 }
 
+// Grouped-query attention's dk/dv blocks, one per (key tile, key/value head), step through the query tiles of
+// the group's query heads one head after another: step i reads tile i % n_tiles (of `tile_rows` queries from
+// q_begin) of query head kv_head * group + i / n_tiles. `rows`: where that head's per-row lse2 and Delta start in
+// their [B*H, L] arrays.
+struct GroupStep {
+    int head, q0;
+    long long rows;
+};
+
+__device__ __forceinline__ GroupStep group_step(int step, int n_tiles, int q_begin, int tile_rows, int batch,
+                                                int kv_head, int group, int H, int L) {
+    const int member = step / n_tiles;
+    const int head = kv_head * group + member;
+    return {head, q_begin + (step - member * n_tiles) * tile_rows, ((long long)batch * H + head) * L};
+}
+
 // Entry points take each RowLayout as three scalars (x_b, x_h, x_r): kernel arguments stay plain integers.
 #define LAYOUT_PARAMS(x) long long x##_b, long long x##_h, long long x##_r
 #define LAYOUT(x) RowLayout{x##_b, x##_h, x##_r}

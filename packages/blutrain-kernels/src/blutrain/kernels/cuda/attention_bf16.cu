@@ -390,14 +390,12 @@ __device__ __forceinline__ void attn_bf16_bwd_dkv(const bf16* __restrict__ q, co
     const int n_steps = n_tiles * group;
 
     auto load_query_tile = [&](int stage, int step) {
-        const int member = step / n_tiles;
-        const int q0 = q_begin + (step - member * n_tiles) * BM;
-        const int head = kv_head * group + member;
-        const bf16* qb = head_rows(q, lq, batch, head);
-        const bf16* ob = head_rows(dout, ldo, batch, head);
-        const long long rows = ((long long)batch * H + head) * L;  // this head's lse2 and Delta
-        const float* lb = lse2 + rows;
-        const float* db_ = delta + rows;
+        const GroupStep at = group_step(step, n_tiles, q_begin, BM, batch, kv_head, group, H, L);
+        const int q0 = at.q0;
+        const bf16* qb = head_rows(q, lq, batch, at.head);
+        const bf16* ob = head_rows(dout, ldo, batch, at.head);
+        const float* lb = lse2 + at.rows;
+        const float* db_ = delta + at.rows;
         load_tile_async<D, BM, THREADS>(sQ + stage * Q_TILE_BYTES, qb, lq.row, q0, L);
         load_tile_async<D, BM, THREADS>(sdO + stage * Q_TILE_BYTES, ob, ldo.row, q0, L);
         if (threadIdx.x < BM) {
