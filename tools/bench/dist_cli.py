@@ -32,9 +32,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
-# what `pip install blutrain` runs: not the workspace's teaching plugin blutrain-kernels-example, whose gelu
-# outranks the built-in kernel wherever it is installed (the launched ranks inherit this)
-os.environ.setdefault("BLUTRAIN_DISABLE_PLUGINS", "kernels-example")
 from bench.dist_report import scaling_efficiency
 
 TRAIN = ["--eval-every", "0", "--warmup-steps", "5"]
@@ -87,6 +84,10 @@ def scaling(results: list[dict[str, Any]]) -> None:
 
 
 def main() -> int:
+    # what `pip install blutrain` runs: not the workspace's teaching plugin blutrain-kernels-example, whose
+    # gelu outranks the built-in kernel wherever it is installed (launched ranks inherit it); set in main, not
+    # at import, so that importing this module (its tests) leaves the process's plugins alone
+    os.environ.setdefault("BLUTRAIN_DISABLE_PLUGINS", "kernels-example")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)

@@ -1,7 +1,7 @@
 """The compiler pass ``adamw-grad-scale``: the global-norm clip's rescale handed to AdamW: a ``scale_multi_tensor``
 of gradients that only ``adamw_multi_tensor`` reads after it goes, and each of those AdamW calls takes the clip
 coefficient as its ``grad_scale`` operand. The plugin registers it through ``blutrain_register_passes`` to run
-first in the compiler's default pipeline (before ``inplace-aliasing``).
+before ``inplace-aliasing`` in the compiler's default pipeline (after ``copy-elision``, which only drops copies).
 
 ``blutrain.optim.clip_grad_norm_`` scales every gradient in place by a 0-d device coefficient; the optimizer
 then reads every gradient again: in a GPT-2 124M step the scale alone reads and writes 124 M float32 elements
