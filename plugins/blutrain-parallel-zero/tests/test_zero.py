@@ -49,6 +49,32 @@ def test_every_stage_trains_as_the_unwrapped_model(group_of_one: ProcessGroup, s
         np.testing.assert_allclose(state[name].numpy(), p.numpy(), rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stages_1_and_2_gather_the_updated_parameters_when_they_are_next_read(group_of_one: ProcessGroup,
+                                                                              stage: int) -> None:
+    """The optimizer's step leaves the whole parameters behind the shards; gathered(), the next forward and
+    state_dict bring them up to date, and each step's result is the unwrapped model's."""
+    ref = mlp()
+    ref_optimizer = create("adamw", list(ref.parameters()), lr=1e-2)
+    train(ref, ref_optimizer, steps=1)
+    net = mlp()
+    before = [p.detach().numpy().copy() for p in net.parameters()]
+    mode = ZeRO(group_of_one, stage=stage)
+    model = mode.wrap_model(net)
+    optimizer = mode.wrap_optimizer(create("adamw", list(net.parameters()), lr=1e-2))
+    train(model, optimizer, steps=1)
+    for p, old in zip(net.parameters(), before, strict=True):  # stale: the shards hold the update
+        np.testing.assert_array_equal(p.detach().numpy(), old)
+    with mode.gathered():
+        for p, want in zip(net.parameters(), ref.parameters(), strict=True):
+            np.testing.assert_allclose(p.detach().numpy(), want.detach().numpy(), rtol=1e-6, atol=1e-7)
+    # the second step's forward gathers nothing new (up to date already); its update shows in state_dict
+    assert train(model, optimizer, steps=1) == pytest.approx(train(ref, ref_optimizer, steps=1), rel=1e-6)
+    state = model.state_dict()
+    for name, want in ref.state_dict().items():
+        np.testing.assert_allclose(state[name].numpy(), want.numpy(), rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 def test_stage_3_keeps_parameters_sharded_outside_forward_and_backward(group_of_one: ProcessGroup) -> None:
     net = mlp()
     model = ZeroModel(net, group_of_one, stage=3)

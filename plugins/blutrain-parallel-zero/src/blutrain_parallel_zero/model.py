@@ -1,7 +1,13 @@
 """ZeroModel: the model side of ZeRO — where gradients are reduced and where parameters live.
 
 Stage 1: every rank keeps whole parameters and local gradients; the optimizer reduce-scatters the
-gradients (average) at its step, updates its shard and all-gathers the parameters.
+gradients (average) at its step and updates its shard.
+
+Stages 1 and 2 all-gather the updated shards into the whole parameters lazily: the optimizer's step leaves
+them *stale*, and the next forward gathers them first, in forward order (the last bucket, the first layers',
+first), so that a compiled step joins each bucket's gather at its first use and the gathers run beside the
+forward instead of after the update. Whatever reads the whole parameters between two steps (``state_dict``,
+``gathered()``, evaluation through ``forward``) gathers them first too.
 
 Stage 2: as each parameter's gradient is accumulated (post-accumulate-grad hook) it is copied into
 its bucket's flat buffer and ``.grad`` is dropped; a complete bucket is reduce-scattered
@@ -25,8 +31,10 @@ Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist
 reduce-scatter, all-gather and the gradient norm's all-reduce is recorded into a compiled training step as
 an op, issued there on every call. Every stage makes the same collectives on every call (the hooks choose
 by counts, never by values), and the buffers they write are state or made by kernels (``zeros``). The
-compiled program joins each collective at the first op that touches its buffers, so stage 2's reductions
-and stage 3's prefetched gathers keep their overlap (on CUDA: inside the step's one graph).
+compiled program joins each collective at the first op that touches its buffers, so stage 2's reductions,
+stage 3's prefetched gathers and stages 1 and 2's gathers at the start of forward keep their overlap (on CUDA:
+inside the step's one graph). A traced step always gathers at its first forward (a replay runs no Python to
+ask whether the parameters are stale), and every replay marks them stale again (``capture.per_call``).
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from blutrain.dist import (
     whole_placements,
 )
 from blutrain.nn import Module, ModuleList, Sequential
-from blutrain.tensor import Tensor, empty, zeros
+from blutrain.tensor import Tensor, capture, empty, zeros
 from blutrain_parallel_zero.flat import FlatBucket
 
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -200,6 +208,10 @@ class ZeroModel(Module):
         self._order: list[Unit] = []  # the previous forward's unit order (prefetch)
         self._trace: list[Unit] = []
         self._pinned = False  # inside gathered(): every unit stays gathered, the hooks stand aside
+        # stages 1 and 2: the parameters lag the shards (an optimizer step since the last gather); the capture in
+        # which a traced forward gathered them already (several forwards of one step gather once)
+        self._stale = False
+        self._gathered_in: Any = None
         if stage == 2:
             for b in self.buckets:
                 for i, p in enumerate(b.params):
@@ -225,12 +237,29 @@ class ZeroModel(Module):
                     work.wait()
 
     def gather_parameters(self) -> None:
-        """Stages 1 and 2, after the optimizer step: every rank's updated shard into every parameter."""
+        """Stages 1 and 2: every rank's shard into every parameter, now (a collective), in forward order: the
+        buckets hold the parameters in backward's order, so the last is the first that forward reads."""
         works = [self.group.all_gather_into_tensor(self._fulls[b.index], b.shard, async_op=True)
-                 for b in self.buckets]
+                 for b in reversed(self.buckets)]
         for work in works:
             if work is not None:
                 work.wait()
+        self._stale = False
+
+    def mark_stale(self) -> None:
+        """Stages 1 and 2, at the optimizer's step: the shards move on, the parameters are gathered again
+        before they are next read. Host work only: a compiled step's replays run it again."""
+        self._stale = True
+        self._gathered_in = None
+
+    def refresh(self) -> None:
+        """Stages 1 and 2: the whole parameters up to date with the shards (gathered if an optimizer step
+        came since the last gather; a collective then, so every rank calls it at the same point)."""
+        tracing = capture.active()
+        if self.stage == 3 or (not self._stale and (tracing is None or self._gathered_in is tracing)):
+            return
+        self.gather_parameters()
+        self._gathered_in = tracing
 
     # ----------------------------------------------------------------------------- stage 2
     def _grad_buffer(self, b: FlatBucket) -> Tensor:
@@ -407,6 +436,7 @@ class ZeroModel(Module):
         """Stage 3: every parameter whole inside (a collective on entry), for code that calls parts of
         the model directly (``GPT2.generate``); freed again on exit. Other stages: nothing to do."""
         if self.stage < 3 or self._pinned:
+            self.refresh()
             yield
             return
         for unit in self.units:
@@ -433,6 +463,7 @@ class ZeroModel(Module):
             raise DistError("ZeroModel: the previous backward pass did not produce gradients for "
                             f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}; every parameter that "
                             "requires grad must take part in the loss (or set requires_grad=False on it)")
+        self.refresh()
         return self.module(*args, **kwargs)
 
     # ----------------------------------------------------------------------------- state
@@ -458,6 +489,7 @@ class ZeroModel(Module):
         """Whole tensors of this rank's model under the placements' names (without placements: ``module``'s own
         names; stage 3: gathered, a collective)."""
         out: dict[str, Tensor] = {}
+        self.refresh()
         if self.stage == 3:
             with no_grad():
                 for b in self.buckets:
@@ -487,6 +519,7 @@ class ZeroModel(Module):
             with no_grad():
                 for b in self.buckets:
                     b.shard.copy_(b.owned(self._fulls[b.index]))
+            self._stale = False  # the parameters were loaded whole, and the shards from them
             return result
         missing = [n for b in self.buckets for n in b.names if n not in state_dict]
         for b in self.buckets:

@@ -93,8 +93,8 @@ class ZeroOptimizer:
         # schedule's lr on the outer groups
         capture.per_call(self._copy_hyperparameters)  # no kernel argument: the inner optimizer guards its own
         self.inner.step()
-        if self.model.stage < 3:
-            self.model.gather_parameters()
+        if self.model.stage < 3:  # gathered at the next forward (or read), beside it when compiled
+            capture.per_call(self.model.mark_stale)
 
     def _copy_hyperparameters(self) -> None:
         for outer, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
