@@ -78,10 +78,9 @@ def scale_(tensors: Sequence[Tensor], coef: Tensor) -> None:
     one multi-tensor kernel per dtype where the device has it (on CUDA one launch, not one multiply per
     tensor), else one multiply each. Not recorded by autograd."""
     with no_grad():
-        device = tensors[0].device if tensors else None
         for dtype, same in _by_dtype(tensors, "scale_").items():
             scale = coef if coef.dtype is dtype else coef.to(dtype=dtype)
-            if device is None or not dispatch.has_kernel(SCALE, device.type, dtype):
+            if not dispatch.has_kernel(SCALE, same[0].device.type, dtype):
                 for t in same:
                     t.detach().mul_(scale)
                 continue
