@@ -66,14 +66,19 @@ class _RewritesAlone(ParallelMode):
     rewrites_layers = True
 
 
-class _RewritesAlonePlugin:
+class _ModePlugin:
+    """A plugin that registers one parallel mode class under a name."""
+
+    def __init__(self, name: str, mode: type[ParallelMode]) -> None:
+        self.name, self.mode = name, mode
+
     @hookimpl
     def blutrain_register_parallel_modes(self, registry: ParallelModeRegistry) -> None:
-        registry.register("xp", _RewritesAlone)
+        registry.register(self.name, self.mode)
 
 
 def test_two_layer_rewriting_modes_compose_only_where_the_outer_one_wraps_rewritten_models() -> None:
-    with plugin_registered(_RewritesAlonePlugin(), "rewrites-alone"):
+    with plugin_registered(_ModePlugin("xp", _RewritesAlone), "rewrites-alone"):
         message = refusal("xp=2,tp=2")
     assert message == ("parallel 'xp=2,tp=2': xp and tp do not compose (xp rewrites the model's layers and cannot "
                        "wrap a model tp rewrote: it does not declare wraps_rewritten); give one of them, alone or "
@@ -150,14 +155,8 @@ class _AnotherDpMode(ParallelMode):
     on_mesh_by_name = True
 
 
-class _AnotherDpModePlugin:
-    @hookimpl
-    def blutrain_register_parallel_modes(self, registry: ParallelModeRegistry) -> None:
-        registry.register("fsdp", _AnotherDpMode)
-
-
 def test_two_modes_named_for_one_dimension_are_refused_naming_both() -> None:
-    with plugin_registered(_AnotherDpModePlugin(), "another-dp-mode"):
+    with plugin_registered(_ModePlugin("fsdp", _AnotherDpMode), "another-dp-mode"):
         message = refusal("dp=2,tp=2,zero=1,fsdp")
     assert message == ("parallel 'dp=2,tp=2,zero=1,fsdp': zero=1 and fsdp both run along dp; a dimension takes one "
                        "mode, give one of them")
