@@ -1,8 +1,9 @@
-"""Command-line argument types the benchmarks share."""
+"""Command-line argument types, and the set-up of a run, that the benchmarks share."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 
 
@@ -21,4 +22,12 @@ def choice_list(allowed: Sequence[str] | None) -> Callable[[str], list[str]]:
     return parse
 
 
-__all__ = ["choice_list"]
+def measure_installed_plugins() -> None:
+    """Measure what ``pip install blutrain`` runs: not the workspace's teaching plugin blutrain-kernels-example,
+    whose gelu outranks the built-in kernel wherever it is installed (``BLUTRAIN_DISABLE_PLUGINS``, unless set
+    already; the ranks a tool launches inherit it). A tool calls this in its main, not at import, so that
+    importing it (its tests) leaves the process's plugins alone."""
+    os.environ.setdefault("BLUTRAIN_DISABLE_PLUGINS", "kernels-example")
+
+
+__all__ = ["choice_list", "measure_installed_plugins"]

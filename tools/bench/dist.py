@@ -85,6 +85,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
 from bench import dist_options as options
+from bench.arguments import measure_installed_plugins
 from bench.dist_options import gpu_names
 from bench.dist_profile import (
     TORCH_TRACE_SUFFIX,
@@ -587,10 +588,7 @@ def parse_args(argv: list[str] | None = None, gpus_found: Callable[[], int] | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    # what `pip install blutrain` runs: not the workspace's teaching plugin blutrain-kernels-example, whose
-    # gelu outranks the built-in kernel wherever it is installed (launched ranks inherit it); set in main, not
-    # at import, so that importing this module (its tests) leaves the process's plugins alone
-    os.environ.setdefault("BLUTRAIN_DISABLE_PLUGINS", "kernels-example")
+    measure_installed_plugins()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         if len(argv) != 2:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
+from bench.arguments import measure_installed_plugins
 from bench.dist_report import scaling_efficiency
 
 TRAIN = ["--eval-every", "0", "--warmup-steps", "5"]
@@ -84,10 +85,7 @@ def scaling(results: list[dict[str, Any]]) -> None:
 
 
 def main() -> int:
-    # what `pip install blutrain` runs: not the workspace's teaching plugin blutrain-kernels-example, whose
-    # gelu outranks the built-in kernel wherever it is installed (launched ranks inherit it); set in main, not
-    # at import, so that importing this module (its tests) leaves the process's plugins alone
-    os.environ.setdefault("BLUTRAIN_DISABLE_PLUGINS", "kernels-example")
+    measure_installed_plugins()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)

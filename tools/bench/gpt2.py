@@ -89,7 +89,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: this file's siblings import as bench.*
-from bench.arguments import choice_list
+from bench.arguments import choice_list, measure_installed_plugins
 from bench.gpt2_measure import (
     GIB,
     Meter,
@@ -737,10 +737,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # what `pip install blutrain` runs: not the workspace's teaching plugin blutrain-kernels-example, whose
-    # gelu outranks the built-in kernel wherever it is installed (launched ranks inherit it); set in main, not
-    # at import, so that importing this module (its tests) leaves the process's plugins alone
-    os.environ.setdefault("BLUTRAIN_DISABLE_PLUGINS", "kernels-example")
+    measure_installed_plugins()
     args = parse_args(argv)
     from blutrain.models import models
 
