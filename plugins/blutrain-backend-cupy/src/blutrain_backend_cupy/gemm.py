@@ -101,14 +101,17 @@ def gemm_sm_carveout_requested_by_env() -> int | None:
     return int(raw)
 
 
-def _sm_target(dev: int) -> int:
-    """The SM count GEMMs on ``dev`` are planned for: 0 (the device's own) without a carve-out."""
+def _sm_target(dev: int | None = None) -> int:
+    """The SM count GEMMs on ``dev`` (None: the current device) are planned for: 0 (the device's own) without a
+    carve-out, asking nothing of the runtime then (every GEMM asks)."""
     if not _sm_carveout:
         return 0
+    import cupy as cp
+
+    if dev is None:
+        dev = int(cp.cuda.runtime.getDevice())
     count = _SM_COUNTS.get(dev)
     if count is None:
-        import cupy as cp
-
         count = _SM_COUNTS[dev] = int(cp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
     return max(1, count - _sm_carveout)
 
@@ -184,7 +187,7 @@ def _handle(lib: Any) -> int:
     _check(lib.cublasSetStream_v2(handle, cp.cuda.get_current_stream().ptr), "cublasSetStream")
     # after the stream: cublasSetStream puts the handle back on cuBLAS's own workspace pool
     _check(lib.cublasSetWorkspace_v2(handle, space.data.ptr, WORKSPACE_BYTES), "cublasSetWorkspace")
-    target = _sm_target(cp.cuda.runtime.getDevice())
+    target = _sm_target()
     if _HANDLE_SM_TARGETS.get(handle, 0) != target:
         _check(lib.cublasSetSmCountTarget(handle, target), "cublasSetSmCountTarget")
         _HANDLE_SM_TARGETS[handle] = target
