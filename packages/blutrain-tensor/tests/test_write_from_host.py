@@ -87,4 +87,4 @@ def test_a_backend_lacking_write_from_host_is_refused_naming_it() -> None:
             return super().__getattribute__(name)
 
     with pytest.raises(PluginError, match=r"backend 'nowrites' lacks write_from_host of the"):
-        BackendRegistry().register(NoHostWrites())  # type: ignore[arg-type]
+        BackendRegistry().register(NoHostWrites())

@@ -226,8 +226,8 @@ class CupyBackend:
         check_host_write(array, host)
         index = int(array.device.id)
         staging = self._staging.get(index)
-        if staging is None:
-            staging = self._staging[index] = PinnedStaging(cp, index)
+        if staging is None:  # setdefault: two threads' first writes share one staging (slots in flight stay held)
+            staging = self._staging.setdefault(index, PinnedStaging(cp, index))
         staging.write(array, host)
 
     def to_host(self, array: Any) -> np.ndarray[Any, Any]:
