@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from importlib import metadata
 
+import numpy as np
 import pytest
 
 import blutrain.tensor as bt
@@ -85,6 +86,19 @@ def test_without_a_gpu_the_helper_namespace_says_why() -> None:
         cuda.synchronize()
     with pytest.raises(CudaUnavailableError):
         cuda.Event()
+
+
+@no_gpu
+def test_without_a_gpu_a_host_write_says_why() -> None:
+    with pytest.raises(CudaUnavailableError, match="device 'cuda': "):
+        get_backend("cuda").write_from_host(np.zeros(2), np.ones(2))
+
+
+def test_a_host_write_staging_of_no_slots_is_refused() -> None:
+    from blutrain_backend_cupy.host_writes import PinnedStaging
+
+    with pytest.raises(ValueError, match=r"PinnedStaging: max_slots must be at least 1, got 0"):
+        PinnedStaging(None, 0, max_slots=0)
 
 
 @no_gpu

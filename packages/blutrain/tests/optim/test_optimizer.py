@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blutrain import nn
 from blutrain.optim import (
@@ -269,6 +271,38 @@ def test_step_scalars_keep_one_float64_array_per_site_refilled_in_place() -> Non
     again = scalars((0, 0), cpu, (2e-3, 0.19))
     assert again is first and first.dtype == np.float64 and first.tolist() == [2e-3, 0.19]
     assert scalars((1, 0), cpu, (2e-3, 0.19)) is not first
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.floats(allow_nan=False), min_size=3, max_size=3), min_size=1, max_size=6))
+def test_step_scalars_hold_each_steps_values_in_the_first_array(steps: list[list[float]]) -> None:
+    scalars, cpu = StepScalars(), device("cpu")
+    first = scalars("site", cpu, steps[0])
+    for values in steps:
+        array = scalars("site", cpu, values)
+        assert array is first
+        np.testing.assert_array_equal(array, np.array(values, np.float64))
+
+
+def test_a_kernel_reads_the_values_step_scalars_wrote_in_place() -> None:
+    scalars, cpu = StepScalars(), device("cpu")
+    p, g = nn.Parameter(ones(3, dtype=float64)), ones(3, dtype=float64)
+    arrays, expected = [], 1.0
+    for lr in (0.5, 0.25, 0.125):  # p ← p − lr·g, each step with its own lr
+        arrays.append(scalars((0, 0), cpu, (lr,)))
+        multi_tensor_apply("sgd_multi_tensor", [[p], [g], []], arrays[-1], 0.0, 0.0, 0.0, False, False,
+                           written=(0,))
+        expected -= lr
+        np.testing.assert_array_equal(np.asarray(p.detach()), expected)
+    assert all(a is arrays[0] for a in arrays)
+
+
+def test_step_scalars_allocate_anew_when_the_number_of_values_changes() -> None:
+    scalars, cpu = StepScalars(), device("cpu")
+    first = scalars("site", cpu, (1.0,))
+    longer = scalars("site", cpu, (1.0, 2.0))
+    assert longer is not first and longer.tolist() == [1.0, 2.0] and first.tolist() == [1.0]
+    assert scalars("site", cpu, (3.0, 4.0)) is longer and longer.tolist() == [3.0, 4.0]
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from blutrain_backend_cupy import cuda
 from blutrain_backend_cupy import kernels as _kernels
 from blutrain_backend_cupy.backend import CudaUnavailableError, CupyBackend, PhiloxGenerator, backend
 from blutrain_backend_cupy.gemm import fp32_gemm, set_fp32_gemm, set_tf32, tf32_enabled
+from blutrain_backend_cupy.host_writes import CaptureWriteError
 from blutrain_backend_cupy.streams import Event, Stream, current_stream, device, stream
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ def blutrain_register_compile_targets(registry: CompileTargetRegistry) -> None:
 
 
 __all__ = [
+    "CaptureWriteError",
     "CudaUnavailableError",
     "CupyBackend",
     "Event",

@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from blutrain.kernels import cuda as kernels_cuda
+from blutrain.tensor.backend import check_host_write
 from blutrain.tensor.dtype import DType
-from blutrain.tensor.errors import BluTrainError, TensorValueError
+from blutrain.tensor.errors import BluTrainError, TensorTypeError, TensorValueError
+from blutrain_backend_cupy.host_writes import PinnedStaging
 
 DLPACK_CUDA = 2
 # Copies to host at least this large go through page-locked memory (about twice the bandwidth of a
@@ -149,6 +151,7 @@ class CupyBackend:
         self.array_type = cp.ndarray if cp is not None else _NoCupyArray
         self._seed = 0
         self._generators: dict[int, PhiloxGenerator] = {}
+        self._staging: dict[int, PinnedStaging] = {}  # per GPU: the page-locked slots of write_from_host
         if count:
             from blutrain_backend_cupy.memory import install_default
 
@@ -212,6 +215,20 @@ class CupyBackend:
         cp = self._check(index)
         with cp.cuda.Device(index):
             return cp.asarray(array)
+
+    def write_from_host(self, array: Any, host: np.ndarray[Any, Any]) -> None:
+        """A ``cudaMemcpyAsync`` on the current stream of ``array``'s GPU from a page-locked staging slot
+        (:class:`~blutrain_backend_cupy.host_writes.PinnedStaging`): a copy from pageable memory may make the
+        host wait for the stream. Refused while that stream captures a graph (:class:`CaptureWriteError`)."""
+        cp = require_cupy()
+        if type(array) is not cp.ndarray:
+            raise TensorTypeError(f"write_from_host: array must be a cupy.ndarray, got {type(array).__name__}")
+        check_host_write(array, host)
+        index = int(array.device.id)
+        staging = self._staging.get(index)
+        if staging is None:  # setdefault: two threads' first writes share one staging (slots in flight stay held)
+            staging = self._staging.setdefault(index, PinnedStaging(cp, index))
+        staging.write(array, host)
 
     def to_host(self, array: Any) -> np.ndarray[Any, Any]:
         cp = require_cupy()

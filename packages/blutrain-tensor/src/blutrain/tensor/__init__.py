@@ -9,6 +9,7 @@ from blutrain.tensor.backend import (
     Generator,
     array_module,
     backends,
+    check_host_write,
     default_device,
     get_backend,
 )
@@ -202,6 +203,7 @@ __all__ = [
     "bool_",
     "capture",
     "cat",
+    "check_host_write",
     "clamp",
     "cos",
     "cross_entropy",

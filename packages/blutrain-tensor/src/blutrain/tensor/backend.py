@@ -16,7 +16,7 @@ import numpy as np
 
 from blutrain.tensor import plugins
 from blutrain.tensor.dtype import DType
-from blutrain.tensor.errors import PluginError
+from blutrain.tensor.errors import PluginError, ShapeError, TensorTypeError, TensorValueError
 from blutrain.tensor.registry import Registry
 
 Array = Any  # a backend array: numpy.ndarray on the CPU, cupy.ndarray on CUDA
@@ -73,6 +73,16 @@ class Backend(DeviceProperties, Protocol):
     def empty(self, shape: Sequence[int], dtype: DType, index: int) -> Array: ...
     def from_host(self, array: np.ndarray[Any, Any], index: int) -> Array: ...
     def to_host(self, array: Array) -> np.ndarray[Any, Any]: ...
+
+    def write_from_host(self, array: Array, host: np.ndarray[Any, Any]) -> None:
+        """Copy ``host``'s values into ``array``, an existing C-contiguous array of this backend with the same shape
+        and dtype, in place. The copy is ordered on ``array``'s device's current stream after the work already
+        queued there (kernels queued before it read the old values, those queued after it the new ones), and the
+        call returns without waiting for the device; ``host`` may be reused as soon as it returns. This is how
+        per-step values reach device memory that a captured graph reads (``blutrain.optim.StepScalars``): no
+        allocation, no host wait. A write while the current stream captures a graph is refused (a replay would
+        copy from host memory reused since); a shape, dtype or layout mismatch raises, naming both."""
+        ...
     def device_index(self, array: Array) -> int: ...
     def data_ptr(self, array: Array) -> int: ...
     def synchronize(self, index: int) -> None: ...
@@ -124,6 +134,23 @@ def array_backend(array: Any) -> Backend:
     return backend
 
 
+def check_host_write(array: Array, host: np.ndarray[Any, Any]) -> None:
+    """Raise unless ``host`` may be written into ``array`` by :meth:`Backend.write_from_host`: the same shape and
+    dtype, and ``array`` C-contiguous (a backend copies its bytes in one piece)."""
+    if not isinstance(host, np.ndarray):
+        raise TensorTypeError(f"write_from_host: host must be a numpy.ndarray, got {type(host).__name__}; pass "
+                              "np.asarray(values, dtype=array.dtype)")
+    if tuple(host.shape) != tuple(array.shape):
+        raise ShapeError(f"write_from_host: host has shape {tuple(host.shape)}, array {tuple(array.shape)}; give "
+                         "host values of the array's shape")
+    if host.dtype != array.dtype:
+        raise TensorTypeError(f"write_from_host: host has dtype {host.dtype}, array {array.dtype}; convert the host "
+                              "values to the array's dtype first")
+    if not array.flags.c_contiguous:
+        raise TensorValueError(f"write_from_host: array (shape {tuple(array.shape)}, strides {array.strides}) is not "
+                               "C-contiguous; write into a contiguous array (from_host or empty make one)")
+
+
 def is_writeable(array: Any) -> bool:
     """Whether writing into ``array`` in place is safe. NumPy says so in its flags; CuPy has no
     read-only arrays, so there an expanded (broadcast) view shows itself by a zero stride."""
@@ -147,7 +174,7 @@ class BackendRegistry(Registry[Backend]):
             obj, name = name, name.name
         assert isinstance(name, str)
         missing = [a for a in ("xp", "array_type", "accelerator", "comm_backend",
-                               "empty", "from_host", "to_host", "data_ptr", "synchronize",
+                               "empty", "from_host", "to_host", "write_from_host", "data_ptr", "synchronize",
                                "generator", "manual_seed", "is_available", "device_count", "set_tf32",
                                "set_deterministic", "erf", "device_name", "max_memory_allocated")
                    if not hasattr(obj, a)]

@@ -38,10 +38,14 @@ class StepScalars:
 
     ``scalars(site, device, values)`` returns the same array for ``site`` (any hashable naming what
     the kernels of one step read, e.g. (group index, bucket index)) on every step, with ``values``
-    written into it from the host when they changed (a small host-to-device copy on the current stream,
-    ordered before the kernels that read it). The array is a plain backend array, not a tensor: no op
-    records the write, so under ``blutrain.compiler`` the array is graph state that the optimizer's
-    Python, re-run before each replay, refills.
+    written into it from the host when they changed: the backend's ``write_from_host``, a copy into
+    the array queued on the current stream after the kernels already queued there (which read the old
+    values) and before those queued later, with no allocation and no wait for the device. Only the
+    first call of a site, or one whose device or number of values changed, allocates the array. The
+    array is a plain backend array, not a tensor: no op records the write, so under
+    ``blutrain.compiler`` the array is graph state that the optimizer's Python, re-run on the host
+    before each replay (``blutrain.tensor.capture.per_call``, outside any graph capture), refills
+    ahead of the replay's launch on the same stream.
 
     A site must not be refilled with other values after a kernel of the same compiled call read it (a
     replay runs the kernels only, so all of them would read the last values): one optimizer step per
@@ -49,20 +53,25 @@ class StepScalars:
     """
 
     def __init__(self) -> None:
-        self._buffers: dict[Hashable, tuple[Any, tuple[float, ...]]] = {}
+        # site → (device array, the values it holds, the host buffer the values are written from)
+        self._buffers: dict[Hashable, tuple[Any, tuple[float, ...], np.ndarray[Any, Any]]] = {}
 
     def __call__(self, site: Hashable, device: Device, values: Sequence[float]) -> Any:
         host = tuple(float(v) for v in values)
         backend = device.backend
-        array, held = self._buffers.get(site, (None, ()))
-        moved = array is None or type(array) is not backend.array_type or backend.device_index(array) != device.index
-        if moved or len(held) != len(host):
-            array = backend.from_host(np.array(host, np.float64), device.index)
-        elif held != host:
-            array[...] = backend.from_host(np.array(host, np.float64), device.index)
-        else:
-            return array
-        self._buffers[site] = (array, host)
+        entry = self._buffers.get(site)
+        if entry is not None:
+            array, held, staging = entry
+            if len(held) == len(host) and type(array) is backend.array_type \
+                    and backend.device_index(array) == device.index:
+                if held != host:
+                    staging[...] = host  # write_from_host returned last time: its host buffer may be reused
+                    backend.write_from_host(array, staging)
+                    self._buffers[site] = (array, host, staging)
+                return array
+        staging = np.array(host, np.float64)
+        array = backend.from_host(staging, device.index)
+        self._buffers[site] = (array, host, staging)
         return array
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from blutrain.tensor.backend import BackendRegistry
+from blutrain.tensor.backend import BackendRegistry, check_host_write
 from blutrain.tensor.dtype import DType
 from blutrain.tensor.plugins import hookimpl
 
@@ -88,6 +88,11 @@ class NumpyBackend:
 
     def to_host(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         return array
+
+    def write_from_host(self, array: np.ndarray[Any, Any], host: np.ndarray[Any, Any]) -> None:
+        """NumPy runs synchronously: the values are in ``array`` when this returns."""
+        check_host_write(array, host)
+        np.copyto(array, host)
 
     def device_index(self, array: np.ndarray[Any, Any]) -> int:
         return 0
