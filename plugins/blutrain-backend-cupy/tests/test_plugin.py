@@ -145,3 +145,34 @@ def test_the_gemm_sm_carveout_is_off_by_default_and_refuses_what_is_not_a_count(
     monkeypatch.setenv("BLUTRAIN_GEMM_SM_CARVEOUT", "all")
     with pytest.raises(ValueError, match="BLUTRAIN_GEMM_SM_CARVEOUT must be a number of SMs >= 0, got 'all'"):
         gemm.gemm_sm_carveout_requested_by_env()
+
+
+def test_a_reservation_plans_the_next_products_for_fewer_sms_then_every_sm_again() -> None:
+    """``reserve_sms`` counts plans: the next ``products`` GEMMs get the device's SMs less the reserved ones (or
+    less the carve-out, whichever leaves fewer), then the target is 0 (every SM) again; a later reservation
+    replaces the remainder of an earlier one, and 0 products cancels."""
+    from blutrain_backend_cupy import gemm
+
+    gemm._SM_COUNTS.setdefault(7, 132)  # a device index no test GPU has: its SM count given, no runtime asked
+    try:
+        assert gemm._sm_target(7) == 0
+        gemm.reserve_sms(7, 24, 2)
+        assert [gemm._sm_target(7) for _ in range(3)] == [108, 108, 0]
+        gemm.reserve_sms(7, 24, 5)
+        gemm.reserve_sms(7, 32, 1)
+        assert [gemm._sm_target(7) for _ in range(2)] == [100, 0]
+        gemm.reserve_sms(7, 24, 3)
+        gemm.reserve_sms(7, 24, 0)
+        assert gemm._sm_target(7) == 0
+        gemm.set_gemm_sm_carveout(40)
+        gemm.reserve_sms(7, 24, 1)
+        assert [gemm._sm_target(7) for _ in range(2)] == [92, 92]
+    finally:
+        gemm.set_gemm_sm_carveout(0)
+        gemm._RESERVED.pop(7, None)
+        gemm._SM_COUNTS.pop(7, None)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="must be an int >= 0"):
+            gemm.reserve_sms(7, bad, 1)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="products must be an int >= 0"):
+            gemm.reserve_sms(7, 24, bad)  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ import pytest
 from blutrain.dist import DistError, comm_backends
 from blutrain_backend_cupy import cuda
 from blutrain_comm_nccl import create_group
-from blutrain_comm_nccl.group import communicator, unique_id_bytes
+from blutrain_comm_nccl.group import communicator, reserve_requested_by_env, unique_id_bytes
 
 WORKER = Path(__file__).parent / "nccl_worker.py"
 
@@ -25,6 +25,18 @@ def test_the_plugin_registers_nccl_without_needing_a_gpu() -> None:
 def test_a_group_without_a_store_is_an_error_saying_how_to_get_one() -> None:
     with pytest.raises(DistError, match="blutrain run -n N"):
         create_group(rank=0, world_size=2, store=None, timeout=10.0)
+
+
+def test_the_sm_reservation_beside_collectives_is_off_unless_asked_and_refuses_a_malformed_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BLUTRAIN_NCCL_RESERVE_SMS", raising=False)
+    assert reserve_requested_by_env() is None
+    monkeypatch.setenv("BLUTRAIN_NCCL_RESERVE_SMS", "24:3")
+    assert reserve_requested_by_env() == (24, 3)
+    for bad in ("24", "24:", ":3", "a:3", "24:-1", "24:3:1"):
+        monkeypatch.setenv("BLUTRAIN_NCCL_RESERVE_SMS", bad)
+        with pytest.raises(DistError, match=f"BLUTRAIN_NCCL_RESERVE_SMS must be SMS:PRODUCTS .* got '{bad}'"):
+            reserve_requested_by_env()
 
 
 class _TupleIdNccl:

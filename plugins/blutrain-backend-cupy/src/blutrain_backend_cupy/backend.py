@@ -18,6 +18,7 @@ from blutrain.kernels import cuda as kernels_cuda
 from blutrain.tensor.backend import check_host_write
 from blutrain.tensor.dtype import DType
 from blutrain.tensor.errors import BluTrainError, TensorTypeError, TensorValueError
+from blutrain_backend_cupy import gemm
 from blutrain_backend_cupy.host_writes import PinnedStaging
 
 DLPACK_CUDA = 2
@@ -174,6 +175,11 @@ class CupyBackend:
         """The one cuda kernel with a faster non-deterministic variant is the embedding backward (atomics);
         ``enabled`` pins the sorted-segment one (importing the kernel library does not import CuPy)."""
         kernels_cuda.set_deterministic(enabled)
+
+    def reserve_sms(self, index: int, sms: int, products: int) -> None:
+        """cuBLAS and cuBLASLt plan the next ``products`` GEMMs on GPU ``index`` for ``sms`` fewer SMs
+        (their SM count target; a compiled step keeps the plans of its capture)."""
+        gemm.reserve_sms(index, sms, products)
 
     def erf(self, array: Any) -> Any:
         from cupyx.scipy.special import erf as cupy_erf

@@ -101,19 +101,48 @@ def gemm_sm_carveout_requested_by_env() -> int | None:
     return int(raw)
 
 
-def _sm_target(dev: int | None = None) -> int:
-    """The SM count GEMMs on ``dev`` (None: the current device) are planned for: 0 (the device's own) without a
-    carve-out, asking nothing of the runtime then (every GEMM asks)."""
-    if not _sm_carveout:
-        return 0
-    import cupy as cp
+# Per device: [SMs, products] of the last reserve_sms call: the next ``products`` GEMMs on the device are planned
+# for ``SMs`` fewer SMs (a collective launched beside them holds them while it runs). Each plan made counts one.
+_RESERVED: dict[int, list[int]] = {}
 
+
+def reserve_sms(dev: int, sms: int, products: int) -> None:
+    """Plan the next ``products`` GEMMs on device ``dev`` for its SM count less ``sms`` (the backend's
+    ``reserve_sms``); a later call replaces an earlier one's remainder. ``products`` 0 cancels."""
+    for name, value in (("sms", sms), ("products", products)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"reserve_sms: {name} must be an int >= 0, got {value!r}")
+    if sms and products:
+        _RESERVED[dev] = [sms, products]
+    else:
+        _RESERVED.pop(dev, None)
+
+
+def _sm_target(dev: int | None = None) -> int:
+    """The SM count the next GEMM on ``dev`` (None: the current device) is planned for: 0 (the device's own)
+    without a carve-out or a reservation, asking nothing of the runtime then (every GEMM asks). A GEMM
+    planned under a reservation counts against it."""
+    if not _sm_carveout and not _RESERVED:
+        return 0
     if dev is None:
+        import cupy as cp
+
         dev = int(cp.cuda.runtime.getDevice())
+    leave = _sm_carveout
+    reserved = _RESERVED.get(dev)
+    if reserved is not None:
+        leave = max(leave, reserved[0])
+        reserved[1] -= 1
+        if reserved[1] <= 0:
+            del _RESERVED[dev]
+    if not leave:
+        return 0
     count = _SM_COUNTS.get(dev)
     if count is None:
+        import cupy as cp
+
         count = _SM_COUNTS[dev] = int(cp.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
-    return max(1, count - _sm_carveout)
+    return max(1, count - leave)
 
 
 def fp32_gemm_requested_by_env() -> str | None:

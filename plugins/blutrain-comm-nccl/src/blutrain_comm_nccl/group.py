@@ -115,6 +115,26 @@ class NCCLWork:
         return bool(self.done.done)
 
 
+# An overlapped collective of at least this many bytes runs long enough beside compute for its SMs to matter.
+RESERVE_MIN_BYTES = 2**20
+
+
+def reserve_requested_by_env() -> tuple[int, int] | None:
+    """``BLUTRAIN_NCCL_RESERVE_SMS=SMS:PRODUCTS``: after launching an overlapped collective of at least 1 MiB
+    (``async_op``, or captured into a compiled step, which forks it beside the compute after it), the group asks
+    the tensors' backend to plan the next PRODUCTS matrix products on the device for SMS fewer SMs
+    (``Backend.reserve_sms``): NCCL's kernel holds one SM per channel while it runs, and a GEMM planned for every
+    SM would leave part of its grid to a second wave. Unset: no reservation."""
+    raw = os.environ.get("BLUTRAIN_NCCL_RESERVE_SMS", "")
+    if not raw:
+        return None
+    sms, _, products = raw.partition(":")
+    if not (sms.isdigit() and products.isdigit()):
+        raise DistEnvironmentError(f"BLUTRAIN_NCCL_RESERVE_SMS must be SMS:PRODUCTS (two counts, e.g. 24:3), got "
+                                   f"{raw!r}; unset it to plan GEMMs for every SM")
+    return int(sms), int(products)
+
+
 def unique_id_bytes(uid: bytes | Sequence[int]) -> bytes:
     """The NCCL unique id as its 128 raw bytes: CuPy 14 returns it as bytes, earlier CuPy as a tuple of C
     ``char`` values (signed on x86), and the store carries bytes either way."""
@@ -159,6 +179,7 @@ class NCCLProcessGroup:
         self._inflight: list[NCCLWork] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.reserve = reserve_requested_by_env()
         threading.Thread(target=self._watchdog, name=f"blutrain-nccl-watchdog-{name}", daemon=True).start()
 
     def __repr__(self) -> str:
@@ -213,14 +234,18 @@ class NCCLProcessGroup:
         self._raise_if_broken(what)
         cp = self.cp
         current = cp.cuda.get_current_stream()
+        capturing = current.is_capturing()  # a compiled step's collective: forked beside the compute after it
         ready = cp.cuda.Event(disable_timing=True)
         ready.record(current)
         self.stream.wait_event(ready)
         call(self.stream.ptr)
+        beside = async_op or capturing
+        if self.reserve is not None and beside and sum(t.nbytes for t in keep) >= RESERVE_MIN_BYTES:
+            keep[0].device.backend.reserve_sms(self.device, *self.reserve)
         done = cp.cuda.Event(disable_timing=True)
         done.record(self.stream)
         work = NCCLWork(self, what, done, keep, finish, current.ptr)
-        if current.is_capturing():
+        if capturing:
             self._captured = True
         else:
             with self._lock:

@@ -100,6 +100,13 @@ class Backend(DeviceProperties, Protocol):
         deterministic does nothing."""
         ...
 
+    def reserve_sms(self, index: int, sms: int, products: int) -> None:
+        """Plan the next ``products`` matrix products launched on device ``index`` for its SM count less ``sms``:
+        a collective kernel just launched beside them holds that many SMs while it runs, and a product planned
+        for every SM would then leave part of its grid to a second wave (a communication backend calls this
+        when it launches an overlapped collective). A backend that plans nothing by SM count ignores it."""
+        ...
+
     def erf(self, array: Array) -> Array:
         """The error function, elementwise, on one of this backend's arrays, in its dtype: the generic kernels
         (erf, exact GELU) take it from here because NumPy and CuPy have none in their array modules."""
@@ -176,7 +183,7 @@ class BackendRegistry(Registry[Backend]):
         missing = [a for a in ("xp", "array_type", "accelerator", "comm_backend",
                                "empty", "from_host", "to_host", "write_from_host", "data_ptr", "synchronize",
                                "generator", "manual_seed", "is_available", "device_count", "set_tf32",
-                               "set_deterministic", "erf", "device_name", "max_memory_allocated")
+                               "set_deterministic", "reserve_sms", "erf", "device_name", "max_memory_allocated")
                    if not hasattr(obj, a)]
         if missing:
             raise PluginError(f"{self.current_provider.plugin}: backend {name!r} lacks {', '.join(missing)} of the "

@@ -97,6 +97,9 @@ class NumpyBackend:
     def device_index(self, array: np.ndarray[Any, Any]) -> int:
         return 0
 
+    def reserve_sms(self, index: int, sms: int, products: int) -> None:
+        """Nothing to plan: BLAS on the host does not size its work by SM count."""
+
     def data_ptr(self, array: np.ndarray[Any, Any]) -> int:
         return int(array.__array_interface__["data"][0])
 
