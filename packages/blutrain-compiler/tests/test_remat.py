@@ -274,7 +274,8 @@ def test_compile_refuses_a_remat_that_is_not_a_bool() -> None:
 def test_on_cuda_the_pass_gives_the_same_bits_in_a_smaller_executor_arena(same_bits: Any, autocast: bool,
                                                                          gpt_steps: Any) -> None:
     """On cuda a copy is the same kernel on the same operands: the compiled steps with the pass are the compiled
-    steps without it bit for bit, and the executor's arena (the real allocations, planned) is smaller."""
+    steps without it bit for bit, and the most bytes the executor's real allocations hold at once is lower (the
+    live peak: the arena's greedy placement need not shrink with it byte for byte)."""
     registry = bt.backends()
     if "cuda" not in registry.names() or not registry.get("cuda").is_available():
         pytest.skip("no CUDA device")
@@ -283,4 +284,4 @@ def test_on_cuda_the_pass_gives_the_same_bits_in_a_smaller_executor_arena(same_b
     for c, e in zip(got, base, strict=True):
         same_bits(np.atleast_1d(c), np.atleast_1d(e))
     assert fn.stats.recomputed == 4
-    assert fn.stats.alloc_arena_bytes < plain.stats.alloc_arena_bytes
+    assert 0 < fn.stats.alloc_live_peak_bytes < plain.stats.alloc_live_peak_bytes
