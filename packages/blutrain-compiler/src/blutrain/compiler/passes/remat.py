@@ -9,12 +9,13 @@ its backward reader costs its bytes over every op in between; making it again co
 
 The rule, per op (in program order), is the one of :func:`recompute_plan`:
 
-- the op is of a recomputable kind (:data:`RECOMPUTABLE`): elementwise ops and casts, GELU and its relatives,
-  ``swiglu``, a norm without a residual (its other results are per-row statistics), a fused elementwise region
-  with one result; it writes nothing, its results are never written in place, it is not ``dynamic``;
+- the op is of a recomputable kind (:data:`RECOMPUTABLE`): elementwise ops, casts and copies, GELU and its
+  relatives, ``swiglu``, a norm without a residual (its other results are per-row statistics), a fused elementwise
+  region with one result; it writes nothing, its results are never written in place, it is not ``dynamic``;
 - its first result's readers fall in two groups with at least :data:`MIN_GAP` ops between them (the largest such
-  gap): the later readers read a copy made by the same op on the same operands, inserted right before the first
-  of them, and the value dies after its last earlier reader;
+  gap; a reader through views of the value counts where it reads): the later readers read a copy made by the same
+  op on the same operands, inserted right before the first of them (with the views they read made again on it),
+  and the value dies after its last earlier reader;
 - every operand of the op is alive at that reader anyway: a graph argument, or a value some op at or after the
   reader still reads (a view's buffer counts), and nothing between the op and the reader writes its memory.
   The copy then holds no buffer live longer than before, so no point of the step holds more bytes than it did
@@ -24,8 +25,10 @@ Same op, same operands, same dtype: the copy has the original's bits on every de
 (which would merge the copy back) and the folding passes, and after elementwise fusion and the multi-tensor
 cast (so a copy is neither fused into a forward region nor gathered to the step's start), before kernel
 selection and memory planning. Torch's min-cut partitioner (``min_cut_rematerialization_partition``) decides
-the same question by a cut of the joint graph's forward/backward boundary; this pass takes the simple part of it:
-a whitelist of cheap ops and the rule that recomputation adds no saved buffer.
+the same question with a minimum cut between the joint graph's forward and backward, weighted by the bytes each
+saved tensor holds, over the ops it may recompute (pointwise ops, views, cheap reductions; never GEMMs or random
+ops). This pass keeps the explainable part of it: a list of cheap ops, and the rule that recomputing one saves
+no new buffer for the backward.
 """
 
 from __future__ import annotations
