@@ -92,7 +92,7 @@ def test_the_compiled_llama_step_with_rematerialization_is_eager_bit_for_bit_in_
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"output {i}")
     ir = fn.ir()
     # per block: the SwiGLU output, both RMSNorm outputs and the attention output's contiguous copy, made again
-    # before the backward GEMMs that read them (2 blocks)
-    assert fn.stats.recomputed == 8 and plain.stats.recomputed == 0
+    # before the backward GEMMs that read them, and under autocast the bf16 copies of the seven weights (2 blocks)
+    assert fn.stats.recomputed == 8 + 14 * bf16 and plain.stats.recomputed == 0
     assert ir.count('"blutrain.swiglu"') == 4 and ir.count('"blutrain.rms_norm"') == 5 + 4
     assert fn.stats.arena_bytes < plain.stats.arena_bytes

@@ -173,7 +173,8 @@ class Program:
                                      as_dtype(o.properties["dtype"].data)).fn
                 launch = Launch("kernel", fn, reads, results, decode(o.properties["args"]),
                                 decode(o.properties["ret"]), uid)
-                self.by_uid.setdefault(uid, []).append(launch)
+                if uid >= 0:  # an op a pass made (no traced call) takes no probe's scalars
+                    self.by_uid.setdefault(uid, []).append(launch)
             elif isinstance(o, ViewOp):
                 shape = type_info(o.results[0].type)[0]
                 offset = int(o.properties["offset"].data)  # type: ignore[attr-defined]

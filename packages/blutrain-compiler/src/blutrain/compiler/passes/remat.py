@@ -2,7 +2,8 @@
 made again right before that reader, from inputs that are alive there anyway, instead of being held in between.
 
 A training step keeps what its backward reads. Some of that is cheap to make again from other values the
-backward keeps too: Llama's SwiGLU output ``h = silu(a) · b`` (the down projection's weight gradient reads it;
+backward keeps too: an autocast bf16 copy of a weight (the backward GEMM reads it; the float32 weight is held
+all step), Llama's SwiGLU output ``h = silu(a) · b`` (the down projection's weight gradient reads it;
 ``swiglu``'s backward keeps ``a`` and ``b``), an RMSNorm's or LayerNorm's output (the next GEMM's weight gradient
 reads it; the norm's backward keeps its input, weight and statistics). Holding such a value from the forward to
 its backward reader costs its bytes over every op in between; making it again costs one pass over memory.
@@ -11,7 +12,9 @@ The rule, per op (in program order), is the one of :func:`recompute_plan`:
 
 - the op is of a recomputable kind (:data:`RECOMPUTABLE`): elementwise ops, casts and copies, GELU and its
   relatives, ``swiglu``, a norm without a residual (its other results are per-row statistics), a fused elementwise
-  region with one result; it writes nothing, its results are never written in place, it is not ``dynamic``;
+  region with one result; it writes nothing, its results are never written in place, it is not ``dynamic``. A
+  multi-tensor cast (the weights' autocast copies, gathered at the step's start by ``multi-tensor-cast``) counts
+  as the casts it stands for: each result is made again by the plain ``cast`` of its weight;
 - its first result's readers fall in two groups with at least :data:`MIN_GAP` ops between them (the largest such
   gap; a reader through views of the value counts where it reads): the later readers read a copy made by the same
   op on the same operands, inserted right before the first of them (with the views they read made again on it),
@@ -43,7 +46,7 @@ from xdsl.ir import Block, BlockArgument, Operation, SSAValue, Use
 from xdsl.passes import ModulePass
 from xdsl.rewriter import InsertPoint, Rewriter
 
-from blutrain.compiler.dialect import FusedOp, ViewOp, is_kernel, kernel_name
+from blutrain.compiler.dialect import CATALOGUE_OPS, FusedOp, Operand, ViewOp, decode, encode, is_kernel, kernel_name
 from blutrain.compiler.graph import body
 from blutrain.compiler.passes.aliasing import AliasInfo, analyse, root_of
 from blutrain.compiler.passes.fusion import ELEMENTWISE
@@ -58,6 +61,10 @@ RECOMPUTABLE: dict[str, int] = {
     "layer_norm": 3,
 }
 
+# a multi-tensor cast (the multi-tensor-cast pass's gathering of the weights' casts at the step's start): each of
+# its results is a cast of one argument, alive all step
+MULTI_CAST = "cast_multi_tensor"
+
 # the fewest ops between a value's last earlier reader and its first later reader for a copy to be made: a value
 # skipped by a few ops is held briefly; one read in the forward and again in the backward is skipped by the rest
 # of the forward and the backward of the layers after it
@@ -66,9 +73,12 @@ MIN_GAP = 8
 
 @dataclass(frozen=True)
 class Plan:
-    """Recompute ``op`` right before ``ops[split]``; its first result's readers from there on read the copy."""
+    """Make result ``result`` of ``op`` again from ``operands`` right before ``ops[split]``; its readers from there
+    on read the copy."""
 
     op: Operation
+    result: int
+    operands: tuple[SSAValue, ...]
     split: int
     gap: int
 
@@ -86,6 +96,29 @@ def recomputable(op: Operation, info: AliasInfo) -> bool:
     if not 1 <= len(op.results) <= allowed or info.writes_anything(op):
         return False
     return not any(r in info.mutated for r in op.results)
+
+
+def _multi_cast_sources(op: Operation) -> list[SSAValue] | None:
+    """The source of each result of a ``cast_multi_tensor`` op (result i is the cast of array i), or None for
+    another op."""
+    if not is_kernel(op) or kernel_name(op) != MULTI_CAST or "dynamic" in op.properties or "writes" in op.properties:
+        return None
+    arrays, _ = decode(op.properties["args"])
+    if decode(op.properties["ret"]) != tuple(Operand(i) for i in range(len(op.results))):
+        return None
+    return [op.operands[a.index] for a in arrays]
+
+
+def recomputable_results(op: Operation, info: AliasInfo) -> list[tuple[int, tuple[SSAValue, ...]]]:
+    """(result index, the operands its copy reads) for each result of ``op`` this pass may make again: the first
+    result of a recomputable op (from all its operands), each result of a multi-tensor cast (the cast of its one
+    array, made again by the plain ``cast`` it stands for)."""
+    sources = _multi_cast_sources(op)
+    if sources is not None:
+        if info.writes_anything(op):
+            return []
+        return [(i, (src,)) for i, src in enumerate(sources) if op.results[i] not in info.mutated]
+    return [(0, tuple(op.operands))] if recomputable(op, info) else []
 
 
 class Liveness:
@@ -125,11 +158,10 @@ def readers(v: SSAValue) -> list[Use] | None:
     return found
 
 
-def recompute_plan(op: Operation, live: Liveness, min_gap: int = MIN_GAP) -> Plan | None:
-    """Where ``op``'s first result may be made again (see the module's rule), or None."""
-    if not recomputable(op, live.info):
-        return None
-    uses = readers(op.results[0])
+def recompute_plan(op: Operation, result: int, operands: tuple[SSAValue, ...], live: Liveness,
+                   min_gap: int = MIN_GAP) -> Plan | None:
+    """Where result ``result`` of ``op`` may be made again from ``operands`` (see the module's rule), or None."""
+    uses = readers(op.results[result])
     if uses is None:
         return None
     positions = sorted({live.pos[u.operation] for u in uses})
@@ -141,20 +173,34 @@ def recompute_plan(op: Operation, live: Liveness, min_gap: int = MIN_GAP) -> Pla
     if best is None:
         return None
     gap, split = best
-    if not all(live.alive_at(v, split) for v in op.operands):
+    if not all(live.alive_at(v, split) for v in operands):
         return None
-    if written_between(live.info, live.ops, live.pos[op], split, list(op.operands)):
+    if written_between(live.info, live.ops, live.pos[op], split, list(operands)):
         return None
-    return Plan(op, split, gap)
+    return Plan(op, result, operands, split, gap)
+
+
+def _copy(plan: Plan) -> Operation:
+    """The op that makes ``plan``'s value again as its first result: a clone of the op, or for a multi-tensor
+    cast's result the plain ``cast`` of its array (the multi-tensor kernel gives each array the cast kernel's
+    bits)."""
+    if _multi_cast_sources(plan.op) is None:
+        return plan.op.clone()
+    _, to = decode(plan.op.properties["args"])
+    return CATALOGUE_OPS["cast"].create(
+        operands=list(plan.operands), result_types=[plan.op.results[plan.result].type],
+        properties={"args": encode((Operand(0), to)), "ret": encode(Operand(0)),
+                    "device": plan.op.properties["device"], "dtype": plan.op.properties["dtype"]})
 
 
 def recompute(plan: Plan, live: Liveness) -> Operation:
-    """Insert the copy of ``plan.op`` before its split reader and hand it the readers from there on (a reader
-    through views of the value reads the same views of the copy, made there too)."""
+    """Insert the copy before the plan's split reader and hand it the readers from there on (a reader through
+    views of the value reads the same views of the copy, made there too)."""
     reader = live.ops[plan.split]
-    copy = plan.op.clone()
+    copy = _copy(plan)
     Rewriter.insert_op(copy, InsertPoint.before(reader))
-    moved: dict[SSAValue, SSAValue] = {plan.op.results[0]: copy.results[0]}
+    original = plan.op.results[plan.result]
+    moved: dict[SSAValue, SSAValue] = {original: copy.results[0]}
 
     def moved_value(v: SSAValue) -> SSAValue:
         if v not in moved:
@@ -166,8 +212,7 @@ def recompute(plan: Plan, live: Liveness) -> Operation:
             moved[v] = clone.results[0]
         return moved[v]
 
-    uses = readers(plan.op.results[0]) or []
-    for use in uses:
+    for use in readers(original) or []:
         if live.pos[use.operation] >= plan.split:
             use.operation.operands[use.index] = moved_value(use.operation.operands[use.index])
     return copy
@@ -177,20 +222,25 @@ def rematerialize(block: Block, min_gap: int = MIN_GAP) -> list[Plan]:
     """Apply the pass to ``block``; returns what it recomputed, in program order of the originals. Liveness is
     taken again after each copy: a value whose later readers moved to a copy is no longer alive at them."""
     done: list[Plan] = []
-    seen: set[Operation] = set()
+    seen: set[tuple[Operation, int]] = set()
     while True:
         live = Liveness(block)
+        plan = None
         for o in live.ops:
-            if o in seen:
-                continue
-            seen.add(o)
-            plan = recompute_plan(o, live, min_gap)
+            for result, operands in recomputable_results(o, live.info):
+                if (o, result) in seen:
+                    continue
+                seen.add((o, result))
+                plan = recompute_plan(o, result, operands, live, min_gap)
+                if plan is not None:
+                    break
             if plan is not None:
-                seen.add(recompute(plan, live))
-                done.append(plan)
                 break
-        else:
+        if plan is None:
             return done
+        copy = recompute(plan, live)
+        seen.update((copy, i) for i in range(len(copy.results)))
+        done.append(plan)
 
 
 class Rematerialize(ModulePass):
@@ -203,5 +253,5 @@ class Rematerialize(ModulePass):
         op.attributes["blutrain.recomputed"] = IntAttr(len(plans))
 
 
-__all__ = ["MIN_GAP", "RECOMPUTABLE", "Liveness", "Plan", "Rematerialize", "readers", "recomputable",
-           "recompute", "recompute_plan", "rematerialize"]
+__all__ = ["MIN_GAP", "MULTI_CAST", "RECOMPUTABLE", "Liveness", "Plan", "Rematerialize", "readers", "recomputable",
+           "recomputable_results", "recompute", "recompute_plan", "rematerialize"]
