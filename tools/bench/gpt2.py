@@ -697,8 +697,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "layernorm-residual=layernorm-residual-linear-add")
     ap.add_argument("--remat", action=argparse.BooleanOptionalAction, default=None,
                     help="blutrain-compile: with (--remat) or without (--no-remat) the compiler's rematerialize pass, "
-                         "which makes cheap forward values (SwiGLU and norm outputs) again before their backward "
-                         "readers instead of holding them; default: the compiler's default pipeline")
+                         "which makes cheap forward values (SwiGLU and norm outputs, bf16 weight copies) again "
+                         "before their backward readers instead of holding them; default: the compiler's default "
+                         "pipeline")
     ap.add_argument("--turns", choices=("auto", "alternate", "sequential"), default="auto",
                     help="alternate: every implementation built, then timed step by step in turns (drift hits all "
                          "alike); sequential: each built, timed and freed alone, compiled ones first; auto "

@@ -405,10 +405,10 @@ def compile(fn: Callable[..., Any], *, warmup: int = 1, passes: Sequence[str] | 
     every call to pick them up, to run those checks and to check that the call takes the traced path.
 
     ``remat=True`` adds the ``rematerialize`` pass to the pipeline (before kernel selection): cheap forward values
-    that the backward reads much later (a SwiGLU's or a norm's output) are made again right before their backward
-    reader from values alive there anyway, which lowers the step's peak memory for a pass over those values;
-    ``False`` leaves it out; ``None`` (default) runs the pipeline as it is (the default pipeline has no
-    ``rematerialize`` today).
+    that the backward reads much later (a SwiGLU's or a norm's output, autocast's bf16 copy of a weight) are made
+    again right before their backward reader from values alive there anyway, which lowers the step's peak memory
+    for a pass over those values; ``False`` leaves it out; ``None`` (default) runs the pipeline as it is (the
+    default pipeline has no ``rematerialize`` today).
     """
     return CompiledFunction(fn, warmup=warmup, passes=passes, replay=replay, remat=remat)
 

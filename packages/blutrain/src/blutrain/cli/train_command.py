@@ -64,9 +64,9 @@ _SWITCHES: tuple[tuple[str, str], ...] = (
 
 # on/off switches whose default is left to the library (``--remat`` / ``--no-remat``; neither: the default)
 _TOGGLES: tuple[tuple[str, str], ...] = (
-    ("remat", "with --compile: make cheap forward values (SwiGLU and norm outputs) again right before the backward "
-              "reads them instead of holding them (less memory, a pass over them more; the compiler's rematerialize "
-              "pass); --no-remat: never; default: the compiler's default pipeline"),
+    ("remat", "with --compile: make cheap forward values (SwiGLU and norm outputs, bf16 weight copies) again "
+              "right before the backward reads them instead of holding them (less memory, a pass over them more; "
+              "the compiler's rematerialize pass); --no-remat: never; default: the compiler's default pipeline"),
 )
 
 

@@ -111,9 +111,9 @@ class TrainConfig:
     sample_tokens: int = 200
     prompt: str = "def "
     compile: bool = False  # run each step as one compiled graph (blutrain.compiler)
-    # with compile: make cheap forward values (SwiGLU and norm outputs) again before their backward readers instead
-    # of holding them (the compiler's rematerialize pass): less memory for a pass over them; None: the compiler's
-    # default pipeline
+    # with compile: make cheap forward values (SwiGLU and norm outputs, bf16 weight copies) again before their
+    # backward readers instead of holding them (the compiler's rematerialize pass): less memory for a pass over
+    # them; None: the compiler's default pipeline
     remat: bool | None = None
     on_nonfinite: str = "stop"  # a NaN/inf loss or gradient norm: "skip" the update, or "stop" the run
     keep: int = 3  # step checkpoints kept (the newest N); 0 → all
