@@ -112,6 +112,34 @@ def test_a_norm_output_is_made_again_and_its_statistics_stay_the_originals() -> 
     assert not list(copy.results[1].uses)
 
 
+def test_a_value_read_by_two_micro_batches_is_made_again_before_each_backward() -> None:
+    """Gradient accumulation: one weight copy (CSE merges the micro-batches' casts) read by two forwards and two
+    backwards is split at each long gap: each backward GEMM reads its own copy, made right before it."""
+
+    def loss(x: bt.Tensor, w1: bt.Tensor, w2: bt.Tensor) -> bt.Tensor:
+        w1.requires_grad_()
+        totals = []
+        for batch in (x, w2):  # two micro-batches
+            with bt.autocast(dtype="bfloat16"):
+                total = _head(bt.linear(batch, w1).float())
+            total.backward()
+            totals.append(total)
+        return totals[0] + totals[1]
+
+    ops, _ = _ops(loss, *_arrays(11), passes=("cse", PASS))
+    w1 = ops[0].parent.args[1]
+    weight_copies = [c for c in _named(ops, "cast") if c.operands[0] is w1]
+    grads = _named(ops, "linear_backward")
+    assert len(weight_copies) == 3 and len(grads) == 2  # the original and one copy before each backward GEMM
+    read = []
+    for grad in grads:
+        (cast,) = [c for c in weight_copies if any(v is c.results[0] for v in grad.operands)]
+        # right before it: only copies (the micro-batch's own input copy) between
+        assert all(o.name == "blutrain.cast" for o in ops[ops.index(cast):ops.index(grad)])
+        read.append(cast)
+    assert read[0] is not read[1]
+
+
 def test_no_copy_where_an_operand_is_not_alive_at_the_reader() -> None:
     """``p · 2``'s backward keeps nothing of p: making the product again would hold p through the backward."""
     ops, _ = _ops(_mlp_loss(lambda p: p * 2.0), *_arrays(3))

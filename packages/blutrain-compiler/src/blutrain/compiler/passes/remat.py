@@ -123,17 +123,25 @@ def recomputable_results(op: Operation, info: AliasInfo) -> list[tuple[int, tupl
 
 class Liveness:
     """A block's ops in order, the last position at which each buffer is read (views count for the buffer they
-    view; the step's outputs are read at the end), and what each op writes."""
+    view; the step's outputs are read at the end), and what each op writes (``info``: the copies this pass makes
+    write nothing, so the analysis of the block before them holds after them; ``roots``: each value's buffer,
+    kept from one Liveness to the next)."""
 
-    def __init__(self, block: Block) -> None:
+    def __init__(self, block: Block, info: AliasInfo | None = None,
+                 roots: dict[SSAValue, SSAValue] | None = None) -> None:
         self.ops = list(block.ops)
         self.pos = {o: i for i, o in enumerate(self.ops)}
-        self.info = analyse(block)
+        self.info = analyse(block) if info is None else info
         self.last: dict[SSAValue, int] = {}
+        roots = {} if roots is None else roots
         end = len(self.ops)
         for i, o in enumerate(self.ops):
+            at = end if isinstance(o, func.ReturnOp) else i
             for v in o.operands:
-                self.last[root_of(v)] = end if isinstance(o, func.ReturnOp) else i
+                root = roots.get(v)
+                if root is None:
+                    root = roots[v] = root_of(v)
+                self.last[root] = at
 
     def alive_at(self, v: SSAValue, position: int) -> bool:
         """Whether ``v``'s buffer is held at ``position`` anyway: a graph argument, or read there or later."""
@@ -219,27 +227,33 @@ def recompute(plan: Plan, live: Liveness) -> Operation:
 
 
 def rematerialize(block: Block, min_gap: int = MIN_GAP) -> list[Plan]:
-    """Apply the pass to ``block``; returns what it recomputed, in program order of the originals. Liveness is
-    taken again after each copy: a value whose later readers moved to a copy is no longer alive at them."""
+    """Apply the pass to ``block``; returns what it recomputed. Liveness is taken again after each copy: a value
+    whose later readers moved to a copy is no longer alive at them. A copy is itself a candidate: a value read by
+    several micro-batches' forwards and backwards (gradient accumulation) is split at each long gap in turn."""
     done: list[Plan] = []
-    seen: set[tuple[Operation, int]] = set()
+    tried: set[tuple[Operation, int]] = set()  # (op, result) already planned or refused
+    finished: set[Operation] = set()  # ops whose every result was tried
+    info = analyse(block)
+    roots: dict[SSAValue, SSAValue] = {}
     while True:
-        live = Liveness(block)
+        live = Liveness(block, info, roots)
         plan = None
         for o in live.ops:
+            if o in finished:
+                continue
             for result, operands in recomputable_results(o, live.info):
-                if (o, result) in seen:
+                if (o, result) in tried:
                     continue
-                seen.add((o, result))
+                tried.add((o, result))
                 plan = recompute_plan(o, result, operands, live, min_gap)
                 if plan is not None:
                     break
             if plan is not None:
                 break
+            finished.add(o)
         if plan is None:
             return done
-        copy = recompute(plan, live)
-        seen.update((copy, i) for i in range(len(copy.results)))
+        recompute(plan, live)
         done.append(plan)
 
 
