@@ -18,7 +18,8 @@ The rule, per op (in program order), is the one of :func:`recompute_plan`:
 - its first result's readers fall in two groups with at least :data:`MIN_GAP` ops between them (the largest such
   gap; a reader through views of the value counts where it reads): the later readers read a copy made by the same
   op on the same operands, inserted right before the first of them (with the views they read made again on it),
-  and the value dies after its last earlier reader;
+  and the value dies after its last earlier reader; the copy is a candidate in turn (a value read by several
+  micro-batches' forwards and backwards is split at each long gap);
 - every operand of the op is alive at that reader anyway: a graph argument, or a value some op at or after the
   reader still reads (a view's buffer counts), and nothing between the op and the reader writes its memory.
   The copy then holds no buffer live longer than before, so no point of the step holds more bytes than it did
