@@ -46,6 +46,16 @@ def test_sequential_turns_time_each_implementation_alone_compiled_first(tmp_path
     assert result["meta"]["turns"] == "sequential"
 
 
+def test_remat_compiles_the_step_with_the_rematerialize_pass(tmp_path: Path) -> None:
+    _, result = run_bench(tmp_path, "--impl", "blutrain-compile", "--remat")
+    assert result["meta"]["hyper"]["remat"] is True
+    assert [(r["impl"], r["steps"], r["error"]) for r in result["rows"]] == [("blutrain-compile", 2, None)]
+    from blutrain.models import model_spec
+
+    # per block of the tiny Llama: the SwiGLU output, both RMSNorm outputs and the attention output's copy
+    assert result["rows"][0]["compile_stats"]["recomputed"] == 4 * model_spec("llama").config("tiny").n_layer
+
+
 
 def test_an_implementation_past_its_stage_timeout_is_stopped_with_an_error_naming_it() -> None:
     expected = "blutrain-compile's build and warm-up ran past --stage-timeout 0.05 s"

@@ -1,8 +1,9 @@
 """Compiled data-parallel steps on 2 MPI ranks: ddp (several buckets, and gradient accumulation under
 ``no_sync``) and ZeRO stages 1-3, each run eagerly and through ``blutrain.compiler.compile`` in one launch
 (``dist_workers/compiled_dp.py``). The compiled step holds the mode's collectives as ops of its one program
-and must train exactly as the eager one; a collective of an undeclared group inside a compiled function must
-be refused with its line. (The trainer's ``--compile --parallel`` cells are in test_plugin_matrix.py.)"""
+and must train exactly as the eager one, with the rematerialize pass too; a collective of an undeclared group
+inside a compiled function must be refused with its line. (The trainer's ``--compile --parallel`` cells are in
+test_plugin_matrix.py.)"""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import pytest
 from ranks import assert_trains_as_eager, run_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "compiled_dp.py"
-RUNS = ["ddp", "ddp-accum2", "ddp-bf16-grads", "zero1", "zero2", "zero3"]
+RUNS = ["ddp", "ddp-accum2", "ddp-bf16-grads", "zero1", "zero2", "zero3", "ddp-accum2+remat", "zero3+remat"]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("compiled_dp") / "results.json"
-    return run_worker(2, WORKER, out, rank_timeout=60, timeout=180)
+    return run_worker(2, WORKER, out, *RUNS, rank_timeout=60, timeout=180)
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -44,3 +45,12 @@ def test_a_collective_of_an_undeclared_group_is_refused_with_its_line(results: d
     assert f"compiled_dp.py:{guard['lines'][where]}:" in message
     assert "the collective all_reduce was called while blutrain.compiler traces" in message
     assert "blutrain.dist.traceable" in message
+
+
+def test_the_rematerialize_pass_makes_each_micro_batch_its_own_copies(results: dict[str, Any]) -> None:
+    """ddp with two micro-batches: each block's two LayerNorm outputs are made again before each micro-batch's
+    backward (2 blocks × 2 norms × 2 micro-batches), among the buckets' all-reduces, and the step trains as eager
+    (above). zero=3 gathers each weight into a buffer that its collectives write again before the backward, so a
+    norm there is not made again (the copy would read other memory); it trains as eager all the same."""
+    assert results["ddp-accum2+remat"]["compiled"]["recomputed"] == 8
+    assert results["ddp-accum2"]["compiled"]["recomputed"] == 0

@@ -2,10 +2,10 @@
 ``blutrain.compiler.compile`` in one launch (``dist_workers/compiled_tp_cp.py``): tp = 2 (synchronous and
 async in 3 row blocks), dp = 2 × tp = 2, cp = 2 with ring, all-gather and Ulysses attention, and dp = 2 ×
 cp = 2 with ring attention, and cp = 2 × tp = 2 (context parallelism over the tensor-parallel model) with
-ring and Ulysses attention. The compiled step holds the mode's collectives as ops of its one program
-(ring attention's transfers as one ``sendrecv`` each) and must train exactly as the eager one. (The trainer's
-``--compile --parallel tp=2`` and ``cp=2`` cells are in test_plugin_matrix.py; ddp and zero in
-test_dist_compile.py.)"""
+ring and Ulysses attention; tp and dp × cp (ring) again with the rematerialize pass. The compiled step holds
+the mode's collectives as ops of its one program (ring attention's transfers as one ``sendrecv`` each) and
+must train exactly as the eager one. (The trainer's ``--compile --parallel tp=2`` and ``cp=2`` cells are in
+test_plugin_matrix.py; ddp and zero in test_dist_compile.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 from ranks import assert_trains_as_eager, run_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "compiled_tp_cp.py"
-RUNS = ["tp", "tp-async", "dp-tp", "cp-ring", "cp-allgather", "cp-ulysses", "dp-cp-ring", "tpcp-ring", "tpcp-ulysses"]
+RUNS = ["tp", "tp-async", "dp-tp", "cp-ring", "cp-allgather", "cp-ulysses", "dp-cp-ring", "tpcp-ring", "tpcp-ulysses",
+        "tp+remat", "dp-cp-ring+remat"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def test_compiled_step_trains_as_the_eager_step(results: dict[str, Any], run: st
 # loss's 3 and the norm's; async tp: 3 blocks per fused all-reduce; cp: one transfer or gather per layer each
 # way, the loss's and the gradient average's; Ulysses: two all-to-alls per layer each way; cp × tp: both
 FEWEST = {"tp": 13, "tp-async": 30, "dp-tp": 14, "cp-ring": 6, "cp-allgather": 6, "cp-ulysses": 10, "dp-cp-ring": 6,
-          "tpcp-ring": 19, "tpcp-ulysses": 23}
+          "tpcp-ring": 19, "tpcp-ulysses": 23, "tp+remat": 13, "dp-cp-ring+remat": 6}
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -44,3 +45,11 @@ def test_compiled_step_holds_every_collective_in_one_trace(results: dict[str, An
     compiled = results[run]["compiled"]
     assert compiled["collectives"] >= FEWEST[run]
     assert compiled["traces"] == 1
+
+
+@pytest.mark.parametrize("run", [r for r in RUNS if r.endswith("+remat")])
+def test_the_rematerialize_pass_made_copies_among_the_collectives(results: dict[str, Any], run: str) -> None:
+    """Each block's LayerNorm outputs at least are made again before their backward readers (2 blocks), and the
+    run trains as eager (the test above): copies read nothing a collective writes in between."""
+    assert results[run]["compiled"]["recomputed"] >= 4
+    assert results[run.removesuffix("+remat")]["compiled"]["recomputed"] == 0

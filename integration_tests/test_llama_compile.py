@@ -2,7 +2,8 @@
 swiglu, rms_norm, grouped-query attention, the untied head) gives eager's losses and weights on the CPU through
 the default pass pipeline, in float32 and under bf16 autocast, with and without activation checkpointing; the
 norm passes apply to its RMSNorms (layernorm-cast writes their bf16 output, layernorm-residual-linear-add
-folds the residual add into the next norm)."""
+folds the residual add into the next norm); the rematerialize pass makes the SwiGLU and RMSNorm outputs again
+before the backward GEMMs that read them, with eager's bits, in a smaller planned arena."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from blutrain.optim import clip_grad_norm_, create
 
 
 def run(compiled: bool, bf16: bool, recompute: bool, steps: int = 4,
-        passes: tuple[str, ...] | None = None) -> tuple[list[np.ndarray], Any]:
+        passes: tuple[str, ...] | None = None, remat: bool | None = None) -> tuple[list[np.ndarray], Any]:
     spec = model_spec("llama")
     bt.manual_seed(0)
     model: Any = spec.build(spec.config("tiny", n_layer=2, n_embd=64, n_head=4, n_kv_head=2, ffn_hidden=96,
@@ -36,7 +37,7 @@ def run(compiled: bool, bf16: bool, recompute: bool, steps: int = 4,
         opt.zero_grad()
         return loss
 
-    fn: Any = bc.compile(step, passes=None if passes is None else list(passes)) if compiled else step
+    fn: Any = bc.compile(step, passes=None if passes is None else list(passes), remat=remat) if compiled else step
     rng = np.random.default_rng(0)
     out = []
     for _ in range(steps):
@@ -80,3 +81,18 @@ def test_the_compiled_llama_attention_reads_the_shared_key_value_heads() -> None
     assert len(ops) == 4  # 2 layers, forward and backward
     for line in ops:
         assert "tensor<4x2x16x16xf32>, tensor<4x2x16x16xf32>" in line, line
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "autocast-bf16"])
+def test_the_compiled_llama_step_with_rematerialization_is_eager_bit_for_bit_in_a_smaller_arena(bf16: bool) -> None:
+    eager, _ = run(False, bf16, False)
+    _, plain = run(True, bf16, False, remat=False)
+    compiled, fn = run(True, bf16, False, remat=True)
+    for i, (got, want) in enumerate(zip(compiled, eager, strict=True)):
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=f"output {i}")
+    ir = fn.ir()
+    # per block: the SwiGLU output, both RMSNorm outputs and the attention output's contiguous copy, made again
+    # before the backward GEMMs that read them, and under autocast the bf16 copies of the seven weights (2 blocks)
+    assert fn.stats.recomputed == 8 + 14 * bf16 and plain.stats.recomputed == 0
+    assert ir.count('"blutrain.swiglu"') == 4 and ir.count('"blutrain.rms_norm"') == 5 + 4
+    assert fn.stats.arena_bytes < plain.stats.arena_bytes

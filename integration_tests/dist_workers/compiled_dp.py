@@ -14,7 +14,8 @@ On ``--device cuda`` (nccl, one GPU per rank) the same runs check the compiled s
 collectives captured into the step's one graph on a communication stream, each joined by the first op that
 touches its buffers.
 
-Usage: ``compiled_dp.py OUT.json [--device cuda] [RUN ...]``. Rank 0 writes, per configuration, both runs'
+Usage: ``compiled_dp.py OUT.json [--device cuda] [RUN ...]`` (``RUN+remat``: compiled with the rematerialize
+pass). Rank 0 writes, per configuration, both runs'
 losses and gradient norms per step (averaged over ranks), the largest parameter difference after the last step,
 and the compiled graph's numbers of traces and collectives; and (on the CPU) the guard's two messages with the
 lines they must name.
@@ -51,7 +52,7 @@ RUNS: dict[str, tuple[str, int, int]] = {  # name → (mode, zero stage, micro-b
 
 
 def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled: bool,
-          device: str = "cpu", grad_dtype: str | None = None) -> dict[str, Any]:
+          device: str = "cpu", grad_dtype: str | None = None, remat: bool | None = None) -> dict[str, Any]:
     bt.manual_seed(1234)
     config = CONFIG if device == "cpu" else CUDA_CONFIG
     net = GPT2(config).to(device=device)
@@ -82,7 +83,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
         optimizer.zero_grad(set_to_none=True)
         return total, norm
 
-    fn: Callable[..., Any] = compile(step) if compiled else step
+    fn: Callable[..., Any] = compile(step, remat=remat) if compiled else step
     losses, norms = [], []
     per_rank = BATCH // group.size
     for s in range(STEPS):
@@ -139,10 +140,12 @@ def main() -> int:
         device = f"cuda:{dist.detect().local_rank}"
     results: dict[str, Any] = {"world": group.size}
     for name in args or list(RUNS):
-        mode, stage, accum = RUNS[name]
-        grad_dtype = "bf16" if name == "ddp-bf16-grads" else None
+        base, _, option = name.partition("+")  # NAME+remat: compiled with the rematerialize pass
+        mode, stage, accum = RUNS[base]
+        grad_dtype = "bf16" if base == "ddp-bf16-grads" else None
         eager = train(group, mode, stage, accum, compiled=False, device=device, grad_dtype=grad_dtype)
-        compiled = train(group, mode, stage, accum, compiled=True, device=device, grad_dtype=grad_dtype)
+        compiled = train(group, mode, stage, accum, compiled=True, device=device, grad_dtype=grad_dtype,
+                         remat=option == "remat" or None)
         results[name] = versus(group, eager, compiled,
                                ((eager["params"][k], compiled["params"][k]) for k in eager["params"]), device)
     if device == "cpu":

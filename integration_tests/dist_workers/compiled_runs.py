@@ -20,7 +20,7 @@ def compiled_stats(fn: Any) -> dict[str, Any]:
     executor = fn.last.executor
     captured = bool(getattr(executor, "captures", 0)) and not getattr(executor, "eager", True)
     return {"traces": fn.traces, "collectives": fn.stats.collectives, "captured": captured,
-            "capture_error": getattr(executor, "capture_error", None)}
+            "capture_error": getattr(executor, "capture_error", None), "recomputed": fn.stats.recomputed}
 
 
 def versus(group: dist.ProcessGroup, eager: dict[str, Any], compiled: dict[str, Any],

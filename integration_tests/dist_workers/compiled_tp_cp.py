@@ -12,6 +12,7 @@ mode's global norm, so replays pick up new scalars and the norm's all-reduce is 
   averages the gradients over the cp group); ``dp-cp-<attn>``: ddp over dp × cp around it.
 - ``tpcp-<attn>``: cp = 2 × tp = 2, context parallelism over the tensor-parallel model (cp averages the shards'
   gradients over its group, tp gives the norm).
+- ``<config>+remat``: compiled with the rematerialize pass (``compile(step, remat=True)``).
 
 Usage: ``compiled_tp_cp.py OUT.json [CONFIG ...]``. Rank 0 writes, per configuration, both runs' losses and
 norms per step, the largest difference of any parameter over the ranks' (own shards of the) parameters, and
@@ -46,6 +47,7 @@ def train(world: dist.ProcessGroup, config: str, compiled: bool) -> dict[str, An
     from blutrain_parallel_ddp import DDP
     from blutrain_parallel_tp import TP
 
+    config, _, option = config.partition("+")
     kind, _, attn = config.partition("-")
     with_dp = kind == "dp"
     if with_dp:
@@ -80,7 +82,7 @@ def train(world: dist.ProcessGroup, config: str, compiled: bool) -> dict[str, An
         optimizer.zero_grad(set_to_none=True)
         return loss.detach(), norm
 
-    fn: Callable[..., Any] = compile(step) if compiled else step
+    fn: Callable[..., Any] = compile(step, remat=option == "remat" or None) if compiled else step
     losses, norms = [], []
     for s in range(STEPS):
         tokens = np.random.default_rng(s).integers(0, CONFIG.vocab_size, (2 * BATCH, CONFIG.block_size + 1))

@@ -13,11 +13,14 @@ is judged by this table.
     python tools/bench/gpt2.py --device cpu --quick   # CPU: tiny preset against PyTorch's CPU build
     python tools/bench/gpt2.py --model llama --preset llama-1b --seq-len 2048 --batch-size 4 --precision bf16 \
         --impl blutrain,blutrain-compile,torch,torch-compile    # issue 25's one-GPU row: sequential turns
+    python tools/bench/gpt2.py ... --impl blutrain-compile,torch-compile --remat    # the compiled step with the
+                                                      # rematerialize pass (--no-remat: without; default: as compiled)
 
 What is compared
 - BluTrain: ``blutrain.models.gpt2.GPT2``, the ``adamw`` optimizer plugin, ``clip_grad_norm_``, eager.
   BluTrain compiled (``--impl blutrain-compile``): the same step (forward, backward, clip, AdamW, zero_grad)
   through ``blutrain.compiler.compile``; its first call runs eagerly, the second traces, the rest replay.
+  ``--remat`` / ``--no-remat`` compile it with or without the ``rematerialize`` pass (meta's ``hyper.remat``).
 - ``--model llama`` (the blutrain-model-llama plugin): BluTrain's Llama against ``torch_llama_reference``
   (LlamaForCausalLM written plainly with ``nn.RMSNorm``, SDPA with ``enable_gqa``: torch >= 2.5), the same
   names, initialisation and hyper-parameters; everything below applies to it as to GPT-2.
@@ -118,6 +121,7 @@ from bench.gpt2_models import (
     BUILTIN_DATA,
     TORCH_MODELS,
     Batches,
+    BluTrainCompiledRunner,
     BluTrainRunner,
     Hyper,
     Runner,
@@ -158,6 +162,8 @@ class Row:
     memory_source: str | None = None
     losses: list[float] = field(default_factory=list)
     error: str | None = None
+    # blutrain-compile: the compiled graph's CompileStats after warm-up (its planned arena, the values recomputed)
+    compile_stats: dict[str, Any] | None = None
 
 
 # -- the bench ---------------------------------------------------------------------------------------------
@@ -172,7 +178,7 @@ class Bench(ParityStage, ProfileStages):
 
         self.cfg: Any = model_spec(args.model).config(args.preset)
         self.hp = Hyper(lr=args.lr, clip=args.clip, seed=args.seed,
-                        compile_passes=compile_pipeline(args.compile_replace), model=args.model)
+                        compile_passes=compile_pipeline(args.compile_replace), remat=args.remat, model=args.model)
         self.tokens = args.batch_size * args.seq_len
         # GPT-2: nanoGPT's closed form. Another family: its model's declared flops_per_token, read from the first
         # BluTrain model this run builds (``count_flops``): no extra copy of a large model just to count it.
@@ -414,6 +420,8 @@ class Bench(ParityStage, ProfileStages):
                 meter.begin()
                 check_finite(runner.loss_value(runner.step(staged[a.warmup % len(staged)])), row.impl, a.warmup)
                 row.peak_allocated, row.peak_reserved = meter.end()
+                if isinstance(runner, BluTrainCompiledRunner):
+                    row.compile_stats = asdict(runner.compiled.stats)
         except Exception as exc:
             with contextlib.suppress(Exception):
                 meter.end()  # a memory hook left on would slow every later step
@@ -687,6 +695,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--compile-replace", action="append", default=[], metavar="OLD=NEW",
                     help="blutrain-compile: the default pipeline with pass OLD replaced by NEW (repeatable), e.g. "
                          "layernorm-residual=layernorm-residual-linear-add")
+    ap.add_argument("--remat", action=argparse.BooleanOptionalAction, default=None,
+                    help="blutrain-compile: with (--remat) or without (--no-remat) the compiler's rematerialize pass, "
+                         "which makes cheap forward values (SwiGLU and norm outputs, bf16 weight copies) again "
+                         "before their backward readers instead of holding them; default: the compiler's default "
+                         "pipeline")
     ap.add_argument("--turns", choices=("auto", "alternate", "sequential"), default="auto",
                     help="alternate: every implementation built, then timed step by step in turns (drift hits all "
                          "alike); sequential: each built, timed and freed alone, compiled ones first; auto "

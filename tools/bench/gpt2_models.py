@@ -25,6 +25,7 @@ class Hyper:
     clip: float = 1.0
     seed: int = 0
     compile_passes: tuple[str, ...] | None = None  # blutrain-compile's pipeline (--compile-replace); None: default
+    remat: bool | None = None  # blutrain-compile's rematerialize pass (--remat / --no-remat); None: the default
     model: str = "gpt2"  # the model family (--model): BluTrain's registered one and TORCH_MODELS' PyTorch one
 
 
@@ -331,7 +332,7 @@ class BluTrainCompiledRunner(BluTrainRunner):
         super().__init__(cfg, device, precision, hp, state)
         from blutrain.compiler import compile as compile_step
 
-        self.compiled = compile_step(self._whole_step, passes=hp.compile_passes)
+        self.compiled = compile_step(self._whole_step, passes=hp.compile_passes, remat=hp.remat)
 
     def close(self) -> None:
         """Drop the compiled graphs and their memory now: a stage's four configurations share the GPU, and

@@ -41,7 +41,7 @@ from blutrain.compiler.dialect import context
 from blutrain.compiler.errors import CompilerError, GraphBreakError, TracingError
 from blutrain.compiler.executor import Program
 from blutrain.compiler.graph import build_module
-from blutrain.compiler.registry import default_pipeline
+from blutrain.compiler.registry import default_pipeline, with_remat
 from blutrain.compiler.registry import passes as pass_registry
 from blutrain.compiler.target import Executor, compile_target
 from blutrain.compiler.trace import TraceArray, Tracer, tracing
@@ -104,7 +104,8 @@ class CompileStats:
     added up, ``alloc_live_peak_bytes`` the most bytes live at once (no placement needs less),
     ``alloc_pool_bytes`` what CuPy's caching pool held for the same run, ``alloc_fallbacks`` the requests the
     arena did not serve. They are 0 on the CPU and for a step that runs without a graph. ``collectives``: the
-    collectives the step issues (every one inside the graph).
+    collectives the step issues (every one inside the graph). ``recomputed``: the values the ``rematerialize``
+    pass makes again before their backward readers (0 without the pass).
     """
 
     traced_ops: int
@@ -120,6 +121,7 @@ class CompileStats:
     alloc_requests: int = 0
     alloc_fallbacks: int = 0
     collectives: int = 0
+    recomputed: int = 0
 
 
 class CompiledGraph:
@@ -148,7 +150,8 @@ class CompiledGraph:
             traced_ops=len(tracer.events), ops=sum(1 for _ in ops), fused_regions=sum(1 for o in ops
                                                                                      if o.name == "blutrain.fused"),
             arena_bytes=_attr(module, "blutrain.arena_bytes"), buffer_bytes=_attr(module, "blutrain.buffer_bytes"),
-            device=device, collectives=self.program.collective_count)
+            device=device, collectives=self.program.collective_count,
+            recomputed=_attr(module, "blutrain.recomputed"))
 
     @property
     def stats(self) -> CompileStats:
@@ -281,17 +284,20 @@ class CompiledFunction:
     """The callable :func:`compile` returns; ``ir()`` shows the compiled module as MLIR text."""
 
     def __init__(self, fn: Callable[..., Any], warmup: int = 1, passes: Sequence[str] | None = None,
-                 replay: str = "graph") -> None:
+                 replay: str = "graph", remat: bool | None = None) -> None:
         if not callable(fn):
             raise CompilerError(f"compile: expected a callable, got {type(fn).__name__}")
         if not isinstance(warmup, int) or warmup < 0:
             raise CompilerError(f"compile: warmup must be an int >= 0, got {warmup!r}")
         if replay not in REPLAY_MODES:
             raise CompilerError(f"compile: replay must be one of {', '.join(map(repr, REPLAY_MODES))}, got {replay!r}")
+        if remat is not None and not isinstance(remat, bool):
+            raise CompilerError(f"compile: remat must be True, False or None (the pipeline as it is), got {remat!r}")
         self.fn = fn
         self.replay = replay
         self.warmup = warmup
-        self.pipeline = tuple(passes) if passes is not None else default_pipeline()
+        pipeline = tuple(passes) if passes is not None else default_pipeline()
+        self.pipeline = pipeline if remat is None else with_remat(pipeline, remat)
         self.graphs: dict[tuple[Any, ...], CompiledGraph] = {}
         self.calls: dict[tuple[Any, ...], int] = {}
         self.arg_spec: Any = None
@@ -384,7 +390,7 @@ class CompiledFunction:
 
 
 def compile(fn: Callable[..., Any], *, warmup: int = 1, passes: Sequence[str] | None = None,
-            replay: str = "graph") -> CompiledFunction:
+            replay: str = "graph", remat: bool | None = None) -> CompiledFunction:
     """Compile ``fn`` (e.g. a training step: forward, ``backward()``, ``optimizer.step()``, ``zero_grad()``).
 
     ``warmup`` eager calls come first (optimizers create their state on their first step); the next
@@ -397,8 +403,14 @@ def compile(fn: Callable[..., Any], *, warmup: int = 1, passes: Sequence[str] | 
     call only, and so do the argument checks that read an input's values (token ids within the embedding).
     Keep those outside ``fn``, or pass ``replay="probe"``, which re-runs ``fn``'s Python (with no kernel) on
     every call to pick them up, to run those checks and to check that the call takes the traced path.
+
+    ``remat=True`` adds the ``rematerialize`` pass to the pipeline (before kernel selection): cheap forward values
+    that the backward reads much later (a SwiGLU's or a norm's output, autocast's bf16 copy of a weight) are made
+    again right before their backward reader from values alive there anyway, which lowers the step's peak memory
+    for a pass over those values; ``False`` leaves it out; ``None`` (default) runs the pipeline as it is (the
+    default pipeline has no ``rematerialize`` today).
     """
-    return CompiledFunction(fn, warmup=warmup, passes=passes, replay=replay)
+    return CompiledFunction(fn, warmup=warmup, passes=passes, replay=replay, remat=remat)
 
 
 __all__ = ["CompileStats", "CompiledFunction", "CompiledGraph", "compile", "run_pipeline"]

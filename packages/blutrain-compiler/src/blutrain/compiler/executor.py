@@ -153,7 +153,9 @@ class Program:
         self.n_inputs = attr_int(module, "blutrain.inputs")
         self.n_args = len(block.args)
         self.launches: list[Launch] = []
-        self.by_uid: dict[int, Launch] = {}
+        # traced call → its launches: more than one where a pass made an op again (rematerialize), each of which
+        # takes a probe's new scalars
+        self.by_uid: dict[int, list[Launch]] = {}
         self.member_of: dict[int, int] = {}  # uid of a fused region's member → its index there
         registry = kernels()
         target = compile_target(device)
@@ -171,7 +173,8 @@ class Program:
                                      as_dtype(o.properties["dtype"].data)).fn
                 launch = Launch("kernel", fn, reads, results, decode(o.properties["args"]),
                                 decode(o.properties["ret"]), uid)
-                self.by_uid[uid] = launch
+                if uid >= 0:  # an op a pass made (no traced call) takes no probe's scalars
+                    self.by_uid.setdefault(uid, []).append(launch)
             elif isinstance(o, ViewOp):
                 shape = type_info(o.results[0].type)[0]
                 offset = int(o.properties["offset"].data)  # type: ignore[attr-defined]
@@ -196,7 +199,7 @@ class Program:
                                 codegen_numpy.region_consts(templates))
                 members = [m for m in o.body.block.ops if "uid" in m.properties]
                 for k, m in enumerate(members):
-                    self.by_uid[int(m.properties["uid"].data)] = launch
+                    self.by_uid.setdefault(int(m.properties["uid"].data), []).append(launch)
                     self.member_of[int(m.properties["uid"].data)] = k
             else:
                 raise CompilerError(f"the executor cannot run {o.name}")
@@ -241,18 +244,17 @@ class Program:
         return sum(1 for launch in self.launches if launch.kind == "collective")
 
     def update(self, uid: int, template: tuple[Any, ...]) -> bool:
-        """Give the launch of traced call ``uid`` new scalar arguments; False if no launch has them."""
-        launch = self.by_uid.get(uid)
-        if launch is None:
-            return False
-        if launch.kind == "fused":
-            launch.template[self.member_of[uid]] = template
-            launch.ret = codegen_numpy.region_consts(launch.template)
-        else:
-            # ``template`` is the traced call's; a pass that handed the kernel a trailing operand (the
-            # adamw-grad-scale pass's clip coefficient) made the launch's longer: keep that tail
-            launch.template = (*template, *launch.template[len(template):])
-        return True
+        """Give the launches of traced call ``uid`` new scalar arguments; False if no launch has them."""
+        launches = self.by_uid.get(uid, [])
+        for launch in launches:
+            if launch.kind == "fused":
+                launch.template[self.member_of[uid]] = template
+                launch.ret = codegen_numpy.region_consts(launch.template)
+            else:
+                # ``template`` is the traced call's; a pass that handed the kernel a trailing operand (the
+                # adamw-grad-scale pass's clip coefficient) made the launch's longer: keep that tail
+                launch.template = (*template, *launch.template[len(template):])
+        return bool(launches)
 
     def drop_results(self) -> None:
         """Forget what the last run left in the slots (its outputs); the arguments stay."""

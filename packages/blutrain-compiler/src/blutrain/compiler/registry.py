@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from blutrain.compiler import hookspecs
-from blutrain.compiler.passes import CORE_PIPELINE
+from blutrain.compiler.passes import CORE_PIPELINE, REMAT_BEFORE, REMAT_PASS
 from blutrain.tensor import plugins
 from blutrain.tensor.errors import PluginError
 from blutrain.tensor.registry import Registry
@@ -51,3 +51,13 @@ def default_pipeline() -> tuple[str, ...]:
     """What :func:`blutrain.compiler.compile` runs when given no ``passes``: the core passes
     (:data:`blutrain.compiler.CORE_PIPELINE`) with the passes plugins placed among them."""
     return passes().pipeline()
+
+
+def with_remat(pipeline: Sequence[str], remat: bool) -> tuple[str, ...]:
+    """``pipeline`` with the ``rematerialize`` pass (``remat`` True: placed before kernel selection, or at the end of
+    a pipeline without it, where it is not there yet) or without it (False)."""
+    out = [name for name in pipeline if name != REMAT_PASS]
+    if remat:
+        at = out.index(REMAT_BEFORE) if REMAT_BEFORE in out else len(out)
+        out.insert(at, REMAT_PASS)
+    return tuple(out)

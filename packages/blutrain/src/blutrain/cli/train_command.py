@@ -62,6 +62,13 @@ _SWITCHES: tuple[tuple[str, str], ...] = (
     ("overwrite", "replace the run already in --out: its files (metrics, checkpoints, plot) are deleted first"),
 )
 
+# on/off switches whose default is left to the library (``--remat`` / ``--no-remat``; neither: the default)
+_TOGGLES: tuple[tuple[str, str], ...] = (
+    ("remat", "with --compile: make cheap forward values (SwiGLU and norm outputs, bf16 weight copies) again "
+              "right before the backward reads them instead of holding them (less memory, a pass over them more; "
+              "the compiler's rematerialize pass); --no-remat: never; default: the compiler's default pipeline"),
+)
+
 
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("train", help="train a model (default: the GPT-2 tiny preset on the built-in corpus)",
@@ -73,6 +80,8 @@ def add_commands(sub: Any) -> None:
         p.add_argument(f"--{flag}", type=kind, default=None, help=text)
     for flag, text in _SWITCHES:
         p.add_argument(f"--{flag}", action="store_true", default=None, help=text)
+    for flag, text in _TOGGLES:
+        p.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=text)
     p.set_defaults(func=run_train)
 
     g = sub.add_parser("generate", help="continue a prompt with a trained checkpoint")
@@ -118,6 +127,10 @@ def build_config(args: argparse.Namespace) -> Any:
         name = flag.replace("-", "_")
         if getattr(args, name, None):
             setattr(cfg, name, True)
+    for flag, _ in _TOGGLES:
+        name = flag.replace("-", "_")
+        if getattr(args, name, None) is not None:
+            setattr(cfg, name, getattr(args, name))
     return cfg
 
 

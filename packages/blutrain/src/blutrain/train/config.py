@@ -111,6 +111,10 @@ class TrainConfig:
     sample_tokens: int = 200
     prompt: str = "def "
     compile: bool = False  # run each step as one compiled graph (blutrain.compiler)
+    # with compile: make cheap forward values (SwiGLU and norm outputs, bf16 weight copies) again before their
+    # backward readers instead of holding them (the compiler's rematerialize pass): less memory for a pass over
+    # them; None: the compiler's default pipeline
+    remat: bool | None = None
     on_nonfinite: str = "stop"  # a NaN/inf loss or gradient norm: "skip" the update, or "stop" the run
     keep: int = 3  # step checkpoints kept (the newest N); 0 → all
     async_checkpoint: bool = False  # stage checkpoints to host memory, write them on a background thread
@@ -155,6 +159,11 @@ class TrainConfig:
             raise ConfigError("on_nonfinite 'skip' cannot apply to compile: the compiled step runs the optimizer "
                               "inside its graph, so a step cannot be left out after its loss is seen; use "
                               "on_nonfinite 'stop' with compile, or run eagerly")
+        if self.remat is not None and not isinstance(self.remat, bool):
+            raise ConfigError(f"remat must be true or false, got {self.remat!r}")
+        if self.remat and not self.compile:
+            raise ConfigError("remat recomputes values inside the compiled step: add compile (--compile), or leave "
+                              "out remat")
         if self.compile and self.auto_batch:
             raise ConfigError("auto_batch cannot size compile's graph: it probes eager steps, whose memory is "
                               "not the compiled plan's; give batch_size explicitly with compile")

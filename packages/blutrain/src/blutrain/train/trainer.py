@@ -271,7 +271,7 @@ class Trainer:
         if cfg.compile:
             from blutrain.compiler import compile as compile_step
 
-            self.compiled_step = compile_step(self._step_body)
+            self.compiled_step = compile_step(self._step_body, remat=cfg.remat)
             if self.group is not None:  # its graphs will capture the group's collectives
                 from blutrain.dist import before_destroy
 

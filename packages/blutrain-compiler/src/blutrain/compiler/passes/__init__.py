@@ -24,6 +24,10 @@ CORE_PIPELINE: tuple[str, ...] = ("copy-elision", "inplace-aliasing", "dce", "cs
                                   "embedding-grad-add", "elementwise-fusion", "multi-tensor-cast", "kernel-selection",
                                   "memory-plan")
 
+# The rematerialization pass: not in CORE_PIPELINE (compile's ``remat=True`` places it), run before this core pass.
+REMAT_PASS = "rematerialize"
+REMAT_BEFORE = "kernel-selection"
+
 
 @hookimpl
 def blutrain_register_passes(registry: PassRegistry) -> None:
@@ -40,12 +44,13 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.norm_grad import LayerNormGradAdd
     from blutrain.compiler.passes.norm_grad_out import LayerNormGradOutputs
     from blutrain.compiler.passes.norm_residual import LayerNormResidual, LayerNormResidualLinearAdd
+    from blutrain.compiler.passes.remat import Rematerialize
     from blutrain.compiler.passes.select import KernelSelection
 
     for p in (CopyElision, InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
               EmbeddingGradAdd, LayerNormGradAdd, LayerNormCast, LayerNormGradOutputs, ElementwiseFusion,
               KernelSelection, MemoryPlan,
-              MultiTensorCast, LayerNormResidual, LayerNormResidualLinearAdd):
+              MultiTensorCast, LayerNormResidual, LayerNormResidualLinearAdd, Rematerialize):
         registry.register(p.name, p)
 
 
@@ -56,4 +61,5 @@ def blutrain_register_compile_targets(registry: CompileTargetRegistry) -> None:
     registry.register(TARGET.device, TARGET)
 
 
-__all__ = ["CORE_PIPELINE", "blutrain_register_compile_targets", "blutrain_register_passes"]
+__all__ = ["CORE_PIPELINE", "REMAT_BEFORE", "REMAT_PASS", "blutrain_register_compile_targets",
+           "blutrain_register_passes"]
