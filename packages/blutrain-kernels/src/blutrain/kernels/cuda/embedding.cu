@@ -4,19 +4,19 @@
 //                         [0, V) yields a NaN row instead of reading out of bounds.
 //                         Bytes: read ntok*D (+ids), write ntok*D.
 // embedding_bwd_sorted_*: deterministic. The host sorts the keys id*ntok + position once (unique keys,
-//                         so any sort gives one order) and finds each id's segment; grid (ceil(V/ROWS),
+//                         so any sort gives one order) and finds each id's segment; grid (ceil(V/2),
 //                         column chunks), block = one chunk of column vectors (a multiple of 32 threads, so
-//                         a warp never spans two vocabulary rows); each thread owns VEC columns of ROWS
-//                         consecutive vocabulary rows and sums each row's gradient rows in position order,
-//                         in float (the order, hence the bits, of a plain loop over the segment), then
-//                         writes the row once (zero rows included: no memset).
+//                         a warp never spans two vocabulary rows); each thread owns VEC columns of
+//                         EMB_BWD_ROWS = 2 consecutive vocabulary rows and sums each row's gradient rows
+//                         in position order, in float (the order, hence the bits, of a plain loop over the
+//                         segment), then writes the row once (zero rows included: no memset).
 //                         Latency, not bandwidth, bounds a long segment (a frequent token: hundreds to
 //                         thousands of positions): a warp loads 32 positions with one coalesced load (the
 //                         next 32 in flight meanwhile) and hands them out by shuffle, and each thread
-//                         issues the loads of UNROLL gradient rows before adding them in order, so UNROLL
-//                         rows of the segment are in flight instead of one. Splitting a segment across
+//                         issues the loads of EMB_BWD_UNROLL = 8 gradient rows before adding them in order,
+//                         so 8 rows of the segment are in flight instead of one. Splitting a segment across
 //                         blocks would change the order of the float adds (and the bits), so it is not
-//                         done. The ROWS rows' addend vectors and segment bounds are loaded before any
+//                         done. Both rows' addend vectors and segment bounds are loaded before any
 //                         segment, so an empty row costs one memory latency, not two.
 //                         Bytes: read ntok*D (+ntok*8 positions, (V+1)*8 bounds), write V*D.
 // embedding_bwd_atomic:   the fast non-deterministic path: one float atomicAdd per gradient element into a
