@@ -162,8 +162,10 @@ __device__ __forceinline__ void ce_accumulate(const float (&v)[VEC], LseState& s
     if (m != -BT_INF) {
         float s;
         if constexpr (FAST) {
-            const float ml = m * CE_LOG2E;
-            s = st.s * ex2_approx(fmaf(st.m, CE_LOG2E, -ml));
+            // s is kept relative to ml, the rounded m * log2(e): the rescale is 2^(ml_old - ml), exactly 1 while
+            // the maximum stands (an FMA of st.m would add the product's rounding error at every vector)
+            const float ml = __fmul_rn(m, CE_LOG2E);
+            s = st.s * ex2_approx(__fmul_rn(st.m, CE_LOG2E) - ml);
 #pragma unroll
             for (int k = 0; k < VEC; ++k) s += ex2_approx(fmaf(v[k], CE_LOG2E, -ml));
         } else {
