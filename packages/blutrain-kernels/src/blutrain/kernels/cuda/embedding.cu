@@ -14,7 +14,8 @@
 //                         thousands of positions): a warp loads 32 positions with one coalesced load (the
 //                         next 32 in flight meanwhile) and hands them out by shuffle, and each thread
 //                         issues the loads of EMB_BWD_UNROLL = 8 gradient rows before adding them in order,
-//                         so 8 rows of the segment are in flight instead of one. Splitting a segment across
+//                         so 8 rows of the segment are in flight instead of one, while the next 8 rows are
+//                         prefetched into L2 (a hint: no registers). Splitting a segment across
 //                         blocks would change the order of the float adds (and the bits), so it is not
 //                         done. Both rows' addend vectors and segment bounds are loaded before any
 //                         segment, so an empty row costs one memory latency, not two.
@@ -95,6 +96,9 @@ template <> struct RawVec<bf16, 8> {
     }
 };
 
+// A hint with no register to wait on: the line holding p is fetched into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 constexpr int EMB_BWD_ROWS = 2;     // vocabulary rows per thread
 constexpr int EMB_BWD_UNROLL = 8;   // gradient rows of a segment in flight per thread (divides 32)
 
@@ -113,6 +117,12 @@ __device__ __forceinline__ void sum_segment(const T* __restrict__ grad, const lo
         const long long ahead = base + 32 + lane;
         const long long next = ahead < end ? pos[ahead] : 0;  // the next 32 positions, in flight meanwhile
         for (int u0 = 0; u0 < n; u0 += U) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {  // the next group's rows into L2: its loads then wait on L2, not DRAM
+                const int q = u0 + U + u;
+                const long long p = __shfl_sync(0xffffffffu, mine, q & 31);
+                if (active && q < n) prefetch_l2(grad + p * D + col);
+            }
             RawVec<T, VEC> r[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
