@@ -63,7 +63,7 @@ def _reference(g: Any, idx: Any, a: Any, s: Any | None, vocab: int) -> np.ndarra
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=lambda d: d.name)
-@pytest.mark.parametrize(("vocab", "dim"), [(1000, 768), (64, 10), (50, 8)])
+@pytest.mark.parametrize(("vocab", "dim"), [(1000, 768), (301, 1032), (64, 10), (50, 8)])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["sorted", "atomic"])
 @pytest.mark.parametrize("scaled", [True, False], ids=["scaled", "unscaled"])
 def test_embedding_backward_adds_the_scaled_addend_as_the_separate_kernels(dtype: Any, vocab: int, dim: int,

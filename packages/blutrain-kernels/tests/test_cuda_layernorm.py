@@ -16,10 +16,11 @@ from blutrain.tensor.cpu import nn as cpu_nn
 pytestmark = pytest.mark.cuda  # conftest: skipped without a GPU, run with poisoned device memory
 
 
-# (2000, 768) and (300, 3072): more rows than one block's row groups, so the backward's blocks loop and
-# combine their dweight/dbias sums; (3, 5000): wider than the register-resident backward holds.
+# (2001, 768) and (300, 3072): more rows than one block's row groups, so the backward's blocks loop and
+# combine their dweight/dbias sums (2001: the last block's row groups partly past the rows); (3, 5000): wider
+# than the register-resident backward holds.
 LN_SHAPES = [((5, 768), 1), ((7, 100), 1), ((3, 33), 1), ((2, 3, 256), 1), ((4, 6, 10), 2), ((2, 4096), 1),
-             ((2000, 768), 1), ((300, 3072), 1), ((3, 5000), 1)]
+             ((2001, 768), 1), ((300, 3072), 1), ((3, 5000), 1)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -205,3 +206,23 @@ def test_layer_norm_backward_leaves_other_dtypes_extra_outputs_to_the_generic_ke
     assert cuda.layer_norm_backward(*half, None, True) is None
     assert cuda.layer_norm_backward(*half, BF16) is None
     assert cuda.layer_norm_backward(*args, True, True, None, np.float16) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("C", [768, 100])
+def test_layer_norm_backward_is_bitwise_reproducible(dtype: Any, C: int) -> None:
+    """dx, dweight and dbias: the same bits from two calls (the dweight/dbias partials add in a fixed order,
+    in registers for float32 and in shared-memory slots for bf16)."""
+    from blutrain.kernels import cuda
+
+    r = rng(3)
+    x = dev(r.standard_normal((4001, C)), dtype)
+    g = dev(r.standard_normal((4001, C)), dtype)
+    w = dev(r.standard_normal(C), dtype)
+    mean = dev(r.standard_normal(4001), np.float32)
+    rstd = dev(r.uniform(0.5, 2.0, 4001), np.float32)
+    first = cuda.layer_norm_backward(g, x, w, mean, rstd, 1, True, True)
+    second = cuda.layer_norm_backward(g, x, w, mean, rstd, 1, True, True)
+    assert first is not None and second is not None
+    for a, b in zip(first, second, strict=True):
+        assert np.array_equal(host(a), host(b))

@@ -33,6 +33,7 @@ _modules: dict[tuple[int, str], Any] = {}
 _functions: dict[tuple[int, str, str], Any] = {}
 _smem_set: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
+_smem_per_sm: dict[int, int] = {}
 _resident: dict[tuple[int, str, str, int, int], int] = {}
 _deterministic = True
 # op name -> (launcher, dtype names it handles): the shape of a family's KERNELS and STANDALONE tables
@@ -177,6 +178,17 @@ def sm_count() -> int:
     if n is None:
         n = int(dev.attributes["MultiProcessorCount"])
         _sm_count[dev.id] = n
+    return n
+
+
+def shared_memory_per_sm() -> int:
+    """Bytes of shared memory one multiprocessor of the current device holds (blocks' reservations included)."""
+    cp = _cp()
+    dev = cp.cuda.Device()
+    n = _smem_per_sm.get(dev.id)
+    if n is None:
+        n = int(dev.attributes.get("MaxSharedMemoryPerMultiprocessor", _DEFAULT_SMEM))
+        _smem_per_sm[dev.id] = n
     return n
 
 

@@ -15,6 +15,7 @@ from blutrain.kernels.cuda._core import (
     _row_threads,
     _suffix,
     _variant,
+    shared_memory_per_sm,
 )
 
 _REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
@@ -45,10 +46,23 @@ def _ce_rows(logits: Array, target: Array, ignore_index: int, label_smoothing: f
     lse = cp.empty((N,), np.float32)
     dlogits = cp.empty((N, C), logits.dtype) if with_grad else None
     name, vec = _variant(suffix, C, lc, dlogits)
-    _launch("cross_entropy", f"ce_fwd_{name}", (N,), (_row_threads(C // vec),),
-            (lc, tc, np.int32(C), np.int64(ignore_index), np.float32(label_smoothing), loss_rows, lse,
-             _ptr(dlogits), _ptr(count)))
+    args = (lc, tc, np.int32(C), np.int64(ignore_index), np.float32(label_smoothing), loss_rows, lse, _ptr(dlogits),
+            _ptr(count))
+    staged = _staged_vectors(C // vec) if with_grad and vec > 1 else 0
+    if staged:  # the row read once: staged in shared memory for the gradient
+        _launch("cross_entropy", f"ce_fused_{name}", (N,), (_row_threads(C // vec),), (*args, np.int32(staged)),
+                smem=16 * staged)
+    else:
+        _launch("cross_entropy", f"ce_fwd_{name}", (N,), (_row_threads(C // vec),), args)
     return suffix, tc, loss_rows, lse, dlogits
+
+
+def _staged_vectors(nvec: int) -> int:
+    """16-byte vectors of a row that ce_fused_* holds in shared memory: all ``nvec`` if they fit, else as many
+    as leave room for two blocks per multiprocessor (each with its static table and the 1 KB the hardware
+    reserves per block), so that one block's reads overlap the other's arithmetic and writes."""
+    budget = shared_memory_per_sm() // 2 - 2048
+    return max(0, min(nvec, budget // 16))
 
 
 def _ce_forward(logits: Array, target: Array, ignore_index: int, label_smoothing: float, reduction: str,

@@ -75,10 +75,22 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int, addend: Arr
     seg = cp.searchsorted(ids, cp.arange(V + 1, dtype=np.int64), side="left").astype(np.int64)
     out = cp.empty((V, D), grad.dtype)
     name, vec = _variant(suffix, D, rows, out, ac)
-    threads = min(128, _row_threads(D // vec, hi=128))
-    _launch("embedding", f"embedding_bwd_sorted_{name}", (V, (D // vec + threads - 1) // threads), (threads,),
-            (rows, pos, seg, _ptr(ac), _ptr(sc), out, np.int32(D)))
+    threads, chunks = _column_chunks(D // vec)
+    _launch("embedding", f"embedding_bwd_sorted_{name}", (-(-V // _SORTED_ROWS), chunks), (threads,),
+            (rows, pos, seg, _ptr(ac), _ptr(sc), out, np.int32(D), np.int64(V)))
     return out
+
+
+_SORTED_ROWS = 2  # vocabulary rows per thread of embedding_bwd_sorted_* (EMB_BWD_ROWS in embedding.cu)
+
+
+def _column_chunks(nvec: int, most: int = 256) -> tuple[int, int]:
+    """(threads, chunks) of the sorted backward's grid: the row's ``nvec`` column vectors in as few chunks of
+    at most ``most`` threads as cover them, each a multiple of 32 threads (the kernel needs whole warps on one
+    vocabulary row) and as even as that allows."""
+    chunks = -(-nvec // most)
+    per_chunk = -(-nvec // chunks)
+    return 32 * -(-per_chunk // 32), chunks
 
 
 # op name -> (launcher, dtype names it handles): this family's part of the package's KERNELS

@@ -138,7 +138,9 @@ def layer_norm_backward(grad: Array, x: Array, w: Array | None, mean: Array, rst
         tg, nper = shape
         rg = max(1, _LN_BWD_THREADS // tg)
         kname = f"layernorm_bwd_{name}_n{nper}{out}"
-        smem = (128 * rg + ((3 if extra else 2) * C if accumulate else 0)) * 4
+        # bf16: the dweight/dbias sums in shared memory, a slot per (row group, vector, element, thread)
+        sums = rg * nper * 2 * vec * tg if suffix == "bf16" else (3 if extra else 2) * C
+        smem = (128 * rg + (sums if accumulate else 0)) * 4
         if smem > 227 * 1024:
             return None
         G = min((N + rg - 1) // rg, _resident_blocks("layernorm", kname, tg * rg, smem))

@@ -4,14 +4,22 @@
 //                         [0, V) yields a NaN row instead of reading out of bounds.
 //                         Bytes: read ntok*D (+ids), write ntok*D.
 // embedding_bwd_sorted_*: deterministic. The host sorts the keys id*ntok + position once (unique keys,
-//                         so any sort gives one order) and finds each id's segment; grid (V, column
-//                         chunks), each thread owns VEC columns of one vocabulary row and sums that row's
-//                         gradient rows in position order, in float, then writes the row once (zero rows
-//                         included: no memset). Bytes: read ntok*D, write V*D.
-//                         addend, scale (nullable; the weight's [V, D] and a 0-d, T): writes
-//                         addend * scale + sum instead (+V*D read): a tied weight's other gradient (the
-//                         LM head's times the loss scale), which the compiler's embedding-grad-add pass
-//                         folds in instead of a separate multiply and add over the whole weight.
+//                         so any sort gives one order) and finds each id's segment; grid (ceil(V/2),
+//                         column chunks), block = one chunk of column vectors (a multiple of 32 threads, so
+//                         a warp never spans two vocabulary rows); each thread owns VEC columns of
+//                         EMB_BWD_ROWS = 2 consecutive vocabulary rows and sums each row's gradient rows
+//                         in position order, in float (the order, hence the bits, of a plain loop over the
+//                         segment), then writes the row once (zero rows included: no memset).
+//                         Latency, not bandwidth, bounds a long segment (a frequent token: hundreds to
+//                         thousands of positions): a warp loads 32 positions with one coalesced load (the
+//                         next 32 in flight meanwhile) and hands them out by shuffle, and each thread
+//                         issues the loads of EMB_BWD_UNROLL = 8 gradient rows before adding them in order,
+//                         so 8 rows of the segment are in flight instead of one, while the next 8 rows are
+//                         prefetched into L2 (a hint: no registers). Splitting a segment across
+//                         blocks would change the order of the float adds (and the bits), so it is not
+//                         done. Both rows' addend vectors and segment bounds are loaded before any
+//                         segment, so an empty row costs one memory latency, not two.
+//                         Bytes: read ntok*D (+ntok*8 positions, (V+1)*8 bounds), write V*D.
 // embedding_bwd_atomic:   the fast non-deterministic path: one float atomicAdd per gradient element into a
 //                         zeroed float32 [V, D] buffer. Bytes: read ntok*D, atomics ntok*D.
 // embedding_bwd_addend_*: that path's addend: grid-stride over V*D, out = addend * scale + acc (acc rounded
@@ -59,30 +67,117 @@ __device__ __forceinline__ float addend_sum(float a, const T* __restrict__ scale
     return cast_round<T>(__fadd_rn(term, sum));
 }
 
+// One 16-byte vector (or one element, VEC == 1) of T as loaded, widened to floats only when added: the
+// registers of UNROLL rows in flight stay 4 per row for bf16 too.
+template <typename T, int VEC> struct RawVec {
+    T v[VEC];
+    __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[k] = p[k];
+    }
+    __device__ __forceinline__ void widen(float (&o)[VEC]) const {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = to_float(v[k]);
+    }
+};
+template <> struct RawVec<float, 4> {
+    float4 v;
+    __device__ __forceinline__ void load(const float* p) { v = *reinterpret_cast<const float4*>(p); }
+    __device__ __forceinline__ void widen(float (&o)[4]) const { o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w; }
+};
+template <> struct RawVec<bf16, 8> {
+    uint4 v;
+    __device__ __forceinline__ void load(const bf16* p) { v = *reinterpret_cast<const uint4*>(p); }
+    __device__ __forceinline__ void widen(float (&o)[8]) const {
+        unpack_bf16x2(v.x, o[0], o[1]);
+        unpack_bf16x2(v.y, o[2], o[3]);
+        unpack_bf16x2(v.z, o[4], o[5]);
+        unpack_bf16x2(v.w, o[6], o[7]);
+    }
+};
+
+// A hint with no register to wait on: the line holding p is fetched into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+constexpr int EMB_BWD_ROWS = 2;     // vocabulary rows per thread
+constexpr int EMB_BWD_UNROLL = 8;   // gradient rows of a segment in flight per thread (divides 32)
+
+// acc += the gradient rows pos[begin], ..., pos[end - 1] (columns col .. col + VEC), added in that order.
+// Every lane of the warp calls it with the same begin and end (one vocabulary row per warp); lanes whose
+// columns lie past the row (active false) take part in the shuffles and load nothing.
+template <typename T, int VEC>
+__device__ __forceinline__ void sum_segment(const T* __restrict__ grad, const long long* __restrict__ pos,
+                                            long long begin, long long end, long long col, int D, bool active,
+                                            float (&acc)[VEC]) {
+    constexpr int U = EMB_BWD_UNROLL;
+    const int lane = threadIdx.x & 31;
+    long long mine = begin + lane < end ? pos[begin + lane] : 0;  // lane u holds the position of row base + u
+    for (long long base = begin; base < end; base += 32) {
+        const int n = end - base < 32 ? (int)(end - base) : 32;
+        const long long ahead = base + 32 + lane;
+        const long long next = ahead < end ? pos[ahead] : 0;  // the next 32 positions, in flight meanwhile
+        for (int u0 = 0; u0 < n; u0 += U) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {  // the next group's rows into L2: its loads then wait on L2, not DRAM
+                const int q = u0 + U + u;
+                const long long p = __shfl_sync(0xffffffffu, mine, q & 31);
+                if (active && q < n) prefetch_l2(grad + p * D + col);
+            }
+            RawVec<T, VEC> r[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const long long p = __shfl_sync(0xffffffffu, mine, u0 + u);
+                if (active && u0 + u < n) r[u].load(grad + p * D + col);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (active && u0 + u < n) {
+                    float v[VEC];
+                    r[u].widen(v);
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) acc[k] += v[k];
+                }
+            }
+        }
+        mine = next;
+    }
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void embedding_bwd_sorted(const T* __restrict__ grad, const long long* __restrict__ pos,
                                                      const long long* __restrict__ seg, const T* __restrict__ addend,
-                                                     const T* __restrict__ scale, T* __restrict__ out, int D) {
-    const long long row = blockIdx.x;
+                                                     const T* __restrict__ scale, T* __restrict__ out, int D,
+                                                     long long V) {
+    constexpr int R = EMB_BWD_ROWS;
+    const long long row0 = (long long)blockIdx.x * R;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    if (i * VEC >= D) return;
-    float acc[VEC];
+    const bool active = i * VEC < D;  // no early return: the whole warp shuffles positions
+    const long long col = (long long)i * VEC;
+    RawVec<T, VEC> add[R];
+    long long bound[R + 1];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
-    const long long begin = seg[row], end = seg[row + 1];
-    for (long long j = begin; j < end; ++j) {
-        float v[VEC];
-        load_vec<VEC>(grad + pos[j] * D + (long long)i * VEC, v);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) acc[k] += v[k];
+    for (int r = 0; r < R; ++r) {
+        if (addend != nullptr && active && row0 + r < V) add[r].load(addend + (row0 + r) * D + col);
     }
-    if (addend != nullptr) {
-        float av[VEC];
-        load_vec<VEC>(addend + row * D + (long long)i * VEC, av);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) acc[k] = addend_sum<T>(av[k], scale, to_float(from_float<T>(acc[k])));
+    for (int r = 0; r <= R; ++r) bound[r] = row0 + r <= V ? seg[row0 + r] : 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const long long row = row0 + r;
+        if (row >= V) break;  // uniform over the block
+        float acc[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
+        sum_segment<T, VEC>(grad, pos, bound[r], bound[r + 1], col, D, active, acc);
+        if (!active) continue;
+        if (addend != nullptr) {
+            float av[VEC];
+            add[r].widen(av);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) acc[k] = addend_sum<T>(av[k], scale, to_float(from_float<T>(acc[k])));
+        }
+        store_vec<VEC>(out + row * D + col, acc);
     }
-    store_vec<VEC>(out + row * D + (long long)i * VEC, acc);
 }
 
 template <typename T>
@@ -113,8 +208,8 @@ __device__ __forceinline__ void embedding_bwd_atomic(const T* __restrict__ grad,
     }                                                                                                       \
     extern "C" __global__ void embedding_bwd_sorted_##SUFFIX(const T* grad, const long long* pos,           \
                                                              const long long* seg, const T* addend,         \
-                                                             const T* scale, T* out, int D) {               \
-        embedding_bwd_sorted<T, VEC>(grad, pos, seg, addend, scale, out, D);                                \
+                                                             const T* scale, T* out, int D, long long V) {  \
+        embedding_bwd_sorted<T, VEC>(grad, pos, seg, addend, scale, out, D, V);                             \
     }
 EMB_KERNELS(f32_v4, float, 4)
 EMB_KERNELS(f32_v1, float, 1)

@@ -28,6 +28,12 @@
 //                    Each thread sums g*xhat and g of its columns over all its rows in registers; the RG
 //                    groups then add into shared memory in a fixed order and the block writes
 //                    partial[2, G, C] (float32). Dynamic shared memory: (128 RG + 2C) floats.
+//                    bf16 rows hold g, x and w as loaded (4 registers per 8 values) and the two column
+//                    sums in shared memory instead of registers (a slot per row group, vector, element
+//                    and thread: (128 RG + 2 RG NPER VEC TG) floats), the same adds in the same order;
+//                    at C = 768 that takes the kernel from 120 to 63 registers, 4 resident blocks of 256
+//                    threads per SM instead of 2, twice the rows in flight. dx keeps its bits; the
+//                    dweight/dbias partials follow G (the resident blocks), as they follow the SM count.
 //                    Bytes: read 2*N*C (+C), write N*C + 2*G*C.
 //                    addend (nullable, x's dtype, [N, C]): dx + addend, added to the float32 dx before it
 //                    is stored (+N*C read): the input's other gradient (a residual stream's), which the
@@ -267,6 +273,30 @@ __device__ __forceinline__ void layernorm_bwd(const T* __restrict__ g, const T* 
     }
 }
 
+// VEC elements of a row held in registers through the row's two passes: float32 as floats; bf16 as loaded (four
+// registers for eight values, widened exactly at each use), which leaves the registers for more resident rows.
+template <typename T, int VEC> struct Held {
+    float v[VEC];
+    __device__ __forceinline__ void load(const T* p) { load_vec<VEC>(p, v); }
+    __device__ __forceinline__ void fill(float f) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[e] = f;
+    }
+    __device__ __forceinline__ float operator[](int e) const { return v[e]; }
+};
+template <> struct Held<bf16, 8> {
+    uint4 u;
+    __device__ __forceinline__ void load(const bf16* p) { u = *reinterpret_cast<const uint4*>(p); }
+    __device__ __forceinline__ void fill(float f) {  // f exact in bf16 (0 or 1)
+        const unsigned int h = __float_as_uint(f) >> 16, w2 = h | (h << 16);
+        u = make_uint4(w2, w2, w2, w2);
+    }
+    __device__ __forceinline__ float operator[](int e) const {  // e a constant once unrolled
+        const unsigned int w2 = e < 2 ? u.x : e < 4 ? u.y : e < 6 ? u.z : u.w;
+        return __uint_as_float((e & 1) ? (w2 & 0xffff0000u) : (w2 << 16));
+    }
+};
+
 template <typename T, int VEC, int NPER, bool OUT>
 __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, const T* __restrict__ x,
                                                    const T* __restrict__ w, const float* __restrict__ mean,
@@ -277,25 +307,40 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
     const int TG = blockDim.x, RG = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
     const int lane = tx & 31, wig = tx >> 5, nwg = TG >> 5;
     const int nv = C / VEC;
+    // bf16 keeps the dweight/dbias sums in shared memory, a slot per (row group, vector, element, thread)
+    // that only its thread touches until the end: registers for more resident rows; the same adds in the
+    // same order as in registers, so the same bits.
+    constexpr bool SACC = sizeof(T) == 2 && !OUT;
     float* red = smem;               // [2 buffers][RG][32 warps][2 sums]
-    float* acc = smem + 128 * RG;    // [2][C]: dweight, dbias sums of the block ([3][C] for OUT: dx's too)
+    float* acc = smem + 128 * RG;    // [2][C]: dweight, dbias sums of the block ([3][C] for OUT: dx's too);
+                                     // SACC: [RG][NPER][2][VEC][TG] slots instead
     const float inv_c = 1.f / (float)C;
+    auto slot = [&](int r, int k, int which, int e, int t) -> float& {
+        return acc[(((r * NPER + k) * 2 + which) * VEC + e) * TG + t];
+    };
 
-    float wv[NPER][VEC], aw[NPER][VEC], ab[NPER][VEC];
+    Held<T, VEC> wv[NPER];
+    float aw[SACC ? 1 : NPER][VEC], ab[SACC ? 1 : NPER][VEC];
     float ad[OUT ? NPER : 1][VEC];   // dx's column sums (OUT only)
 #pragma unroll
     for (int k = 0; k < NPER; ++k) {
         const int i = tx + k * TG;
         if (w != nullptr && i < nv) {
-            load_vec<VEC>(w + (long long)i * VEC, wv[k]);
+            wv[k].load(w + (long long)i * VEC);
         } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) wv[k][e] = 1.f;
+            wv[k].fill(1.f);
         }
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-            aw[k][e] = 0.f;
-            ab[k][e] = 0.f;
+            if constexpr (SACC) {
+                if (accumulate && i < nv) {
+                    slot(ty, k, 0, e, tx) = 0.f;
+                    slot(ty, k, 1, e, tx) = 0.f;
+                }
+            } else {
+                aw[k][e] = 0.f;
+                ab[k][e] = 0.f;
+            }
             if constexpr (OUT) ad[k][e] = 0.f;
         }
     }
@@ -305,7 +350,7 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
     for (long long base = (long long)blockIdx.x * RG; base < N; base += (long long)gridDim.x * RG, ++it) {
         const long long row = base + ty;
         const bool valid = row < N;
-        float gv[NPER][VEC], xv[NPER][VEC];
+        Held<T, VEC> gv[NPER], xv[NPER];
         float mu = 0.f, rs = 0.f;
         if (valid) {
             mu = mean[row];
@@ -315,14 +360,11 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
         for (int k = 0; k < NPER; ++k) {
             const int i = tx + k * TG;
             if (valid && i < nv) {
-                load_vec<VEC>(g + row * C + (long long)i * VEC, gv[k]);
-                load_vec<VEC>(x + row * C + (long long)i * VEC, xv[k]);
+                gv[k].load(g + row * C + (long long)i * VEC);
+                xv[k].load(x + row * C + (long long)i * VEC);
             } else {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    gv[k][e] = 0.f;
-                    xv[k][e] = 0.f;
-                }
+                gv[k].fill(0.f);
+                xv[k].fill(0.f);
             }
         }
         float a = 0.f, c = 0.f;
@@ -330,10 +372,10 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
         for (int k = 0; k < NPER; ++k) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-                xv[k][e] = (xv[k][e] - mu) * rs;  // xhat from here on
+                const float xh = (xv[k][e] - mu) * rs;  // xhat, computed again (the same bits) below
                 const float gp = gv[k][e] * wv[k][e];
                 a += gp;
-                c += gp * xv[k][e];
+                c += gp * xh;
             }
         }
         a = warp_sum(a);
@@ -361,9 +403,17 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
                 float o[VEC];
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    o[e] = rs * (__fmul_rn(gv[k][e], wv[k][e]) - a - xv[k][e] * c);  // as above
-                    aw[k][e] += gv[k][e] * xv[k][e];
-                    ab[k][e] += gv[k][e];
+                    const float xh = (xv[k][e] - mu) * rs;
+                    o[e] = rs * (__fmul_rn(gv[k][e], wv[k][e]) - a - xh * c);  // as above
+                    if constexpr (SACC) {
+                        if (accumulate && i < nv) {
+                            slot(ty, k, 0, e, tx) += gv[k][e] * xh;
+                            slot(ty, k, 1, e, tx) += gv[k][e];
+                        }
+                    } else {
+                        aw[k][e] += gv[k][e] * xh;
+                        ab[k][e] += gv[k][e];
+                    }
                 }
                 if (i < nv) {
                     if (addend != nullptr) add_addend<VEC>(addend + row * C + (long long)i * VEC, o);
@@ -378,32 +428,48 @@ __device__ __forceinline__ void layernorm_bwd_rows(const T* __restrict__ g, cons
         }
     }
     if (!accumulate) return;
-    for (int r = 0; r < RG; ++r) {  // fixed order over the row groups: reproducible sums
-        if (ty == r) {
+    float* pw = partial + (long long)blockIdx.x * C;
+    float* pb = partial + (long long)gridDim.x * C + (long long)blockIdx.x * C;
+    if constexpr (SACC) {
+        __syncthreads();
+        for (int j = ty * TG + tx; j < C; j += TG * RG) {  // the row groups' slots added in order, as below
+            const int i = j / VEC, e = j - i * VEC, k = i / TG, t = i - k * TG;
+            float sw = slot(0, k, 0, e, t), sb = slot(0, k, 1, e, t);
+            for (int r = 1; r < RG; ++r) {
+                sw = sw + slot(r, k, 0, e, t);
+                sb = sb + slot(r, k, 1, e, t);
+            }
+            pw[j] = sw;
+            pb[j] = sb;
+        }
+    } else {
+        for (int r = 0; r < RG; ++r) {  // fixed order over the row groups: reproducible sums
+            if (ty == r) {
 #pragma unroll
-            for (int k = 0; k < NPER; ++k) {
-                const int i = tx + k * TG;
-                if (i < nv) {
+                for (int k = 0; k < NPER; ++k) {
+                    const int i = tx + k * TG;
+                    if (i < nv) {
 #pragma unroll
-                    for (int e = 0; e < VEC; ++e) {
-                        const int col = i * VEC + e;
-                        acc[col] = r == 0 ? aw[k][e] : acc[col] + aw[k][e];
-                        acc[C + col] = r == 0 ? ab[k][e] : acc[C + col] + ab[k][e];
-                        if constexpr (OUT) acc[2 * C + col] = r == 0 ? ad[k][e] : acc[2 * C + col] + ad[k][e];
+                        for (int e = 0; e < VEC; ++e) {
+                            const int col = i * VEC + e;
+                            acc[col] = r == 0 ? aw[k][e] : acc[col] + aw[k][e];
+                            acc[C + col] = r == 0 ? ab[k][e] : acc[C + col] + ab[k][e];
+                            if constexpr (OUT) {
+                                acc[2 * C + col] = r == 0 ? ad[k][e] : acc[2 * C + col] + ad[k][e];
+                            }
+                        }
                     }
                 }
             }
+            __syncthreads();
         }
-        __syncthreads();
-    }
-    float* pw = partial + (long long)blockIdx.x * C;
-    float* pb = partial + (long long)gridDim.x * C + (long long)blockIdx.x * C;
-    float* pd = partial + 2LL * gridDim.x * C + (long long)blockIdx.x * C;
-    for (int j = ty * TG + tx; j < C; j += TG * RG) {
-        pw[j] = acc[j];
-        pb[j] = acc[C + j];
-        if constexpr (OUT) {
-            if (accumulate & 2) pd[j] = acc[2 * C + j];
+        float* pd = partial + 2LL * gridDim.x * C + (long long)blockIdx.x * C;
+        for (int j = ty * TG + tx; j < C; j += TG * RG) {
+            pw[j] = acc[j];
+            pb[j] = acc[C + j];
+            if constexpr (OUT) {
+                if (accumulate & 2) pd[j] = acc[2 * C + j];
+            }
         }
     }
 }
@@ -470,12 +536,20 @@ LN_BWD(layernorm_bwd_f32_v1_out, float, 1, true)
         layernorm_bwd_rows<T, VEC, NPER, OUT>(g, x, w, mean, rstd, addend, dx, dx_bf16, partial, N, C,    \
                                               accumulate);                                              \
     }
+// MINB resident blocks of 256 threads per SM asked of the register allocator
+#define LN_BWD_ROWS_MIN(NAME, T, VEC, NPER, OUT, MINB)                                                \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME(const T* g, const T* x, const T* w,     \
+                                    const float* mean, const float* rstd, const T* addend, T* dx,        \
+                                    bf16* dx_bf16, float* partial, int N, int C, int accumulate) {       \
+        layernorm_bwd_rows<T, VEC, NPER, OUT>(g, x, w, mean, rstd, addend, dx, dx_bf16, partial, N, C,    \
+                                              accumulate);                                              \
+    }
 LN_BWD_ROWS(layernorm_bwd_f32_v4_n1, float, 4, 1, false)
 LN_BWD_ROWS(layernorm_bwd_f32_v4_n2, float, 4, 2, false)
 LN_BWD_ROWS(layernorm_bwd_f32_v4_n3, float, 4, 3, false)
 LN_BWD_ROWS(layernorm_bwd_f32_v4_n4, float, 4, 4, false)
 LN_BWD_ROWS(layernorm_bwd_bf16_v8_n1, bf16, 8, 1, false)
-LN_BWD_ROWS(layernorm_bwd_bf16_v8_n2, bf16, 8, 2, false)
+LN_BWD_ROWS_MIN(layernorm_bwd_bf16_v8_n2, bf16, 8, 2, false, 4)
 LN_BWD_ROWS(layernorm_bwd_f32_v1_n1, float, 1, 1, false)
 LN_BWD_ROWS(layernorm_bwd_f32_v1_n2, float, 1, 2, false)
 LN_BWD_ROWS(layernorm_bwd_f32_v1_n4, float, 1, 4, false)
