@@ -266,8 +266,7 @@ def pow(a: Any, b: Any) -> Array | None:
 
 # op name -> launcher
 LAUNCHERS: dict[str, Callable[..., Array | None]] = {
-    **{op: _arithmetic(op) for op in ARITHMETIC if op != "pow"},
-    "pow": pow,
+    **{op: pow if op == "pow" else _arithmetic(op) for op in ARITHMETIC},
     **{op: _comparison(op) for op in COMPARISONS},
     **{op: _unary_op(op) for op in UNARY},
 }
