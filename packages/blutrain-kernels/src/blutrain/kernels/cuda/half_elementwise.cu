@@ -9,25 +9,25 @@
 //   float32 subnormals flush to zero in both (bfloat16 subnormals are float32 subnormals; float16 values widen
 //   to normal floats).
 //
-// half_binary_{dt}_{layout}_{v8|v1}(x, y, out, n, m, ys, op, swap) writes out[i] = op(x[i], y[j]), or
-//     op(y[j], x[i]) when swap is 1, for i < n; x and out are C-contiguous with n elements; y by layout:
-//     ff  the same n elements as x;
-//     fs  one value: *y (a 0-d or one-element array) where y is not null, else the float ys (a Python
-//         scalar, packed by the host as CuPy packs it for a float32 ufunc: rounded to float32);
-//     fr  m elements repeated along x (y broadcast over x's leading dims: j = i % m);
-//     fc  each of y's elements repeated m times (y broadcast over x's trailing dims: j = i / m).
+// half_binary_{dt}_ff_{v8|v1}(x, y, out, n, op): out[i] = op(x[i], y[i]) for i < n, x, y and out C-contiguous.
+// half_binary_{dt}_fb_{v8|v1}(x, y, out, n, mode, m, ys, op, swap): out[i] = op(x[i], y_i), or op(y_i, x[i])
+//     when swap is 1 (the broadcast operand came first), x and out C-contiguous with n elements; y_i by mode:
+//     1 the float ys (a Python number, packed by the host as CuPy packs it for a float32 ufunc: rounded to
+//     float32; y null), 2 *y (a 0-d or one-element array), 3 y[i % m] (y repeated along x's leading dims: a
+//     row (C,) or (T, C) over (B, T, C)), 4 y[i / m] (each y element repeated m times along x's trailing
+//     dims: a column (B, T, 1) over (B, T, C)).
 //     op: 0 add, 1 sub, 2 mul, 3 div, 4 maximum, 5 minimum, 6 pow. dt: bf16 or f16.
-// half_compare_{dt}_{layout}_{v8|v1}(...): the same with a bool (one byte) out: op 0 eq, 1 ne, 2 lt, 3 le,
-//     4 gt, 5 ge.
+// half_compare_{dt}_{ff|fb}_{v8|v1}(...): the same with a bool (one byte) out and no swap (the host mirrors
+//     the operator instead, exact for a bool): op 0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge.
 // half_unary_{dt}_{v8|v1}(x, out, n, op, p): out[i] = op(x[i]); op: 0 neg, 1 abs, 2 exp, 3 expm1, 4 log,
 //     5 log1p, 6 sqrt, 7 rsqrt (1 / sqrt, two roundings, as the generic kernel), 8 tanh, 9 sin, 10 cos,
 //     11 relu (maximum(x, 0)), 12 square (x ** 2), 13 reciprocal (x ** -1.0), 14 pow by the float p.
 //
-// The op is a kernel argument, not a template parameter: one branch per element on a value uniform over the
-// grid, against 2 bytes of memory traffic per operand, and a module of 36 kernels rather than 200.
+// The op, the mode and the operand order are kernel arguments, uniform over the grid and branched on once per
+// launch (the op, the order) or once per vector (the mode), not template parameters: a module of 20 kernels.
 //
 // Launch: block 256 threads. _v8: grid-stride over the n / 8 vectors of 8 elements with 16-byte accesses
-// (x, out and a full y 16-byte aligned; a fr or fc y needs m % 8 == 0, and a fr y 16-byte alignment), the
+// (x, out and a full y 16-byte aligned; modes 3 and 4 need m % 8 == 0, and mode 3 an aligned y), the
 // n % 8 tail one element each for the first threads; grid min(ceil(n / 8 / 256), 16 x SMs). _v1: one
 // element per access, 4 in flight per thread; grid min(ceil(n / 4 / 256), 16 x SMs).
 // Bytes: read 2n per full operand (a broadcast y: its m or n / m elements, from cache after the first
@@ -54,7 +54,7 @@ struct F16 {
 #define HALF_OPS_NAN __int_as_float(0x7fffffff)
 
 // The transcendental functions are called, not inlined: each is hundreds of instructions, which unrolled
-// eight times in 36 kernels would make NVRTC's first compilation of this module slow. A call computes the
+// eight times in every loop would make NVRTC's first compilation of this module slow. A call computes the
 // same bits (the instructions of libdevice's function, under the same -ftz).
 __device__ __noinline__ float call_powf(float a, float b) { return powf(a, b); }
 __device__ __noinline__ float call_expf(float x) { return expf(x); }
