@@ -284,5 +284,17 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
+_grids: dict[int, tuple[int]] = {}
+
+
 def _elementwise_grid(nv: int) -> tuple[int]:
-    return (max(1, min((nv + 255) // 256, 16 * sm_count())),)
+    """Blocks of 256 threads for a grid-stride kernel over ``nv`` work items: one item per thread, at most 16
+    blocks per multiprocessor, at least one. Cached by ``nv`` (a bounded table), with no device query per
+    launch: a grid-stride kernel computes the same result with any grid, so one sized for the device current
+    at the first call serves every device."""
+    g = _grids.get(nv)
+    if g is None:
+        g = (max(1, min((nv + 255) // 256, 16 * sm_count())),)
+        if len(_grids) < 4096:
+            _grids[nv] = g
+    return g

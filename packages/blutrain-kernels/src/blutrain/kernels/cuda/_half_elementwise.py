@@ -9,8 +9,8 @@ another dtype, a strided view, operands of different dtypes, a broadcast other t
 (a Python number, a 0-d or one-element array), repeating along the other's leading dims (a row ``(C,)`` or
 ``(T, C)`` over ``(B, T, C)``) or along its trailing dims (a column ``(B, T, 1)`` over ``(B, T, C)``).
 
-The per-call path is plain: the kernel function, the broadcast plan of a pair of shapes and the packed op
-codes are cached (a dictionary lookup each), a Python scalar is packed once as float32, and nothing imports,
+The per-call path is plain: the kernel function, the grid, the broadcast plan of a pair of shapes and the packed
+op codes are cached (a dictionary lookup each), a Python scalar is packed once as float32, and nothing imports,
 builds a device object or copies an operand that is already contiguous.
 """
 
@@ -121,20 +121,6 @@ def broadcast_plan(sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple[bool, int,
     return plan
 
 
-_grids: dict[int, tuple[int]] = {}
-
-
-def _grid(nv: int) -> tuple[int]:
-    """The grid-stride kernels' grid for ``nv`` vectors, cached by ``nv``: any grid computes the same result,
-    so one sized for the device current at the first call serves every device."""
-    g = _grids.get(nv)
-    if g is None:
-        g = _elementwise_grid(nv)
-        if len(_grids) < _MAX_PLANS:
-            _grids[nv] = g
-    return g
-
-
 def _aligned(ptr: int) -> bool:
     return ptr & 15 == 0
 
@@ -159,7 +145,7 @@ def _binary(code: int, compare: bool, a: Any, b: Any) -> Array | None:
                 n = a.size
                 if n:
                     vec = "v8" if _aligned(a.data.ptr | b.data.ptr | out.data.ptr) else "v1"
-                    grid = _grid(n >> 3 if vec == "v8" else (n + 3) >> 2)
+                    grid = _elementwise_grid(n >> 3 if vec == "v8" else (n + 3) >> 2)
                     _kernel("compare" if compare else "binary", short, "ff", vec)(
                         grid, _BLOCK, (a, b, out, np.int64(n), _INT32[code]))
                 return out
@@ -194,7 +180,7 @@ def _broadcast(code: int, compare: bool, short: str, x: Any, y: Any, mode: int, 
     v8 = _aligned(x.data.ptr | out.data.ptr) and (
         mode <= Y_DEVICE_SCALAR or (m % 8 == 0 and (mode == Y_COLUMNS or _aligned(y.data.ptr))))
     vec = "v8" if v8 else "v1"
-    grid = _grid(n >> 3 if v8 else (n + 3) >> 2)
+    grid = _elementwise_grid(n >> 3 if v8 else (n + 3) >> 2)
     yp = _NULL if y is None else y
     if compare:
         op = _MIRRORED[code] if swap else code  # exact for a bool: no operand order to keep
@@ -220,7 +206,7 @@ def _unary(code: int, a: Any, p: np.float32 = _ZERO) -> Array | None:
     if n:
         v8 = _aligned(a.data.ptr | out.data.ptr)
         _kernel("unary", short, "", "v8" if v8 else "v1")(
-            _grid(n >> 3 if v8 else (n + 3) >> 2), _BLOCK, (a, out, np.int64(n), _INT32[code], p))
+            _elementwise_grid(n >> 3 if v8 else (n + 3) >> 2), _BLOCK, (a, out, np.int64(n), _INT32[code], p))
     return out
 
 
