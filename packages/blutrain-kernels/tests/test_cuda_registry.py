@@ -17,6 +17,8 @@ from blutrain.kernels import cuda
 F2 = ("float32", "bfloat16")
 F3 = ("float32", "bfloat16", "float16")
 PACKAGE = "blutrain.kernels.cuda"
+HALF_OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq", "ne", "lt", "le", "gt", "ge", "neg",
+            "abs", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "tanh", "sin", "cos", "relu")
 
 # op -> (family module, launcher, dtype names), in registration order
 KERNELS = {
@@ -46,6 +48,8 @@ KERNELS = {
     "rope_backward": ("llama", "rope_backward", F2),
     "swiglu": ("llama", "swiglu", F2),
     "swiglu_backward": ("llama", "swiglu_backward", F2),
+    # the half-precision elementwise ops, one launch each (launchers made per op, reached through the table)
+    **{op: ("_half_elementwise", op, ("bfloat16", "float16")) for op in HALF_OPS},
 }
 STANDALONE = {
     "adamw_multi_tensor": ("_adamw", "adamw_multi_tensor", ("float32",)),
@@ -86,7 +90,8 @@ def test_the_registry_holds_the_same_ops_in_the_same_order_each_from_its_family(
     assert list(table) == list(expected)
     for op, (module, launcher, dtypes) in expected.items():
         fn, names = table[op]
-        assert fn is getattr(importlib.import_module(f"{PACKAGE}.{module}"), launcher), op
+        family = importlib.import_module(f"{PACKAGE}.{module}")
+        assert fn is (family.LAUNCHERS[op] if module == "_half_elementwise" else getattr(family, launcher)), op
         assert names == dtypes, op
 
 
@@ -95,7 +100,7 @@ def test_the_package_exports_the_same_public_names_as_before_the_split() -> None
     for name in (*PUBLIC, *ALSO_PUBLIC):
         assert getattr(cuda, name) is not None, name
     for op, (module, launcher, _) in {**KERNELS, **STANDALONE}.items():
-        if module != "llama":  # llama's launchers are reached through the llama module, as before
+        if module not in ("llama", "_half_elementwise"):  # those are reached through their module or the table
             assert getattr(cuda, launcher) is getattr(importlib.import_module(f"{PACKAGE}.{module}"), launcher), op
 
 

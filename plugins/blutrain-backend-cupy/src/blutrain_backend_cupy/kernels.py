@@ -9,7 +9,8 @@ Three layers, highest priority last:
 * GEMM ops through cuBLAS (:mod:`blutrain_backend_cupy.gemm`);
 * the fused kernels of :mod:`blutrain.kernels.cuda` at priority 10, each falling back to the layer
   below for a call it does not cover (the float32/bfloat16/float16 casts among them, which the
-  half-precision wrappers below use as well).
+  half-precision wrappers below use as well; and the bfloat16/float16 elementwise ops, one launch each
+  with the bits of the wrapped generic op, for contiguous operands with simple broadcasts).
 
 Without a GPU every op is registered as a function raising :class:`CudaUnavailableError`, so that
 using the device says why it cannot run instead of "no kernel".

@@ -17,7 +17,9 @@ and attention) are float32 whatever the input dtype, as PyTorch keeps them. A fu
 returns ``None`` when a call is outside what its kernel covers (a dtype other than float32 and
 bfloat16, a mask given to attention, an unsupported head dim, an empty tensor, a strided view or a
 dtype pair other than float32/bfloat16/float16 given to a cast): the caller then runs the generic
-kernel. :data:`KERNELS` lists them by op name.
+kernel. :data:`KERNELS` lists them by op name; ``_half_elementwise.py`` adds the plain elementwise ops
+(arithmetic, comparisons, unary math) for bfloat16 and float16, each one launch computing in float32
+registers with the bits of the generic path's widen / float32 op / narrow.
 
 Importing this module does not import CuPy; nothing here runs without a GPU.
 """
@@ -31,6 +33,7 @@ from blutrain.kernels.cuda import (
     _cross_entropy,
     _embedding,
     _gelu,
+    _half_elementwise,
     _layernorm,
     _reduce,
     _scale,
@@ -79,6 +82,7 @@ KERNELS: Registry = {
     **_attention.KERNELS,
     **_casts.KERNELS,
     **llama.KERNELS,
+    **_half_elementwise.KERNELS,
 }
 
 # Ops with no generic kernel: registered as they are (they never return None for valid input).

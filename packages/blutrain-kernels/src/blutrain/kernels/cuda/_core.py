@@ -23,14 +23,18 @@ from blutrain.tensor.errors import PluginError
 Array = Any
 _DIR = Path(__file__).parent
 FAMILIES = ("adamw", "attention", "attention_bf16", "attention_wgmma", "attention_wgmma_bwd", "casts", "cross_entropy",
-            "embedding", "gelu", "gemm_3xtf32", "layernorm", "llama", "philox", "reduce", "scale", "softmax")
+            "embedding", "gelu", "gemm_3xtf32", "half_elementwise", "layernorm", "llama", "philox", "reduce", "scale",
+            "softmax")
 _OPTIONS = ("-std=c++17",)
 # Families of Hopper-only instructions (wgmma): built for sm_90a by NVRTC directly, see hopper_module
 HOPPER_FAMILIES = frozenset({"attention_wgmma", "attention_wgmma_bwd"})
 _DEFAULT_SMEM = 48 * 1024
 
 _modules: dict[tuple[int, str], Any] = {}
-_functions: dict[tuple[int, str, str], Any] = {}
+# (family, name) -> cupy.RawKernel, which compiles and loads itself for whichever device is current when it runs
+_functions: dict[tuple[str, str], Any] = {}
+# (device, family, name) -> a Hopper family's function, which belongs to the device it was loaded on
+_hopper_functions: dict[tuple[int, str, str], Any] = {}
 _smem_set: dict[tuple[int, str, str], int] = {}
 _sm_count: dict[int, int] = {}
 _smem_per_sm: dict[int, int] = {}
@@ -40,10 +44,22 @@ _deterministic = True
 Registry = dict[str, tuple[Callable[..., Any], tuple[str, ...]]]
 
 
-def _cp() -> Any:
-    import cupy
+_cupy: Any = None
 
-    return cupy
+
+def _cp() -> Any:
+    """CuPy, imported at the first use; later uses read one global (the launchers call this per launch)."""
+    global _cupy
+    if _cupy is None:
+        import cupy
+
+        _cupy = cupy
+    return _cupy
+
+
+def _device() -> int:
+    """The current device's index (one runtime call; no ``cupy.cuda.Device`` object)."""
+    return int(_cp().cuda.runtime.getDevice())
 
 
 _INCLUDE = re.compile(r'^#include "(\w+\.cuh)"$', re.MULTILINE)
@@ -72,7 +88,7 @@ def module(family: str) -> Any:
     """The compiled ``cupy.RawModule`` of ``family`` for the current device (compiled once); a Hopper family's
     ``cupy.cuda.function.Module`` (:func:`hopper_module`), which must exist."""
     cp = _cp()
-    key = (cp.cuda.Device().id, family)
+    key = (_device(), family)
     mod = _modules.get(key)
     if mod is None:
         if family in HOPPER_FAMILIES:
@@ -144,13 +160,21 @@ def _hopper_cubin(family: str, nvrtc: Any) -> bytes:
 
 
 def function(family: str, name: str) -> Any:
-    """One kernel (``cupy.RawKernel``) of a family, for the current device."""
-    dev = _cp().cuda.Device().id
-    key = (dev, family, name)
-    fn = _functions.get(key)
-    if fn is None:
-        fn = module(family).get_function(name)
-        _functions[key] = fn
+    """One kernel (``cupy.RawKernel``) of a family, for the current device. A RawKernel serves every device (it
+    compiles and loads itself for the device current when it runs), so it is cached by name alone and a call
+    is one dictionary lookup; a Hopper family's function belongs to one device and is cached per device."""
+    fn = _functions.get((family, name))
+    if fn is not None:
+        return fn
+    if family in HOPPER_FAMILIES:
+        key = (_device(), family, name)
+        fn = _hopper_functions.get(key)
+        if fn is None:
+            fn = module(family).get_function(name)
+            _hopper_functions[key] = fn
+        return fn
+    fn = module(family).get_function(name)
+    _functions[(family, name)] = fn
     return fn
 
 
@@ -158,7 +182,7 @@ def _launch(family: str, name: str, grid: tuple[int, ...], block: tuple[int, ...
             smem: int = 0) -> None:
     fn = function(family, name)
     if smem > _DEFAULT_SMEM:
-        key = (_cp().cuda.Device().id, family, name)
+        key = (_device(), family, name)
         if _smem_set.get(key, 0) < smem:  # opt in beyond 48 KB (cudaFuncSetAttribute)
             if family in HOPPER_FAMILIES:  # a Module's Function has no setter: the driver call
                 from cupy_backends.cuda.api import driver
@@ -171,13 +195,12 @@ def _launch(family: str, name: str, grid: tuple[int, ...], block: tuple[int, ...
 
 
 def sm_count() -> int:
-    """Multiprocessors of the current device."""
-    cp = _cp()
-    dev = cp.cuda.Device()
-    n = _sm_count.get(dev.id)
+    """Multiprocessors of the current device (queried once per device)."""
+    dev = _device()
+    n = _sm_count.get(dev)
     if n is None:
-        n = int(dev.attributes["MultiProcessorCount"])
-        _sm_count[dev.id] = n
+        n = int(_cp().cuda.Device(dev).attributes["MultiProcessorCount"])
+        _sm_count[dev] = n
     return n
 
 
@@ -195,7 +218,7 @@ def shared_memory_per_sm() -> int:
 def _resident_blocks(family: str, name: str, threads: int, smem: int = 0) -> int:
     """Blocks of ``threads`` threads of one kernel that the whole device holds at once (registers, threads
     and shared memory per multiprocessor; Hopper's limits: 64 K registers, 2048 threads, 228 KB)."""
-    key = (_cp().cuda.Device().id, family, name, threads, smem)
+    key = (_device(), family, name, threads, smem)
     n = _resident.get(key)
     if n is None:
         regs = int(getattr(function(family, name), "num_regs", 0)) or 64
@@ -259,7 +282,11 @@ def _ptr(a: Array | None) -> Any:
 
 
 def _contig(a: Array | None) -> Array | None:
-    return None if a is None else _cp().ascontiguousarray(a)
+    """``a`` C-contiguous: itself where it is (no CuPy call), else ``cupy.ascontiguousarray`` (which also makes
+    a 0-d array 1-d, as every caller has always received)."""
+    if a is None or (a.ndim and a.flags.c_contiguous):
+        return a
+    return _cp().ascontiguousarray(a)
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -269,5 +296,17 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
+_grids: dict[int, tuple[int]] = {}
+
+
 def _elementwise_grid(nv: int) -> tuple[int]:
-    return (max(1, min((nv + 255) // 256, 16 * sm_count())),)
+    """Blocks of 256 threads for a grid-stride kernel over ``nv`` work items: one item per thread, at most 16
+    blocks per multiprocessor, at least one. Cached by ``nv`` (a bounded table), with no device query per
+    launch: a grid-stride kernel computes the same result with any grid, so one sized for the device current
+    at the first call serves every device."""
+    g = _grids.get(nv)
+    if g is None:
+        g = (max(1, min((nv + 255) // 256, 16 * sm_count())),)
+        if len(_grids) < 4096:
+            _grids[nv] = g
+    return g

@@ -28,6 +28,7 @@
 // FLOPs: none (a few integer operations per element; the kernels are bound by memory bandwidth).
 
 #include "bf16_cast.cuh"
+#include "f16_cast.cuh"
 #include "multi_tensor.cuh"
 
 typedef unsigned short u16;
@@ -36,37 +37,8 @@ struct F32 { typedef float T; };
 struct BF16 { typedef u16 T; };
 struct F16 { typedef u16 T; };
 
-// float32 -> bfloat16: f32_to_bf16 (bf16_cast.cuh), round to nearest even, a NaN the quiet NaN of its sign.
-
-__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float((unsigned int)h << 16); }
-
-// float32 -> float16 by the hardware's IEEE round to nearest even (no .ftz: subnormal results kept).
-__device__ __forceinline__ u16 f32_to_f16_rn(float x) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    return h;
-}
-
-// NumPy's float32 -> float16: the NaN keeps its sign and the top 10 bits of its payload (made nonzero so
-// that it stays a NaN); the hardware would give one canonical NaN.
-__device__ __forceinline__ u16 f32_to_f16(float x) {
-    const unsigned int u = __float_as_uint(x);
-    if (f32_isnan(u)) {
-        const unsigned int m = (u & 0x7fffffu) >> 13;
-        return (u16)(((u >> 16) & 0x8000u) | 0x7c00u | (m ? m : 1u));
-    }
-    return f32_to_f16_rn(x);
-}
-
-// float16 -> float32 is exact; the NaN is widened bit for bit (sign and payload), as NumPy does.
-__device__ __forceinline__ float f16_to_f32(u16 h) {
-    if ((h & 0x7fffu) > 0x7c00u) {
-        return __uint_as_float(((unsigned int)(h & 0x8000u) << 16) | 0x7f800000u | ((unsigned int)(h & 0x3ffu) << 13));
-    }
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
+// float32 -> bfloat16: f32_to_bf16 (bf16_cast.cuh), round to nearest even, a NaN the quiet NaN of its sign;
+// float32 <-> float16 and bfloat16 -> float32: f16_cast.cuh and bf16_cast.cuh.
 
 // ml_dtypes' bfloat16 -> float16 goes through float32 (exact) and Eigen's float -> half, whose NaN is the
 // quiet NaN of its sign.
