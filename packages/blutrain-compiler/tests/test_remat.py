@@ -314,11 +314,11 @@ def test_compile_refuses_a_remat_that_is_not_a_bool() -> None:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast-bf16"])
-def test_on_cuda_the_pass_gives_the_same_bits_in_a_smaller_executor_arena(same_bits: Any, autocast: bool,
-                                                                         gpt_steps: Any) -> None:
+def test_on_cuda_the_pass_gives_the_same_bits_in_a_smaller_planned_arena(same_bits: Any, autocast: bool,
+                                                                        gpt_steps: Any) -> None:
     """On cuda a copy is the same kernel on the same operands: the compiled steps with the pass are the compiled
-    steps without it bit for bit, and the most bytes the executor's real allocations hold at once is lower (the
-    live peak: the arena's greedy placement need not shrink with it byte for byte)."""
+    steps without it bit for bit, and the memory plan's arena is smaller (the executor's own report exists only
+    once a replay has captured the graph, which these few steps need not reach)."""
     registry = bt.backends()
     if "cuda" not in registry.names() or not registry.get("cuda").is_available():
         pytest.skip("no CUDA device")
@@ -327,4 +327,4 @@ def test_on_cuda_the_pass_gives_the_same_bits_in_a_smaller_executor_arena(same_b
     for c, e in zip(got, base, strict=True):
         same_bits(np.atleast_1d(c), np.atleast_1d(e))
     assert fn.stats.recomputed == 4 + 8 * autocast
-    assert 0 < fn.stats.alloc_live_peak_bytes < plain.stats.alloc_live_peak_bytes
+    assert 0 < fn.stats.arena_bytes < plain.stats.arena_bytes
