@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from blutrain.kernels.cuda._casts import cast
@@ -73,12 +75,36 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int, addend: Arr
     ids = keys // ntok
     pos = cp.ascontiguousarray(keys - ids * ntok)
     seg = cp.searchsorted(ids, cp.arange(V + 1, dtype=np.int64), side="left").astype(np.int64)
+    cstart = chunk_starts(cp, seg, SEGMENT_CHUNK)
+    partial = cp.empty((chunk_bound(ntok, SEGMENT_CHUNK), D), np.float32)
     out = cp.empty((V, D), grad.dtype)
     name, vec = _variant(suffix, D, rows, out, ac)
     threads, chunks = _column_chunks(D // vec)
+    _launch("embedding", f"embedding_bwd_chunks_{name}", (partial.shape[0], chunks), (threads,),
+            (rows, pos, seg, cstart, partial, np.int32(D), np.int64(V), np.int32(SEGMENT_CHUNK)))
     _launch("embedding", f"embedding_bwd_sorted_{name}", (-(-V // _SORTED_ROWS), chunks), (threads,),
-            (rows, pos, seg, _ptr(ac), _ptr(sc), out, np.int32(D), np.int64(V)))
+            (rows, pos, seg, cstart, partial, _ptr(ac), _ptr(sc), out, np.int32(D), np.int64(V)))
     return out
+
+
+# Positions per block of a long segment in the sorted backward: a row with more is summed by several blocks
+# (embedding.cu's embedding_bwd_chunks_*), one chunk each, and its partial sums added in chunk order.
+SEGMENT_CHUNK = 64
+
+
+def chunk_starts(xp: Any, seg: Array, chunk: int) -> Array:
+    """``cstart`` (V + 1 int64) for the segment bounds ``seg`` (V + 1, non-decreasing): row v's chunks are
+    ``cstart[v] .. cstart[v + 1]``, ceil(length / chunk) of them for a segment longer than ``chunk``
+    positions and none for a shorter one (which the sorted kernel sums directly). ``xp``: NumPy or CuPy."""
+    lengths = seg[1:] - seg[:-1]
+    counts = xp.where(lengths > chunk, (lengths + chunk - 1) // chunk, 0)
+    return xp.concatenate((xp.zeros(1, dtype=xp.int64), xp.cumsum(counts, dtype=xp.int64)))
+
+
+def chunk_bound(ntok: int, chunk: int) -> int:
+    """At least the chunks :func:`chunk_starts` can make of ``ntok`` positions (a static grid size, as a
+    captured graph needs): a long segment of n > chunk positions has ceil(n / chunk) < 2n / chunk chunks."""
+    return max(1, 2 * ntok // chunk)
 
 
 _SORTED_ROWS = 2  # vocabulary rows per thread of embedding_bwd_sorted_* (EMB_BWD_ROWS in embedding.cu)

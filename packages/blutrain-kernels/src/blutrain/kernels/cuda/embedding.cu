@@ -15,11 +15,22 @@
 //                         next 32 in flight meanwhile) and hands them out by shuffle, and each thread
 //                         issues the loads of EMB_BWD_UNROLL = 8 gradient rows before adding them in order,
 //                         so 8 rows of the segment are in flight instead of one, while the next 8 rows are
-//                         prefetched into L2 (a hint: no registers). Splitting a segment across
-//                         blocks would change the order of the float adds (and the bits), so it is not
-//                         done. Both rows' addend vectors and segment bounds are loaded before any
-//                         segment, so an empty row costs one memory latency, not two.
-//                         Bytes: read ntok*D (+ntok*8 positions, (V+1)*8 bounds), write V*D.
+//                         prefetched into L2. Both rows' addend vectors and segment bounds are loaded
+//                         before any segment, so an empty row costs one memory latency, not two.
+//                         A segment longer than `chunk` positions (a frequent token: byte-level text gives
+//                         the space thousands of the 16384 positions of a GPT-2 batch, and one block would
+//                         sum them all, one latency per 8 rows, while the others idle) is summed in two
+//                         passes instead: embedding_bwd_chunks_* sums each `chunk` positions of it into a
+//                         float32 partial row (one block per chunk, position order within it), and this
+//                         kernel adds the row's partials in chunk order, from +0. A row of at most `chunk`
+//                         positions keeps the plain loop's order and bits; a longer one is deterministic
+//                         too (the chunks are fixed by the positions), in the chunked order.
+//                         cstart[v] .. cstart[v+1] are row v's chunks (none for a short row; host-made).
+//                         Bytes: read ntok*D (+ntok*8 positions, (V+1)*16 bounds), write V*D; the long
+//                         rows' partials once more (write, read): at most 2*ntok/chunk rows of D floats.
+// embedding_bwd_chunks_*: grid (the bound on chunks, column chunks): block b sums chunk b (its vocabulary row
+//                         found by binary search in cstart; a block past cstart[V] returns) into partial[b].
+//                         Bytes: read the long segments' rows, write their partials.
 // embedding_bwd_atomic:   the fast non-deterministic path: one float atomicAdd per gradient element into a
 //                         zeroed float32 [V, D] buffer. Bytes: read ntok*D, atomics ntok*D.
 // embedding_bwd_addend_*: that path's addend: grid-stride over V*D, out = addend * scale + acc (acc rounded
@@ -143,9 +154,45 @@ __device__ __forceinline__ void sum_segment(const T* __restrict__ grad, const lo
     }
 }
 
+// The chunk b of a long segment: its vocabulary row (the r with cstart[r] <= b < cstart[r + 1]: cstart is
+// non-decreasing with cstart[0] = 0) and its positions seg[r] + k*chunk .. at most chunk further, k = b -
+// cstart[r]. Every thread of the block computes the same; b < cstart[V].
+__device__ __forceinline__ void chunk_bounds(const long long* __restrict__ seg, const long long* __restrict__ cstart,
+                                             long long V, long long b, int chunk, long long& begin, long long& end) {
+    long long lo = 0, hi = V;  // invariant: cstart[lo] <= b < cstart[hi]
+    while (hi - lo > 1) {
+        const long long mid = (lo + hi) / 2;
+        if (cstart[mid] <= b) lo = mid; else hi = mid;
+    }
+    begin = seg[lo] + (b - cstart[lo]) * chunk;
+    const long long stop = seg[lo + 1];
+    end = begin + chunk < stop ? begin + chunk : stop;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void embedding_bwd_chunks(const T* __restrict__ grad, const long long* __restrict__ pos,
+                                                     const long long* __restrict__ seg,
+                                                     const long long* __restrict__ cstart, float* __restrict__ partial,
+                                                     int D, long long V, int chunk) {
+    const long long b = blockIdx.x;
+    if (b >= cstart[V]) return;  // uniform over the block: the grid is a bound on the chunks
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    const bool active = i * VEC < D;  // no early return: the whole warp shuffles positions
+    const long long col = (long long)i * VEC;
+    long long begin, end;
+    chunk_bounds(seg, cstart, V, b, chunk, begin, end);
+    float acc[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
+    sum_segment<T, VEC>(grad, pos, begin, end, col, D, active, acc);
+    if (active) store_vec<VEC>(partial + b * D + col, acc);
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void embedding_bwd_sorted(const T* __restrict__ grad, const long long* __restrict__ pos,
-                                                     const long long* __restrict__ seg, const T* __restrict__ addend,
+                                                     const long long* __restrict__ seg,
+                                                     const long long* __restrict__ cstart,
+                                                     const float* __restrict__ partial, const T* __restrict__ addend,
                                                      const T* __restrict__ scale, T* __restrict__ out, int D,
                                                      long long V) {
     constexpr int R = EMB_BWD_ROWS;
@@ -154,13 +201,16 @@ __device__ __forceinline__ void embedding_bwd_sorted(const T* __restrict__ grad,
     const bool active = i * VEC < D;  // no early return: the whole warp shuffles positions
     const long long col = (long long)i * VEC;
     RawVec<T, VEC> add[R];
-    long long bound[R + 1];
+    long long bound[R + 1], chunks[R + 1];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         if (addend != nullptr && active && row0 + r < V) add[r].load(addend + (row0 + r) * D + col);
     }
 #pragma unroll
-    for (int r = 0; r <= R; ++r) bound[r] = row0 + r <= V ? seg[row0 + r] : 0;
+    for (int r = 0; r <= R; ++r) {
+        bound[r] = row0 + r <= V ? seg[row0 + r] : 0;
+        chunks[r] = row0 + r <= V ? cstart[row0 + r] : 0;
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const long long row = row0 + r;
@@ -168,7 +218,18 @@ __device__ __forceinline__ void embedding_bwd_sorted(const T* __restrict__ grad,
         float acc[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
-        sum_segment<T, VEC>(grad, pos, bound[r], bound[r + 1], col, D, active, acc);
+        if (chunks[r + 1] > chunks[r]) {  // a long segment: its chunks' partial sums, in chunk order
+            if (active) {
+                for (long long c = chunks[r]; c < chunks[r + 1]; ++c) {
+                    float v[VEC];
+                    load_vec<VEC>(partial + c * D + col, v);
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) acc[k] += v[k];
+                }
+            }
+        } else {
+            sum_segment<T, VEC>(grad, pos, bound[r], bound[r + 1], col, D, active, acc);
+        }
         if (!active) continue;
         if (addend != nullptr) {
             float av[VEC];
@@ -207,9 +268,16 @@ __device__ __forceinline__ void embedding_bwd_atomic(const T* __restrict__ grad,
         embedding_fwd<T, VEC>(weight, idx, out, D, V);                                                      \
     }                                                                                                       \
     extern "C" __global__ void embedding_bwd_sorted_##SUFFIX(const T* grad, const long long* pos,           \
-                                                             const long long* seg, const T* addend,         \
+                                                             const long long* seg, const long long* cstart, \
+                                                             const float* partial, const T* addend,         \
                                                              const T* scale, T* out, int D, long long V) {  \
-        embedding_bwd_sorted<T, VEC>(grad, pos, seg, addend, scale, out, D, V);                             \
+        embedding_bwd_sorted<T, VEC>(grad, pos, seg, cstart, partial, addend, scale, out, D, V);            \
+    }                                                                                                       \
+    extern "C" __global__ void embedding_bwd_chunks_##SUFFIX(const T* grad, const long long* pos,           \
+                                                             const long long* seg, const long long* cstart, \
+                                                             float* partial, int D, long long V,            \
+                                                             int chunk) {                                   \
+        embedding_bwd_chunks<T, VEC>(grad, pos, seg, cstart, partial, D, V, chunk);                         \
     }
 EMB_KERNELS(f32_v4, float, 4)
 EMB_KERNELS(f32_v1, float, 1)
