@@ -46,8 +46,7 @@ def cast(a: Array, dtype: Any) -> Array | None:
     if n == 0:
         return out
     if a.data.ptr % 16 == 0 and out.data.ptr % 16 == 0:
-        unroll = 2 if out.itemsize > a.itemsize else 1  # casts.cu's CastUnroll: vectors per thread and step
-        _launch("casts", names[0], _elementwise_grid(-(-(n >> 3) // unroll)), _CAST_THREADS, (a, out, np.int64(n)))
+        _launch("casts", names[0], _elementwise_grid(n >> 3), _CAST_THREADS, (a, out, np.int64(n)))
     else:  # a view at an offset that is not a multiple of 16 bytes
         _launch("casts", names[1], _elementwise_grid((n + 3) >> 2), _CAST_THREADS, (a, out, np.int64(n)))
     return out

@@ -6,12 +6,11 @@
 // bfloat16 and float16 are unsigned 16-bit storage here (no cuda_fp16.h / cuda_bf16.h: NVRTC through
 // CuPy lacks one of them, see common.cuh); the float16 rounding is the PTX cvt.rn instruction.
 //
-// cast_{src}_{dst}_v8: grid-stride over the n / 8 vectors of 8 elements; each step reads U vectors of 8
-//                      source elements (all loads issued before the first store) and writes them with
-//                      16-byte accesses (two float4 for float32, one uint4 for 16-bit types), so both
-//                      pointers must be 16-byte aligned; U = 2 for 16-bit -> float32, 1 otherwise. The
-//                      n % 8 tail elements go one each to the first threads of the grid. Block 256
-//                      threads, grid min(ceil(n / 8 / U / 256), 16 x SMs).
+// cast_{src}_{dst}_v8: grid-stride over the n / 8 vectors of 8 elements; each step reads 8 source
+//                      elements and writes 8 with 16-byte accesses (two float4 for float32, one uint4
+//                      for 16-bit types), so both pointers must be 16-byte aligned. The n % 8 tail
+//                      elements go one each to the first threads of the grid. Block 256 threads, grid
+//                      min(ceil(n / 8 / 256), 16 x SMs).
 // cast_{src}_{dst}_v1: the same conversion one element per access, for a source that is not 16-byte
 //                      aligned (a view at an odd offset): each thread has 4 loads in flight, a block's
 //                      accesses are contiguous. Block 256, grid min(ceil(n / 4 / 256), 16 x SMs).
@@ -90,37 +89,19 @@ __device__ __forceinline__ void store8(u16* __restrict__ p, const u16 (&v)[8]) {
     *reinterpret_cast<uint4*>(p) = a;
 }
 
-// Vectors of 8 per thread and step of cast_v8: 2 for the widening casts (16-bit -> float32), whose 16-byte read
-// per vector is half of what a narrowing cast has in flight for the same 8 elements, so one vector at a time
-// leaves the reads latency-bound; 1 for the others.
-template <typename From, typename To> struct CastUnroll {
-    static constexpr int value = sizeof(typename To::T) > sizeof(typename From::T) ? 2 : 1;
-};
-
 template <typename From, typename To>
 __device__ __forceinline__ void cast_v8(const typename From::T* __restrict__ src, typename To::T* __restrict__ dst,
                                         long long n) {
-    constexpr int U = CastUnroll<From, To>::value;
     const long long nv = n >> 3;
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i0 = tid; i0 < nv; i0 += U * stride) {
-        typename From::T s[U][8];
+    for (long long i = tid; i < nv; i += stride) {
+        typename From::T s[8];
+        typename To::T d[8];
+        load8(src + (i << 3), s);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {  // every load of the step in flight before the first store
-            const long long i = i0 + u * stride;
-            if (i < nv) load8(src + (i << 3), s[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const long long i = i0 + u * stride;
-            if (i < nv) {
-                typename To::T d[8];
-#pragma unroll
-                for (int k = 0; k < 8; ++k) d[k] = Cast<From, To>::apply(s[u][k]);
-                store8(dst + (i << 3), d);
-            }
-        }
+        for (int k = 0; k < 8; ++k) d[k] = Cast<From, To>::apply(s[k]);
+        store8(dst + (i << 3), d);
     }
     const long long t = (nv << 3) + tid;  // at most 7 tail elements; the grid has >= 256 threads
     if (t < n) dst[t] = Cast<From, To>::apply(src[t]);
