@@ -69,9 +69,10 @@ class DistributedDataParallel(Module):
     ``group``: the data-parallel process group (default: the default group). ``bucket_cap_mb``:
     the size at which a bucket is closed and reduced. ``broadcast_parameters``: start from rank 0's
     parameters and buffers. ``grad_dtype``: the dtype gradients travel in (see the module doc; a key of
-    :data:`GRAD_DTYPES`, default the gradients' own). ``reduce``: how each bucket is summed over the ranks, one of
-    :data:`GRAD_REDUCTIONS` (see the module doc; default the backend's all-reduce). Every parameter that requires grad must get a gradient
-    in each synchronized backward (an unused one is reported at the next forward).
+    :data:`GRAD_DTYPES`, default the gradients' own). ``reduce``: how each bucket is summed over the ranks, one
+    of :data:`GRAD_REDUCTIONS` (see the module doc; default the backend's all-reduce). Every parameter that
+    requires grad must get a gradient in each synchronized backward (an unused one is reported at the next
+    forward).
     """
 
     def __init__(self, module: Module, group: ProcessGroup | None = None,
