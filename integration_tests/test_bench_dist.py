@@ -422,7 +422,8 @@ def test_the_cpu_mode_runs_both_stages_through_blutrain_run(tmp_path: Path) -> N
     # summed in rank order, one micro-batch per rank: one rank's losses exactly (the trainer averages the ranks'
     # losses in float64, where their sum is exact)
     ordered = rows["equiv-blutrain-fp32-ordered-2gpu"]
-    assert ordered["config"]["mode"] == "ddp-ordered" and ordered["losses"] == rows["equiv-blutrain-fp32-1gpu"]["losses"]
+    assert ordered["config"]["mode"] == "ddp-ordered"
+    assert ordered["losses"] == rows["equiv-blutrain-fp32-1gpu"]["losses"]
     text = (tmp_path / "bench_dist.txt").read_text()
     assert text.startswith("BluTrain distributed benchmark") and "2. Same losses" in text
     assert (tmp_path / "bench_dist.png").stat().st_size > 0
