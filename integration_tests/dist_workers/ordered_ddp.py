@@ -9,7 +9,7 @@ same kernels with the same threads. Each micro-batch's loss (gathered over the r
 final parameter are compared for exact equality on every rank.
 
 Runs (``RUN`` arguments; default all): ``{fp32,bf16}-{eager,compiled}`` (bf16: under bf16 autocast, float32
-weights and gradients), ``+allreduce`` for the default reduction instead (reported, for contrast). The model's
+weights and gradients), ``+backend`` for the default reduction instead (reported, for contrast). The model's
 vocabulary (65) and width (27) make tensors whose sizes are not multiples of 4, and the bucket cap holds
 about one of them per bucket, so most buckets are padded to a multiple of the group size.
 

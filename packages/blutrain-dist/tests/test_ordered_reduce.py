@@ -64,9 +64,9 @@ def test_a_flat_buffer_is_padded_to_whole_chunks(numel: int, size: int, padded: 
 
 
 def test_an_unknown_reduction_is_refused_naming_the_choices() -> None:
-    assert GRAD_REDUCTIONS == ("allreduce", "ordered")
+    assert GRAD_REDUCTIONS == ("backend", "ordered")
     assert check_reduction("x", "ordered") == "ordered"
-    with pytest.raises(DistArgumentError, match=r"owner: reduce must be one of allreduce, ordered \(.*\), got 'ring'"):
+    with pytest.raises(DistArgumentError, match=r"owner: reduce must be one of backend, ordered \(.*\), got 'ring'"):
         check_reduction("owner", "ring")
 
 

@@ -126,10 +126,10 @@ def test_ordered_reduction_in_a_group_of_one_leaves_the_unwrapped_models_gradien
 
 
 def test_an_unknown_reduction_is_refused_naming_the_choices(group_of_one: ProcessGroup) -> None:
-    with pytest.raises(DistArgumentError, match="DistributedDataParallel: reduce must be one of allreduce, ordered "
-                                                r"\(ordered: .*\), got 'fast'"):
+    with pytest.raises(DistArgumentError, match="DistributedDataParallel: reduce must be one of backend, ordered "
+                                                r"\(backend: .*; ordered: .*\), got 'fast'"):
         DistributedDataParallel(mlp(), group_of_one, reduce="fast")
-    with pytest.raises(DistArgumentError, match="ddp: reduce must be one of allreduce, ordered"):
+    with pytest.raises(DistArgumentError, match="ddp: reduce must be one of backend, ordered"):
         DDP.check_options(reduce="nccl")
     with pytest.raises(DistArgumentError, match="got 1"):
         DDP(group_of_one, reduce=1)  # type: ignore[arg-type]

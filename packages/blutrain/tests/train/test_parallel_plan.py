@@ -109,10 +109,10 @@ def test_one_mesh_dimension_is_its_mode_over_every_rank(text: str, mesh: dict[st
     ("dp=2,attn=ring,cp=2,grad_dtype=int8", "grad_dtype must be one of"),
     ("cp=2,attn=star", "CP: attn must be one of ring, allgather, ulysses, got 'star'"),
     ("zero=4", "ZeRO: stage must be 1, 2 or 3, got 4"),
-    ("ddp,reduce=fast", "ddp: reduce must be one of allreduce, ordered"),
-    ("dp=2,tp=2,reduce=nccl", "ddp: reduce must be one of allreduce, ordered"),
+    ("ddp,reduce=fast", "ddp: reduce must be one of backend, ordered"),
+    ("dp=2,tp=2,reduce=nccl", "ddp: reduce must be one of backend, ordered"),
     ("ddp,bucket=25", "mode 'ddp' does not take the options bucket=25; it takes (bucket_cap_mb=25.0, "
-                      "grad_dtype=None, reduce='allreduce')"),
+                      "grad_dtype=None, reduce='backend')"),
 ])
 def test_a_malformed_spec_is_refused_naming_the_part(text: str, message: str) -> None:
     assert message in refusal(text)

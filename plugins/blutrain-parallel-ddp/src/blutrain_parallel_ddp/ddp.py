@@ -9,7 +9,7 @@ average is taken on a flat copy in that dtype and widened back into each float32
 The gradients the optimizer reads stay float32; half the bytes go over the wire, at the price of one bf16 rounding
 of each rank's gradient and of the sum.
 
-``reduce`` (:data:`blutrain.dist.GRAD_REDUCTIONS`, default ``"allreduce"``: the comm backend's all-reduce)
+``reduce`` (:data:`blutrain.dist.GRAD_REDUCTIONS`, default ``"backend"``: the comm backend's all-reduce)
 ``"ordered"`` sums each bucket over the ranks in rank order (:mod:`blutrain.dist.ordered_reduce`): the same
 bytes on the wire as a ring all-reduce (an all-to-all, then an all-gather), plus an N-way local sum and a flat
 copy and receive buffer per bucket in flight. With one micro-batch per rank and N a power of two, a float32
@@ -77,7 +77,7 @@ class DistributedDataParallel(Module):
 
     def __init__(self, module: Module, group: ProcessGroup | None = None,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, broadcast_parameters: bool = True,
-                 grad_dtype: str | None = None, reduce: str = "allreduce") -> None:
+                 grad_dtype: str | None = None, reduce: str = "backend") -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise DistArgumentError(f"DistributedDataParallel: module must be a blutrain.nn.Module, got "
@@ -113,7 +113,7 @@ class DistributedDataParallel(Module):
 
     def extra_repr(self) -> str:
         sent = "" if self.comm_dtype is None else f", grad_dtype={self.comm_dtype.name}"
-        order = "" if self.reduce == "allreduce" else f", reduce={self.reduce}"
+        order = "" if self.reduce == "backend" else f", reduce={self.reduce}"
         return (f"group={self.group.backend} rank {self.group.rank}/{self.group.size}, buckets={len(self.buckets)}, "
                 f"bucket_cap_mb={self.bucket_cap_mb:g}{sent}{order}")
 
@@ -133,13 +133,13 @@ class DDP(ParallelMode):
 
     @classmethod
     def check_options(cls, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, grad_dtype: str | None = None,
-                      reduce: str = "allreduce") -> None:
+                      reduce: str = "backend") -> None:
         comm_dtype("ddp", grad_dtype)
         check_reduction("ddp", reduce)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, grad_dtype: str | None = None,
-                 reduce: str = "allreduce") -> None:
+                 reduce: str = "backend") -> None:
         self.check_options(bucket_cap_mb, grad_dtype, reduce)  # refused at once, before any model is built
         if isinstance(mesh, DeviceMesh):
             # context-parallel ranks hold replicas too (each saw part of the sequence): average over dp × cp

@@ -67,12 +67,12 @@ class GradBucket:
         self.sent = None
         self.ordered = None
 
-    def launch(self, group: ProcessGroup, comm_dtype: DType | None, reduce: str = "allreduce") -> None:
+    def launch(self, group: ProcessGroup, comm_dtype: DType | None, reduce: str = "backend") -> None:
         """Start the average of this bucket's gradients: in place, or through a flat ``comm_dtype`` copy; with
         ``reduce="ordered"``, the rank-ordered reduction's exchange (:meth:`advance` sums and gathers)."""
         grads: list[Tensor] = [p.grad for p in self.params]  # type: ignore[misc]
         same = comm_dtype is None or comm_dtype is grads[0].dtype
-        if reduce == "allreduce" and same:
+        if reduce == "backend" and same:
             self.work = all_reduce_coalesced(group, grads, op="avg", async_op=True)
             return
         dtype = grads[0].dtype if comm_dtype is None else comm_dtype
@@ -134,7 +134,7 @@ def bucket_parameters(params: Sequence[tuple[str, Tensor]], cap_bytes: int) -> l
 
 class GradientAverager:
     """Averages the gradients of ``params`` (named, forward order, each requiring grad) over ``group`` during
-    every backward pass, bucket by bucket (module doc). ``reduce``: "allreduce" (the backend's all-reduce) or
+    every backward pass, bucket by bucket (module doc). ``reduce``: "backend" (the comm backend's all-reduce) or
     "ordered" (summed in rank order; module doc). ``owner`` names the caller in error messages.
 
     Every parameter must get exactly one gradient in each synchronized backward: a second one raises at once, a
@@ -143,7 +143,7 @@ class GradientAverager:
 
     def __init__(self, params: Sequence[tuple[str, Tensor]], group: ProcessGroup,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, comm_dtype: DType | None = None,
-                 owner: str = "GradientAverager", reduce: str = "allreduce") -> None:
+                 owner: str = "GradientAverager", reduce: str = "backend") -> None:
         self.group = group
         self.comm_dtype = comm_dtype
         self.reduce = check_reduction(owner, reduce)

@@ -32,17 +32,18 @@ from blutrain.tensor import Tensor, zeros
 from blutrain.dist.errors import DistArgumentError
 from blutrain.dist.process_group import ProcessGroup, ReduceOp, Work
 
-# the ways a data-parallel mode may reduce its gradients (``--parallel ddp,reduce=NAME``): "allreduce" the
-# comm backend's all-reduce (a ring on NCCL: fastest, order of additions its own), "ordered" this module's
-GRAD_REDUCTIONS = ("allreduce", "ordered")
+# the ways a data-parallel mode may reduce its gradients (``--parallel ddp,reduce=NAME``, ``zero=2,reduce=NAME``):
+# "backend" the comm backend's own all-reduce or reduce-scatter (a ring on NCCL: the order of additions its own),
+# "ordered" this module's
+GRAD_REDUCTIONS = ("backend", "ordered")
 
 
 def check_reduction(owner: str, reduce: object) -> str:
     """``reduce`` if it names one of :data:`GRAD_REDUCTIONS`, else :class:`DistArgumentError` from ``owner``."""
     if not isinstance(reduce, str) or reduce not in GRAD_REDUCTIONS:
-        raise DistArgumentError(f"{owner}: reduce must be one of {', '.join(GRAD_REDUCTIONS)} (ordered: sum the "
-                                f"ranks' gradients in rank order, bit-identical to one process accumulating "
-                                f"them), got {reduce!r}")
+        raise DistArgumentError(f"{owner}: reduce must be one of {', '.join(GRAD_REDUCTIONS)} (backend: the comm "
+                                f"backend's own reduction; ordered: the ranks' gradients summed in rank order, as "
+                                f"one process accumulates them), got {reduce!r}")
     return reduce
 
 
