@@ -125,6 +125,19 @@ def test_ordered_reduction_in_a_group_of_one_leaves_the_unwrapped_models_gradien
     assert "reduce=ordered" in repr(ddp)
 
 
+def test_ordered_reduction_in_bf16_widens_back_into_float32_gradients(group_of_one: ProcessGroup) -> None:
+    x = bt.tensor(np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32))
+    ref = mlp()
+    ref(x).sum().backward()
+    model = mlp()
+    ddp = DistributedDataParallel(model, group_of_one, bucket_cap_mb=0.001, grad_dtype="bf16", reduce="ordered")
+    ddp(x).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None and p.grad.dtype is bt.float32
+        want = q.grad.numpy().astype(bt.bfloat16.np).astype(np.float32)
+        np.testing.assert_array_equal(p.grad.numpy(), want, err_msg=name)
+
+
 def test_an_unknown_reduction_is_refused_naming_the_choices(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistArgumentError, match="DistributedDataParallel: reduce must be one of backend, ordered "
                                                 r"\(backend: .*; ordered: .*\), got 'fast'"):
