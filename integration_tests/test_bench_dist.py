@@ -223,9 +223,12 @@ def test_the_plan_runs_every_mode_on_each_size_and_the_same_global_batch_for_the
         f"blutrain-{impl}-{mode}-2gpu" for impl in ("compiled", "eager") for mode in ("ddp", "zero1", "zero2", "zero3")]
     assert [c.name for c in by["torch-4gpu"]] == ["torch-compiled-ddp-4gpu", "torch-eager-ddp-4gpu"]
     equiv = [c for lc in launches for c in lc.configs if c.stage == "equivalence"]
-    assert {(c.framework, c.precision, c.gpus, c.accum) for c in equiv} == {
-        ("blutrain", "bf16", 1, 4), ("blutrain", "fp32", 1, 4), ("blutrain", "bf16", 2, 2), ("blutrain", "bf16", 4, 1),
-        ("blutrain", "fp32", 4, 1), ("torch", "bf16", 1, 4), ("torch", "bf16", 2, 2), ("torch", "bf16", 4, 1)}
+    assert {(c.framework, c.mode, c.precision, c.gpus, c.accum) for c in equiv} == {
+        ("blutrain", "single", "bf16", 1, 4), ("blutrain", "single", "fp32", 1, 4), ("blutrain", "ddp", "bf16", 2, 2),
+        ("blutrain", "ddp", "bf16", 4, 1), ("blutrain", "ddp", "fp32", 4, 1), ("blutrain", "ddp-ordered", "fp32", 4, 1),
+        ("torch", "single", "bf16", 1, 4), ("torch", "ddp", "bf16", 2, 2), ("torch", "ddp", "bf16", 4, 1)}
+    assert [c.name for c in by["equiv-blutrain-4gpu"]] == [  # fp32: the default all-reduce, then the ordered sum
+        "equiv-blutrain-bf16-4gpu", "equiv-blutrain-fp32-4gpu", "equiv-blutrain-fp32-ordered-4gpu"]
     assert all(c.tokens_per_step == 4 * 16 * 1024 and c.steps == 50 for c in equiv)
     assert all(c.impl == ("compiled" if c.framework == "blutrain" else "eager") for c in equiv)
 
@@ -264,8 +267,8 @@ def test_a_misspelt_mode_is_refused_naming_the_choices(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         args("--modes", "ddp,zero4")
     err = capsys.readouterr().err
-    assert "expected a comma-separated list of ddp, zero1, zero2, zero3, ddp-bf16, tp, tp-async, got 'ddp,zero4'" \
-        in err
+    assert ("expected a comma-separated list of ddp, zero1, zero2, zero3, ddp-bf16, tp, tp-async, ddp-ordered, got "
+            "'ddp,zero4'") in err
 
 
 def test_a_model_family_runs_its_preset_and_pytorch_shards_it_with_fsdp2() -> None:
@@ -288,7 +291,7 @@ def test_a_model_family_runs_its_preset_and_pytorch_shards_it_with_fsdp2() -> No
      "--seq-len 4096 exceeds preset llama-1b's block_size 2048; give --seq-len 2048 or less"),
     (("--model", "no-such-family"), "--model: no model 'no-such-family'; installed: "),
     (("--modes", "fsdp2"), "expected a comma-separated list of ddp, zero1, zero2, zero3, ddp-bf16, tp, tp-async, "
-                           "got 'fsdp2'"),
+                           "ddp-ordered, got 'fsdp2'"),
 ])
 def test_a_model_or_preset_that_does_not_fit_is_refused_in_one_line(capsys: pytest.CaptureFixture[str],
                                                                     argv: tuple[str, ...], message: str) -> None:
@@ -410,11 +413,17 @@ def test_the_cpu_mode_runs_both_stages_through_blutrain_run(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = {r["config"]["name"]: r for r in result["rows"]}
     assert list(rows) == ["blutrain-compiled-single-1gpu", "blutrain-eager-single-1gpu", "blutrain-compiled-ddp-2gpu",
-                          "blutrain-eager-ddp-2gpu", "equiv-blutrain-fp32-1gpu", "equiv-blutrain-fp32-2gpu"]
+                          "blutrain-eager-ddp-2gpu", "equiv-blutrain-fp32-1gpu", "equiv-blutrain-fp32-2gpu",
+                          "equiv-blutrain-fp32-ordered-2gpu"]
     assert all(r["status"] == "ok" for r in rows.values())
     assert all(r["steps"] == 2 and r["efficiency"] is not None for n, r in rows.items() if n.endswith("ddp-2gpu"))
     equiv = rows["equiv-blutrain-fp32-2gpu"]
     assert len(equiv["losses"]) == 3 and equiv["max_rel_dloss"] < 1e-4  # 2 ranks = 1 rank accumulating 2
+    # summed in rank order, one micro-batch per rank: one rank's losses exactly (the trainer averages the ranks'
+    # losses in float64, where their sum is exact)
+    ordered = rows["equiv-blutrain-fp32-ordered-2gpu"]
+    assert ordered["config"]["mode"] == "ddp-ordered"
+    assert ordered["losses"] == rows["equiv-blutrain-fp32-1gpu"]["losses"]
     text = (tmp_path / "bench_dist.txt").read_text()
     assert text.startswith("BluTrain distributed benchmark") and "2. Same losses" in text
     assert (tmp_path / "bench_dist.png").stat().st_size > 0
@@ -428,10 +437,12 @@ def test_eight_ranks_run_compiled_ddp_and_zero_and_give_the_one_rank_losses(tmp_
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = {r["config"]["name"]: r for r in result["rows"]}
     assert list(rows) == ["blutrain-compiled-single-1gpu", "blutrain-compiled-ddp-8gpu", "blutrain-compiled-zero1-8gpu",
-                          "equiv-blutrain-fp32-1gpu", "equiv-blutrain-fp32-8gpu", "equiv-blutrain-fp32-2gpu"]
+                          "equiv-blutrain-fp32-1gpu", "equiv-blutrain-fp32-8gpu", "equiv-blutrain-fp32-ordered-8gpu",
+                          "equiv-blutrain-fp32-2gpu", "equiv-blutrain-fp32-ordered-2gpu"]
     assert all(r["status"] == "ok" for r in rows.values())
     for name in ("equiv-blutrain-fp32-2gpu", "equiv-blutrain-fp32-8gpu"):  # N ranks = 1 rank accumulating N
         assert len(rows[name]["losses"]) == 2 and rows[name]["max_rel_dloss"] < 1e-4, name
+    assert rows["equiv-blutrain-fp32-ordered-8gpu"]["max_rel_dloss"] == 0.0  # in rank order: the same bits
     assert all(json.loads((tmp_path / "runs" / "blutrain-8gpu-1" / f"rank{r}.json").read_text())["rank"] == r
                for r in range(8))
 

@@ -29,7 +29,9 @@ What runs
    frameworks), on 1, 2 and G GPUs whatever ``--sizes`` says: BluTrain compiled on one GPU
    accumulating G micro-batches, compiled DDP on 2 and on G GPUs (G/N micro-batches each): max |Δloss| against
    the one-GPU run; the same for PyTorch DDP (eager), its own 1-vs-N difference, the bf16 noise floor; and
-   BluTrain in fp32 on 1 and G GPUs (max relative |Δloss|).
+   BluTrain in fp32 on 1 and G GPUs (max relative |Δloss|), on N GPUs once with the default all-reduce
+   (``ddp``) and once with ``--parallel ddp,reduce=ordered`` (``ddp-ordered``: each bucket summed in rank
+   order, bit-identical to one GPU accumulating when each rank runs one micro-batch, N a power of two).
 
 How it is measured
 - A launch is one framework on N ranks (``blutrain run -n N``; ``python -m torch.distributed.run``) running
@@ -161,10 +163,14 @@ def plan(a: argparse.Namespace) -> list[Launch]:
                     impl = "compiled" if fw == "blutrain" else "eager"
                     fp32 = fw == "blutrain" and a.precision != "fp32" and n in (1, most)
                     for prec in [a.precision] + (["fp32"] if fp32 else []):
-                        launch.configs.append(Config(
-                            stage, f"equiv-{fw}-{prec}-{n}gpu", fw, impl, "single" if n == 1 else "ddp", n, prec,
-                            steps=a.equiv_steps, warmup=0, accum=most // n, lr_warmup=a.equiv_lr_warmup,
-                            **shape))
+                        # BluTrain's fp32 rows on N GPUs: the default all-reduce, then the rank-ordered reduction
+                        ordered = fw == "blutrain" and prec == "fp32" and n > 1
+                        for mode in ["single"] if n == 1 else ["ddp", "ddp-ordered"] if ordered else ["ddp"]:
+                            tag = "-ordered" if mode == "ddp-ordered" else ""
+                            launch.configs.append(Config(
+                                stage, f"equiv-{fw}-{prec}{tag}-{n}gpu", fw, impl, mode, n, prec,
+                                steps=a.equiv_steps, warmup=0, accum=most // n, lr_warmup=a.equiv_lr_warmup,
+                                **shape))
                 if launch.configs:
                     launches.append(launch)
     return launches

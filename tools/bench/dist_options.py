@@ -95,7 +95,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--modes", type=choice_list(MODES), default=list(DEFAULT_MODES),
                     help="BluTrain's modes on N > 1 GPUs (default ddp,zero1,zero2,zero3; ddp-bf16: "
                          "--parallel ddp,grad_dtype=bf16, gradients reduced in bf16; tp, tp-async: --parallel "
-                         "tp=N and tp=N,async=4, every rank on the same rows, efficiency = speed-up / N)")
+                         "tp=N and tp=N,async=4, every rank on the same rows, efficiency = speed-up / N; "
+                         "ddp-ordered: --parallel ddp,reduce=ordered, each bucket summed over the ranks in rank "
+                         "order)")
     ap.add_argument("--torch-modes", type=choice_list(TORCH_MODES), default=["ddp"],
                     help="PyTorch's (default ddp; zero1 = DDP + ZeroRedundancyOptimizer, zero2/zero3 = FSDP "
                          "SHARD_GRAD_OP/FULL_SHARD, fsdp2 = fully_shard per block and the root, bf16 through "

@@ -18,8 +18,10 @@ STAGES = ("scaling", "equivalence")
 FRAMEWORKS = ("blutrain", "torch")
 IMPLS = ("eager", "compiled")
 # ddp-bf16: DDP with its gradients reduced in bf16 (BluTrain: ``--parallel ddp,grad_dtype=bf16``, float32 master
-# gradients kept; PyTorch: DDP's bf16_compress_hook); not in the default --modes
-MODES = ("ddp", "zero1", "zero2", "zero3", "ddp-bf16", "tp", "tp-async")
+# gradients kept; PyTorch: DDP's bf16_compress_hook); not in the default --modes. ddp-ordered: BluTrain's
+# ``--parallel ddp,reduce=ordered`` (each bucket summed over the ranks in rank order; no PyTorch counterpart), which
+# the equivalence stage's fp32 rows run beside ddp
+MODES = ("ddp", "zero1", "zero2", "zero3", "ddp-bf16", "tp", "tp-async", "ddp-ordered")
 DEFAULT_MODES = MODES[:4]
 # modes whose ranks all train on the same rows (tensor parallelism over every GPU of the run): a step's tokens
 # are one rank's, and the efficiency tokens/s(N) / (N × tokens/s(1)) is a strong-scaling one (speed-up / N)
@@ -208,7 +210,7 @@ def goals(rows: Sequence[Row]) -> list[str]:
             out.append(f"goal {c.label} on {c.gpus} GPUs faster than {c.impl} 1 GPU: "
                        f"{r.efficiency * c.gpus:.2f}× — {_met(r.efficiency * c.gpus > 1)}")
             continue
-        goal = (GOAL_EAGER_DDP if c.impl == "eager" and c.mode in ("ddp", "ddp-bf16") else
+        goal = (GOAL_EAGER_DDP if c.impl == "eager" and c.mode in ("ddp", "ddp-bf16", "ddp-ordered") else
                 GOAL_COMPILED_ZERO3 if c.impl == "compiled" and c.mode == "zero3" else
                 GOAL_COMPILED if c.impl == "compiled" else None)
         if goal is not None:
@@ -236,7 +238,8 @@ def goals(rows: Sequence[Row]) -> list[str]:
             continue
         if c.precision == "fp32" and r.max_rel_dloss is not None:
             out.append(f"goal fp32 {c.label} on {c.gpus} GPUs against 1 GPU × {c.gpus * c.accum} micro-batches: "
-                       f"max rel. |Δloss| {r.max_rel_dloss:.2e} ≤ {GOAL_FP32_REL:.0e} — "
+                       f"max rel. |Δloss| {r.max_rel_dloss:.2e}{' (the same bits)' if r.max_rel_dloss == 0 else ''} "
+                       f"≤ {GOAL_FP32_REL:.0e} — "
                        f"{_met(r.max_rel_dloss <= GOAL_FP32_REL)}")
         else:
             floor = next((t.max_dloss for t in rows if t.config.stage == "equivalence" and t.config.framework == "torch"
@@ -327,11 +330,11 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
         c = equiv[0].config
         lines += ["", f"2. Same losses: the same global batch on 1 {unit} (gradient accumulation) and on N; "
                   f"micro-batch {c.batch_size} × {c.seq_len}, {c.steps} steps, same seed and data",
-                  f"{'framework':<9} {'impl':<8} {'mode':<6} {'prec':<5} {unit + 's':>4} {'accum':>5} "
+                  f"{'framework':<9} {'impl':<8} {'mode':<11} {'prec':<5} {unit + 's':>4} {'accum':>5} "
                   f"{'loss first → last':>19} {'max|Δloss|':>10} {'max rel.':>9}  result"]
         for r in equiv:
             c = r.config
-            lines.append(f"{c.framework:<9} {c.impl:<8} {c.mode:<6} {c.precision:<5} {c.gpus:>4} {c.accum:>5} "
+            lines.append(f"{c.framework:<9} {c.impl:<8} {c.mode:<11} {c.precision:<5} {c.gpus:>4} {c.accum:>5} "
                          f"{_losses(r):>19} {_num(r.max_dloss, '10.5f'):>10} {_num(r.max_rel_dloss, '9.2e'):>9}  "
                          f"{_result(r)}")
         lines += _failures(equiv)
@@ -379,7 +382,8 @@ def chart(rows: Sequence[Row], meta: dict[str, Any], path: Path) -> str | None:
                     continue
                 n = min(len(r.losses), len(ref.losses))
                 ax.plot(range(1, n + 1), [abs(r.losses[i] - ref.losses[i]) for i in range(n)],
-                        label=f"{r.config.framework} {r.config.precision} ×{r.config.gpus}", lw=1)
+                        label=f"{r.config.framework} {r.config.precision}"
+                              f"{' ordered' if r.config.mode == 'ddp-ordered' else ''} ×{r.config.gpus}", lw=1)
             ax.set_yscale("symlog", linthresh=1e-6)
             ax.set_xlabel("step")
             ax.set_ylabel("|Δloss| against 1 GPU")

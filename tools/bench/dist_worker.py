@@ -45,7 +45,8 @@ from bench.dist_report import Config
 WORKER_FAILED = 3  # a rank's exit code after it wrote its error to its JSON
 TEARDOWN_S = 30.0  # seconds a rank waits for its process group to come apart after writing its results
 TRAINER_MODES = {"single": "", "ddp": "ddp", "zero1": "zero=1", "zero2": "zero=2", "zero3": "zero=3",
-                 "ddp-bf16": "ddp,grad_dtype=bf16", "tp": "tp={gpus}", "tp-async": "tp={gpus},async=4"}
+                 "ddp-bf16": "ddp,grad_dtype=bf16", "tp": "tp={gpus}", "tp-async": "tp={gpus},async=4",
+                 "ddp-ordered": "ddp,reduce=ordered"}
 HYPER = {"lr": 6e-4, "weight_decay": 0.1, "clip": 1.0}  # tools/bench/gpt2.py's recipe, constant learning rate
 
 

@@ -86,7 +86,7 @@ def test_an_unknown_gradient_dtype_is_refused_naming_the_choices(group_of_one: P
 
 def test_ddp_declares_the_mesh_form_along_dp_and_shards_nothing() -> None:
     assert (DDP.dim, DDP.compiles, DDP.on_mesh, DDP.mesh_order) == ("dp", True, True, 0)
-    assert dict(DDP.mesh_options) == {"grad_dtype": "grad_dtype"}
+    assert dict(DDP.mesh_options) == {"grad_dtype": "grad_dtype", "reduce": "reduce"}
     assert not (DDP.shards_loss or DDP.rewrites_layers or DDP.shards_gradients or DDP.shards_state)
     assert DDP.splits_batch  # the trainer gives each replica its own rows
 
@@ -105,3 +105,45 @@ def test_ddp_refuses_a_grad_dtype_before_any_group_exists() -> None:
     with pytest.raises(DistArgumentError, match="ddp: grad_dtype must be one of"):
         DDP.check_options(grad_dtype="int8")
     DDP.check_options(25, grad_dtype="bf16")
+
+
+def test_ordered_reduction_in_a_group_of_one_leaves_the_unwrapped_models_gradients(
+        group_of_one: ProcessGroup) -> None:
+    """One rank's rank-ordered average is its own gradient, through the flat copy and back, bit for bit (sizes
+    that do not fill a chunk evenly are padded and the padding dropped)."""
+    x = bt.tensor(np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32))
+    ref = mlp()
+    ref(x).sum().backward()
+    model = mlp()
+    ddp = DistributedDataParallel(model, group_of_one, bucket_cap_mb=0.001, reduce="ordered")
+    for _ in range(2):  # the buckets are made again in each backward pass
+        model.zero_grad(set_to_none=True)
+        ddp(x).sum().backward()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy(), err_msg=name)
+    assert "reduce=ordered" in repr(ddp)
+
+
+def test_ordered_reduction_in_bf16_widens_back_into_float32_gradients(group_of_one: ProcessGroup) -> None:
+    x = bt.tensor(np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32))
+    ref = mlp()
+    ref(x).sum().backward()
+    model = mlp()
+    ddp = DistributedDataParallel(model, group_of_one, bucket_cap_mb=0.001, grad_dtype="bf16", reduce="ordered")
+    ddp(x).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None and p.grad.dtype is bt.float32
+        want = q.grad.numpy().astype(bt.bfloat16.np).astype(np.float32)
+        np.testing.assert_array_equal(p.grad.numpy(), want, err_msg=name)
+
+
+def test_an_unknown_reduction_is_refused_naming_the_choices(group_of_one: ProcessGroup) -> None:
+    with pytest.raises(DistArgumentError, match="DistributedDataParallel: reduce must be one of backend, ordered "
+                                                r"\(backend: .*; ordered: .*\), got 'fast'"):
+        DistributedDataParallel(mlp(), group_of_one, reduce="fast")
+    with pytest.raises(DistArgumentError, match="ddp: reduce must be one of backend, ordered"):
+        DDP.check_options(reduce="nccl")
+    with pytest.raises(DistArgumentError, match="got 1"):
+        DDP(group_of_one, reduce=1)  # type: ignore[arg-type]
+    DDP.check_options(25, grad_dtype="bf16", reduce="ordered")

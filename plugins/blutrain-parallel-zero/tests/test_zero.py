@@ -105,6 +105,30 @@ def test_a_parameter_without_gradient_is_named_at_the_next_forward(group_of_one:
         model(x)
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_every_stage_with_the_ordered_reduction_trains_as_the_unwrapped_model(group_of_one: ProcessGroup,
+                                                                               stage: int) -> None:
+    """One rank's ordered reduce-scatter is its own gradient, bit for bit: the same losses and weights exactly."""
+    ref = mlp()
+    ref_losses = train(ref, create("adamw", list(ref.parameters()), lr=1e-2))
+    net = mlp()
+    mode = ZeRO(group_of_one, stage=stage, bucket_cap_mb=(16 * 16 * 4) / 2**20, reduce="ordered")
+    model = mode.wrap_model(net)
+    optimizer = mode.wrap_optimizer(create("adamw", list(net.parameters()), lr=1e-2))
+    assert train(model, optimizer) == ref_losses
+    state = model.state_dict()
+    for name, p in ref.state_dict().items():
+        np.testing.assert_array_equal(state[name].numpy(), p.numpy(), err_msg=name)
+
+
+def test_an_unknown_reduction_is_refused_naming_the_choices(group_of_one: ProcessGroup) -> None:
+    with pytest.raises(DistArgumentError, match="ZeRO: reduce must be one of backend, ordered"):
+        ZeRO.check_options(2, reduce="ring")
+    with pytest.raises(DistArgumentError, match="ZeroModel: reduce must be one of backend, ordered"):
+        ZeroModel(mlp(), group_of_one, stage=1, reduce="sum")
+    ZeRO.check_options(1, reduce="ordered")
+
+
 def test_stage_must_be_1_2_or_3(group_of_one: ProcessGroup) -> None:
     with pytest.raises(DistError, match="stage must be 1, 2 or 3, got 4"):
         ZeRO(group_of_one, stage=4)
@@ -120,6 +144,7 @@ def test_zero_declares_sharded_gradients_and_state_and_no_mesh_form() -> None:
     assert (ZeRO.dim, ZeRO.compiles, ZeRO.shards_gradients, ZeRO.shards_state) == ("dp", True, True, True)
     assert ZeRO.splits_batch
     assert not (ZeRO.on_mesh or ZeRO.shards_loss or ZeRO.rewrites_layers)
+    assert dict(ZeRO.mesh_options) == {"reduce": "reduce"}  # dp=4,zero=1,reduce=ordered
     with pytest.raises(DistArgumentError, match="ZeRO: stage must be 1, 2 or 3, got 4"):
         ZeRO.check_options(4)
 

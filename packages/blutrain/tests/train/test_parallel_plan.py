@@ -109,6 +109,11 @@ def test_one_mesh_dimension_is_its_mode_over_every_rank(text: str, mesh: dict[st
     ("dp=2,attn=ring,cp=2,grad_dtype=int8", "grad_dtype must be one of"),
     ("cp=2,attn=star", "CP: attn must be one of ring, allgather, ulysses, got 'star'"),
     ("zero=4", "ZeRO: stage must be 1, 2 or 3, got 4"),
+    ("ddp,reduce=fast", "ddp: reduce must be one of backend, ordered"),
+    ("dp=2,tp=2,reduce=nccl", "ddp: reduce must be one of backend, ordered"),
+    ("ddp,bucket=25", "mode 'ddp' does not take the options bucket=25; it takes (bucket_cap_mb=25.0, "
+                      "grad_dtype=None, reduce='backend')"),
+    ("zero=2,reduce=fast", "ZeRO: reduce must be one of backend, ordered"),
 ])
 def test_a_malformed_spec_is_refused_naming_the_part(text: str, message: str) -> None:
     assert message in refusal(text)
@@ -118,6 +123,9 @@ def test_a_malformed_spec_is_refused_naming_the_part(text: str, message: str) ->
     ("ddp,grad_dtype=bf16", (("ddp", (), {"grad_dtype": "bf16"}),)),
     ("ddp=25,grad_dtype=fp16", (("ddp", (25,), {"grad_dtype": "fp16"}),)),
     ("dp=2,tp=2,grad_dtype=bf16", (("tp", (), {}), ("ddp", (), {"grad_dtype": "bf16"}))),
+    ("ddp,reduce=ordered", (("ddp", (), {"reduce": "ordered"}),)),
+    ("zero=2,reduce=ordered", (("zero", (2,), {"reduce": "ordered"}),)),
+    ("dp=4,reduce=ordered", (("ddp", (), {"reduce": "ordered"}),)),
 ])
 def test_keyword_options_after_the_mode_or_dp_go_to_the_mode(text: str, modes: object) -> None:
     assert plan(text).modes == modes
@@ -129,6 +137,7 @@ def test_keyword_options_after_the_mode_or_dp_go_to_the_mode(text: str, modes: o
     ("dp=2,cp=2,tp=2,zero=3,attn=ulysses", {"dp": 2, "cp": 2, "tp": 2},
      (("tp", (), {}), ("cp", (), {"attn": "ulysses"}), ("zero", (3,), {}))),
     ("dp=4,zero", {"dp": 4}, (("zero", (), {}),)),  # ZeRO's default stage
+    ("dp=4,zero=1,reduce=ordered", {"dp": 4}, (("zero", (1,), {"reduce": "ordered"}),)),
 ])
 def test_zero_named_beside_the_sizes_runs_along_dp_in_place_of_ddp(text: str, mesh: dict[str, int],
                                                                    modes: object) -> None:

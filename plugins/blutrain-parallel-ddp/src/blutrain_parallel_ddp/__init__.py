@@ -6,7 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from blutrain.tensor.plugins import hookimpl
-from blutrain_parallel_ddp.ddp import DDP, DEFAULT_BUCKET_CAP_MB, GRAD_DTYPES, DistributedDataParallel, GradBucket
+from blutrain_parallel_ddp.ddp import (
+    DDP,
+    DEFAULT_BUCKET_CAP_MB,
+    GRAD_DTYPES,
+    GRAD_REDUCTIONS,
+    DistributedDataParallel,
+    GradBucket,
+)
 
 if TYPE_CHECKING:
     from blutrain.dist import ParallelModeRegistry
@@ -17,5 +24,5 @@ def blutrain_register_parallel_modes(registry: ParallelModeRegistry) -> None:
     registry.register("ddp", DDP)
 
 
-__all__ = ["DDP", "DEFAULT_BUCKET_CAP_MB", "GRAD_DTYPES", "DistributedDataParallel", "GradBucket",
+__all__ = ["DDP", "DEFAULT_BUCKET_CAP_MB", "GRAD_DTYPES", "GRAD_REDUCTIONS", "DistributedDataParallel", "GradBucket",
            "blutrain_register_parallel_modes"]

@@ -27,6 +27,12 @@ in the forward order or its prefetch. When every parameter of a unit has its gra
 gradients are reduce-scattered and its parameters freed. The saved tensors of the graph refer to the
 parameters themselves, so a gathered buffer is rebuilt exactly as in forward (same version count).
 
+``reduce="ordered"`` (:mod:`blutrain.dist.ordered_reduce`) replaces each reduce-scatter by an ``all_to_all`` and
+a sum of the ranks' blocks in rank order, as one process accumulating the ranks' micro-batches adds: the same
+bytes on the wire, plus a receive buffer of the bucket's size and an N-way sum. The gradient shards are then
+bit-identical to that process's (one micro-batch per rank, N a power of two); the gradient norm (clipping) is
+still summed over the shards, so a clipped run's update is not.
+
 Compile (``blutrain.compiler``): the group is declared with :func:`blutrain.dist.traceable`, so every
 reduce-scatter, all-gather and the gradient norm's all-reduce is recorded into a compiled training step as
 an op, issued there on every call. Every stage makes the same collectives on every call (the hooks choose
@@ -47,10 +53,12 @@ from blutrain.autograd import in_backward, is_grad_enabled, no_grad
 from blutrain.dist import (
     DistArgumentError,
     DistError,
+    OrderedReduction,
     Placement,
     ProcessGroup,
     StateShard,
     Work,
+    check_reduction,
     traceable,
     whole_placements,
 )
@@ -133,12 +141,13 @@ class ZeroModel(Module):
     tensor of ``module``'s state sits in the single-process model; the buckets, ``state_dict`` and
     :meth:`state_shard` then use the single-process names, and a shard of a placed tensor is a window of its
     range. ``norm_group``: the ranks whose shards together hold the whole model (``group`` × the inner mode's),
-    over which the gradient norm is summed; default ``group``.
+    over which the gradient norm is summed; default ``group``. ``reduce``: ``"backend"`` (the comm backend's
+    reduce-scatter) or ``"ordered"`` (the ranks' gradients summed in rank order; module doc).
     """
 
     def __init__(self, module: Module, group: ProcessGroup, stage: int = 2,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, placements: Sequence[Placement] | None = None,
-                 norm_group: ProcessGroup | None = None) -> None:
+                 norm_group: ProcessGroup | None = None, reduce: str = "backend") -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise DistArgumentError(f"ZeroModel: module must be a blutrain.nn.Module, got {type(module).__name__}")
@@ -146,6 +155,7 @@ class ZeroModel(Module):
             raise DistArgumentError(f"ZeroModel: stage must be 1, 2 or 3, got {stage!r}")
         if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb > 0:
             raise DistArgumentError(f"ZeroModel: bucket_cap_mb must be a number > 0, got {bucket_cap_mb!r}")
+        self.reduce = check_reduction("ZeroModel", reduce)
         self.module = module
         self.group: ProcessGroup = traceable(group)
         # the ranks whose shards together hold the whole model (the gradient norm's sum): the group, or on a mesh
@@ -203,7 +213,9 @@ class ZeroModel(Module):
         self._pending = [len(b.params) for b in self.buckets]
         self._grad_bufs: dict[int, Tensor] = {}
         self._launched = 0
-        self._reductions: list[tuple[FlatBucket, Tensor, Work | None]] = []
+        # stages 2 and 3: each reduction in flight: its bucket, and the reduce-scatter's output and work, or the
+        # ordered reduction (which makes its output when it is finished)
+        self._reductions: list[tuple[FlatBucket, Tensor | OrderedReduction, Work | None]] = []
         self._units_left = sum(1 for u in self.units if u.size)
         self._order: list[Unit] = []  # the previous forward's unit order (prefetch)
         self._trace: list[Unit] = []
@@ -229,12 +241,18 @@ class ZeroModel(Module):
         """Stage 1: every rank's ``.grad`` (local sums) → the group average of this rank's shard."""
         with no_grad():
             works = []
+            ordered = []
             for b in self.buckets:
                 flat = b.flatten([p.grad for p in b.params])
-                works.append((b, self.group.reduce_scatter(b.shard_grad, flat, op="avg", async_op=True), flat))
+                if self.reduce == "ordered":
+                    ordered.append((b, OrderedReduction(self.group, flat, op="avg")))
+                else:
+                    works.append((b, self.group.reduce_scatter(b.shard_grad, flat, op="avg", async_op=True), flat))
             for _, work, _ in works:
                 if work is not None:
                     work.wait()
+            for b, reduction in ordered:
+                b.shard_grad.copy_(reduction.reduce(scatter_only=True))
 
     def gather_parameters(self) -> None:
         """Stages 1 and 2: every rank's shard into every parameter, now (a collective), in forward order: the
@@ -276,14 +294,19 @@ class ZeroModel(Module):
 
     def _reduce(self, b: FlatBucket) -> None:
         buf = self._grad_bufs.pop(b.index)
-        out = zeros(b.shard_numel, dtype=b.dtype, device=b.device)  # made by a kernel: see FlatBucket.full_buffer
-        self._reductions.append((b, out, self.group.reduce_scatter(out, buf, op="avg", async_op=True)))
+        if self.reduce == "ordered":
+            self._reductions.append((b, OrderedReduction(self.group, buf, op="avg"), None))
+        else:
+            out = zeros(b.shard_numel, dtype=b.dtype, device=b.device)  # made by a kernel: see FlatBucket.full_buffer
+            self._reductions.append((b, out, self.group.reduce_scatter(out, buf, op="avg", async_op=True)))
         while len(self._reductions) > REDUCTIONS_IN_FLIGHT:
             self._finish_reduction(*self._reductions.pop(0))
 
     @staticmethod
-    def _finish_reduction(b: FlatBucket, out: Tensor, work: Work | None) -> None:
-        if work is not None:
+    def _finish_reduction(b: FlatBucket, out: Tensor | OrderedReduction, work: Work | None) -> None:
+        if isinstance(out, OrderedReduction):
+            out = out.reduce(scatter_only=True)  # waits for the exchange, sums this rank's block in rank order
+        elif work is not None:
             work.wait()  # the stream waits; the whole-bucket gradient the collective read is let go
         b.shard_grad.add_(out)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, ClassVar
 
 from blutrain.dist import (
     DeviceMesh,
@@ -12,6 +13,7 @@ from blutrain.dist import (
     Placement,
     ProcessGroup,
     StateShard,
+    check_reduction,
     get_process_group,
     take_range,
     whole_placements,
@@ -31,7 +33,12 @@ class ZeRO(ParallelMode):
     so the global gradient norm and checkpoints go through the mode (``shards_gradients``, ``shards_state``).
     On a mesh the form ``dp=2,tp=2,zero=STAGE`` runs it along dp in place of DDP (``on_mesh_by_name``); over
     tensor parallelism it shards each rank's blocks (``nests_state``): its shards are windows of the tp
-    ranges, its norm sums over dp × tp, and a checkpoint has one file per rank of dp (× cp) × tp."""
+    ranges, its norm sums over dp × tp, and a checkpoint has one file per rank of dp (× cp) × tp.
+
+    ``reduce="ordered"`` (``--parallel zero=2,reduce=ordered``, ``dp=4,zero=1,reduce=ordered``) sums the
+    gradients over the ranks in rank order instead of the comm backend's reduce-scatter
+    (:mod:`blutrain_parallel_zero.model`'s doc: the gradient shards are one process's bits, a clipped update is
+    not)."""
 
     dim = "dp"
     splits_batch = True  # each replica trains on its own rows of the batch
@@ -40,15 +47,18 @@ class ZeRO(ParallelMode):
     shards_state = True
     on_mesh_by_name = True
     nests_state = True
+    mesh_options: ClassVar[Mapping[str, str]] = {"reduce": "reduce"}  # dp=4,zero=2,reduce=ordered
 
     @classmethod
-    def check_options(cls, stage: int = 2, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
+    def check_options(cls, stage: int = 2, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+                      reduce: str = "backend") -> None:
         if isinstance(stage, bool) or stage not in STAGES:
             raise DistArgumentError(f"ZeRO: stage must be 1, 2 or 3, got {stage!r}")
+        check_reduction("ZeRO", reduce)
 
     def __init__(self, mesh: DeviceMesh | ProcessGroup | None = None, stage: int = 2,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
-        self.check_options(stage, bucket_cap_mb)
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, reduce: str = "backend") -> None:
+        self.check_options(stage, bucket_cap_mb, reduce)
         self.mesh: DeviceMesh | None = None
         self._state_dims: tuple[str, ...] = (self.dim,)
         if isinstance(mesh, DeviceMesh):
@@ -61,6 +71,7 @@ class ZeRO(ParallelMode):
         self.shard_group = self.group  # the ranks among which each tensor is sharded; group: every part (nest)
         self.stage = int(stage)
         self.bucket_cap_mb = bucket_cap_mb
+        self.reduce = reduce
         self.placed: list[Placement] | None = None
         self.inner: ParallelMode | None = None
         self.model: ZeroModel | None = None
@@ -94,7 +105,7 @@ class ZeRO(ParallelMode):
         if self.model is not None:
             raise DistArgumentError("ZeRO.wrap_model: this mode already wraps a model; build one ZeRO per model")
         self.model = ZeroModel(model, self.shard_group, self.stage, self.bucket_cap_mb, placements=self.placed,
-                               norm_group=self.group)
+                               norm_group=self.group, reduce=self.reduce)
         return self.model
 
     def wrap_optimizer(self, optimizer: Any) -> ZeroOptimizer:

@@ -32,6 +32,14 @@ from blutrain.dist.group import (
     is_initialized,
 )
 from blutrain.dist.mesh import DeviceMesh
+from blutrain.dist.ordered_reduce import (
+    GRAD_REDUCTIONS,
+    OrderedReduction,
+    check_reduction,
+    ordered_reduce_scatter,
+    padded_numel,
+    rank_ordered_sum,
+)
 from blutrain.dist.parallel import ParallelMode
 from blutrain.dist.placement import Placement, take_range, whole_placements
 from blutrain.dist.process_group import REDUCE_OPS, CompletedWork, ProcessGroup, ReduceOp, Work
@@ -40,7 +48,8 @@ from blutrain.dist.sharded import Range, StateShard, Window, merge_shards
 from blutrain.dist.store import Store, StoreServer, TCPStore
 from blutrain.dist.traceable import TraceableGroup, traceable
 
-__all__ = ["DEFAULT_BUCKET_CAP_MB", "REDUCE_OPS", "RUN_ID_ENV", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
+__all__ = ["DEFAULT_BUCKET_CAP_MB", "GRAD_REDUCTIONS", "OrderedReduction", "check_reduction", "ordered_reduce_scatter",
+           "padded_numel", "rank_ordered_sum", "REDUCE_OPS", "RUN_ID_ENV", "CollectiveTimeoutError", "CommBackendRegistry", "CompletedWork", "DeviceMesh", "DistArgumentError",
            "DistEnv", "DistEnvironmentError", "DistError", "GradBucket", "GradientAverager", "LaunchError", "ParallelMode", "ParallelModeRegistry", "Placement", "Range",
            "ProcessGroup", "ReduceOp", "Store", "StoreError", "StoreServer", "StateShard", "StoreTimeoutError", "TCPStore", "TraceableGroup", "Window",
            "Work", "WorkList", "all_reduce_coalesced", "before_destroy", "default_comm_backend", "broadcast_from_rank0", "bucket_parameters", "comm_backends", "destroy_process_group", "detect", "get_process_group", "get_rank", "get_store",

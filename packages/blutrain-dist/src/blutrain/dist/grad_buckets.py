@@ -6,17 +6,28 @@ Gradients are grouped into :class:`GradBucket` s of about ``bucket_cap_mb``, fil
 marks its gradient ready; when every gradient of a bucket is, they are all-reduced (average) in place, as one
 coalesced operation (:func:`blutrain.dist.all_reduce_coalesced`) with ``async_op=True`` while backward goes on,
 buckets always launched in index order so every rank issues the same collectives in the same order. No gradient
-is copied into a flat buffer and back. The hook of the last gradient orders the stream after every bucket: when
-``backward()`` returns the gradients are synchronized.
+is copied into a flat buffer and back (unless a ``comm_dtype`` or the ordered reduction asks for one, below).
+The hook of the last gradient orders the stream after every bucket: when ``backward()`` returns the gradients
+are synchronized.
 
 ``comm_dtype`` (default: the gradients' own dtype) sends a bucket in that dtype: its gradients are cast into one
 flat buffer of that dtype (a kernel's result, so a compiled step can hold it), the average is taken there, and
 once backward is done each gradient is overwritten with the reduced values widened again.
 
+``reduce="ordered"`` averages each bucket in rank order (:mod:`blutrain.dist.ordered_reduce`): its gradients
+are copied into one flat buffer padded to a multiple of the group size, exchanged by an ``all_to_all`` when
+the bucket is ready, summed locally and all-gathered back when the next bucket is launched (so each
+exchange runs under the backward of the next bucket), and copied back into the gradients once backward is
+done. With one micro-batch per rank, the average is bit for bit what one process gets accumulating the ranks'
+micro-batches in rank order with each loss scaled by 1/N, for N a power of two (see that module). Costs
+beside the all-reduce: the same bytes on the wire, the flat copy and a receive buffer of the bucket's size
+per bucket in flight, and an N-way sum.
+
 Compile: the hooks hold no value-dependent choices and the gradients they reduce are made by the step's kernels,
-so with a group declared by :func:`blutrain.dist.traceable` every call issues the same all-reduces on the same
-buffers. Nothing reads a bucket's gradients between its all-reduce and the end of backward (the low-precision
-copy-back waits for :meth:`GradientAverager.finish`).
+so with a group declared by :func:`blutrain.dist.traceable` every call issues the same collectives on the same
+buffers (the ordered reduction's sum is ordinary ops the trace records). Nothing reads a bucket's gradients
+between its all-reduce and the end of backward (a flat copy's copy-back waits for
+:meth:`GradientAverager.finish`).
 """
 
 from __future__ import annotations
@@ -27,15 +38,17 @@ from collections.abc import Callable, Iterator, Sequence
 from blutrain.autograd import no_grad
 from blutrain.dist.coalesced import all_reduce_coalesced
 from blutrain.dist.errors import DistError
+from blutrain.dist.ordered_reduce import OrderedReduction, check_reduction, padded_numel
 from blutrain.dist.process_group import ProcessGroup, Work
-from blutrain.tensor import DType, Tensor, cat
+from blutrain.tensor import DType, Tensor, cat, zeros
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 
 
 class GradBucket:
-    """Parameters of one device and dtype whose gradients are reduced together, as one coalesced all-reduce
-    of the gradients where they lie."""
+    """Parameters of one device and dtype whose gradients are reduced together: as one coalesced all-reduce
+    of the gradients where they lie, or through a flat copy (a ``comm_dtype``, or the rank-ordered
+    reduction)."""
 
     def __init__(self, index: int, params: list[tuple[str, Tensor]]) -> None:
         self.index = index
@@ -44,29 +57,52 @@ class GradBucket:
         self.ready = [False] * len(self.params)
         self.pending = len(self.params)
         self.work: Work | None = None
-        self.sent: Tensor | None = None  # the flat low-precision copy in flight (comm_dtype), else None
+        self.sent: Tensor | None = None  # the flat copy in flight (comm_dtype or ordered), else None
+        self.ordered: OrderedReduction | None = None  # reduce="ordered": the reduction in flight
 
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
         self.pending = len(self.params)
         self.work = None
         self.sent = None
+        self.ordered = None
 
-    def launch(self, group: ProcessGroup, comm_dtype: DType | None) -> None:
-        """Start the average of this bucket's gradients: in place, or through a flat ``comm_dtype`` copy."""
+    def launch(self, group: ProcessGroup, comm_dtype: DType | None, reduce: str = "backend") -> None:
+        """Start the average of this bucket's gradients: in place, or through a flat ``comm_dtype`` copy; with
+        ``reduce="ordered"``, the rank-ordered reduction's exchange (:meth:`advance` sums and gathers)."""
         grads: list[Tensor] = [p.grad for p in self.params]  # type: ignore[misc]
-        if comm_dtype is None or comm_dtype is grads[0].dtype:
+        same = comm_dtype is None or comm_dtype is grads[0].dtype
+        if reduce == "backend" and same:
             self.work = all_reduce_coalesced(group, grads, op="avg", async_op=True)
             return
+        dtype = grads[0].dtype if comm_dtype is None else comm_dtype
         with no_grad():
-            self.sent = cat([g.reshape(-1).to(dtype=comm_dtype) for g in grads])
-        self.work = group.all_reduce(self.sent, op="avg", async_op=True)
+            parts = [g.reshape(-1) if same else g.reshape(-1).to(dtype=dtype) for g in grads]
+            if reduce == "ordered":
+                numel = sum(g.numel() for g in grads)
+                pad = padded_numel(numel, group.size) - numel
+                if pad:
+                    parts.append(zeros(pad, dtype=dtype, device=grads[0].device))
+            self.sent = cat(parts)
+        if reduce == "ordered":
+            self.ordered = OrderedReduction(group, self.sent, op="avg")
+        else:
+            self.work = group.all_reduce(self.sent, op="avg", async_op=True)
+
+    def advance(self) -> None:
+        """The rank-ordered reduction's second step (its exchange waited for, this rank's chunk summed, the
+        gather issued); nothing for an all-reduce."""
+        if self.ordered is not None:
+            self.ordered.reduce()
 
     def finish(self) -> None:
-        """Order the current stream after the bucket's average and, for a flat copy, widen it back into the
-        gradients."""
-        assert self.work is not None
-        self.work.wait()
+        """Order the current stream after the bucket's average and, for a flat copy, copy it back into the
+        gradients (widened where it travelled in a lower precision)."""
+        if self.ordered is not None:
+            self.ordered.wait()
+        else:
+            assert self.work is not None
+            self.work.wait()
         if self.sent is not None:
             with no_grad():
                 offset = 0
@@ -98,7 +134,8 @@ def bucket_parameters(params: Sequence[tuple[str, Tensor]], cap_bytes: int) -> l
 
 class GradientAverager:
     """Averages the gradients of ``params`` (named, forward order, each requiring grad) over ``group`` during
-    every backward pass, bucket by bucket (module doc). ``owner`` names the caller in error messages.
+    every backward pass, bucket by bucket (module doc). ``reduce``: "backend" (the comm backend's all-reduce) or
+    "ordered" (summed in rank order; module doc). ``owner`` names the caller in error messages.
 
     Every parameter must get exactly one gradient in each synchronized backward: a second one raises at once, a
     missing one at :meth:`check_previous_backward` (call it before each forward).
@@ -106,9 +143,10 @@ class GradientAverager:
 
     def __init__(self, params: Sequence[tuple[str, Tensor]], group: ProcessGroup,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, comm_dtype: DType | None = None,
-                 owner: str = "GradientAverager") -> None:
+                 owner: str = "GradientAverager", reduce: str = "backend") -> None:
         self.group = group
         self.comm_dtype = comm_dtype
+        self.reduce = check_reduction(owner, reduce)
         self.owner = owner
         self.buckets: list[GradBucket] = bucket_parameters(params, int(bucket_cap_mb * 2**20)) if params else []
         self.sync = True  # False inside no_sync(): gradients accumulate locally
@@ -139,7 +177,9 @@ class GradientAverager:
     def _launch_ready(self) -> None:
         buckets = self.buckets
         while self.launched < len(buckets) and buckets[self.launched].pending == 0:
-            buckets[self.launched].launch(self.group, self.comm_dtype)
+            buckets[self.launched].launch(self.group, self.comm_dtype, self.reduce)
+            if self.launched:  # the previous bucket's exchange ran under this one's backward: sum and gather it
+                buckets[self.launched - 1].advance()
             self.launched += 1
         if self.launched == len(buckets):
             self.finish()

@@ -46,10 +46,12 @@ _FLAGS: tuple[tuple[str, Callable[[str], Any], str], ...] = (
     ("seed", int, "random seed"),
     ("parallel", str, "under `blutrain run -n N`: MODE[=VALUE][,KEY=VALUE...], ddp (VALUE: bucket MiB), "
                       "zero=STAGE (1, 2, 3) or any registered mode (see `blutrain plugins`), with the mode's options "
-                      "after it (ddp,grad_dtype=bf16: gradients averaged in bf16); or mesh sizes multiplying to N: "
-                      "dp=2,tp=2[,async=K], dp=2,cp=2[,attn=ring|allgather|ulysses], tp=N, cp=N, "
-                      "dp=N[,grad_dtype=bf16] (ddp); async=K: async TP, each all-reduce in K row blocks overlapping "
-                      "the GEMMs; zero=STAGE beside the sizes (dp=2,tp=2,zero=1): ZeRO along dp instead of ddp"),
+                      "after it (ddp,grad_dtype=bf16: gradients averaged in bf16; ddp,reduce=ordered: summed in "
+                      "rank order, bit-identical to one process accumulating the ranks' micro-batches); or mesh "
+                      "sizes multiplying to N: dp=2,tp=2[,async=K], dp=2,cp=2[,attn=ring|allgather|ulysses], tp=N, "
+                      "cp=N, dp=N[,grad_dtype=bf16][,reduce=ordered] (ddp); async=K: async TP, each all-reduce in "
+                      "K row blocks overlapping the GEMMs; zero=STAGE beside the sizes (dp=2,tp=2,zero=1): ZeRO "
+                      "along dp instead of ddp"),
     ("dist-backend", str, "the process group's comm backend for --parallel: mpi or nccl (default: the one the "
                           "device's backend declares: nccl on cuda, mpi on cpu)"),
 )

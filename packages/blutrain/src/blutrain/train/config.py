@@ -70,6 +70,17 @@ class ParallelPlan:
         return math.prod(self.mesh.values()) if self.mesh else None
 
 
+def _signature(cls: type[ParallelMode]) -> str:
+    """The options a mode's ``check_options`` takes, as ``(stage=2, bucket_cap_mb=25.0)``."""
+    import inspect
+
+    try:
+        params = inspect.signature(cls.check_options).parameters.values()
+    except (TypeError, ValueError):
+        return "(...)"
+    return "(" + ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params) + ")"
+
+
 def _option(raw: str) -> int | float | str:
     for kind in (int, float):
         try:
@@ -195,6 +206,10 @@ class TrainConfig:
                 cls.check_options(*args, **options)
             except DistArgumentError as exc:
                 raise ConfigError(f"parallel {self.parallel!r}: {exc}") from None
+            except TypeError:  # an option the mode's signature does not have
+                given = ", ".join([*map(repr, args), *(f"{k}={v}" for k, v in options.items())])
+                raise ConfigError(f"parallel {self.parallel!r}: mode {name!r} does not take the options {given}; "
+                                  f"it takes {_signature(cls)}: give those, or leave the others out") from None
             multiple = cls.sequence_multiple(plan.size(cls.dim)) if cls.dim in plan.mesh else 1
             if self.seq_len % multiple:
                 raise ConfigError(f"seq_len must be a multiple of {multiple} under parallel {self.parallel!r} (mode "

@@ -670,6 +670,9 @@ class Trainer:
             parts.append(bt.full((), float(received or 0), dtype=bt.float32, device=self.device))
         stacked = bt.stack(parts)
         if several:
+            # in float64 the sum of the ranks' float32 values is exact in any order, so the mean loss does not
+            # depend on the backend's order of additions: ranks that trained as one process report its losses
+            stacked = stacked.to(dtype=bt.float64)
             self.group.all_reduce(stacked, op="avg")  # the norm is global already: an average of equal values
         values = stacked.tolist()
         if several:
