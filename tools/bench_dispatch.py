@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.arguments import choice_list
+from bench.arguments import choice_list, measure_installed_plugins
 from bench.dispatch_breakdown import CATEGORIES, profile
 from bench.dispatch_cases import OPS, SHAPES, Case, Framework, blutrain_framework, cases, prepare, torch_framework
 from bench.dispatch_timing import CupyClock, DeviceTimer, TorchClock, host_time
@@ -292,6 +292,7 @@ def meta(args: argparse.Namespace, fws: list[Framework], notes: list[str]) -> di
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    measure_installed_plugins()
     notes: list[str] = []
     try:
         fws, rows, breakdowns = run(args, notes)
