@@ -29,8 +29,8 @@
 #include "bf16_cast.cuh"
 #include "f16_cast.cuh"
 #include "multi_tensor.cuh"
+#include "u16_store.cuh"
 
-typedef unsigned short u16;
 
 struct F32 { typedef float T; };
 struct BF16 { typedef u16 T; };
@@ -78,15 +78,6 @@ __device__ __forceinline__ void load8(const u16* __restrict__ p, u16 (&v)[8]) {
 __device__ __forceinline__ void store8(float* __restrict__ p, const float (&v)[8]) {
     reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-}
-
-__device__ __forceinline__ void store8(u16* __restrict__ p, const u16 (&v)[8]) {
-    uint4 a;
-    a.x = (unsigned int)v[0] | ((unsigned int)v[1] << 16);
-    a.y = (unsigned int)v[2] | ((unsigned int)v[3] << 16);
-    a.z = (unsigned int)v[4] | ((unsigned int)v[5] << 16);
-    a.w = (unsigned int)v[6] | ((unsigned int)v[7] << 16);
-    *reinterpret_cast<uint4*>(p) = a;
 }
 
 template <typename From, typename To>

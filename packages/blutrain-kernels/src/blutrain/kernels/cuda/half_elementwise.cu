@@ -36,8 +36,8 @@
 
 #include "bf16_cast.cuh"
 #include "f16_cast.cuh"
+#include "u16_store.cuh"
 
-typedef unsigned short u16;
 typedef unsigned char u8;
 
 struct BF16 {
@@ -125,15 +125,6 @@ template <typename H> __device__ __forceinline__ void load8(const u16* __restric
         v[2 * k] = H::widen((u16)(w[k] & 0xffffu));  // little-endian: the lower half is the earlier element
         v[2 * k + 1] = H::widen((u16)(w[k] >> 16));
     }
-}
-
-__device__ __forceinline__ void store8(u16* __restrict__ p, const u16 (&v)[8]) {
-    uint4 a;
-    a.x = (unsigned int)v[0] | ((unsigned int)v[1] << 16);
-    a.y = (unsigned int)v[2] | ((unsigned int)v[3] << 16);
-    a.z = (unsigned int)v[4] | ((unsigned int)v[5] << 16);
-    a.w = (unsigned int)v[6] | ((unsigned int)v[7] << 16);
-    *reinterpret_cast<uint4*>(p) = a;
 }
 
 // 8 bools in one 8-byte store; p is 8-byte aligned (16-byte aligned, as the launcher requires).
