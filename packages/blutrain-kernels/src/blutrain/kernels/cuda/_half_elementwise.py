@@ -210,25 +210,16 @@ def _unary(code: int, a: Any, p: np.float32 = _ZERO) -> Array | None:
     return out
 
 
-def _arithmetic(op: str) -> Callable[[Any, Any], Array | None]:
-    code = ARITHMETIC[op]
+def _binary_op(op: str, compare: bool) -> Callable[[Any, Any], Array | None]:
+    """The launcher of arithmetic ``op`` (``compare`` False) or comparison ``op`` (True, results bool)."""
+    code = COMPARISONS[op] if compare else ARITHMETIC[op]
 
     def launch(a: Any, b: Any) -> Array | None:
-        return _binary(code, False, a, b)
+        return _binary(code, compare, a, b)
 
     launch.__name__ = op
-    launch.__doc__ = f"``{op}(a, b)`` of bfloat16/float16 operands in one launch (float32 math, one rounding), or None."
-    return launch
-
-
-def _comparison(op: str) -> Callable[[Any, Any], Array | None]:
-    code = COMPARISONS[op]
-
-    def launch(a: Any, b: Any) -> Array | None:
-        return _binary(code, True, a, b)
-
-    launch.__name__ = op
-    launch.__doc__ = f"``{op}(a, b)`` of bfloat16/float16 operands to bool in one launch, or None."
+    result = "to bool" if compare else "(float32 math, one rounding)"
+    launch.__doc__ = f"``{op}(a, b)`` of bfloat16/float16 operands {result} in one launch, or None."
     return launch
 
 
@@ -243,7 +234,7 @@ def _unary_op(op: str) -> Callable[[Any], Array | None]:
     return launch
 
 
-_pow_binary = _arithmetic("pow")
+_pow_binary = _binary_op("pow", False)
 
 
 def pow(a: Any, b: Any) -> Array | None:
@@ -266,8 +257,8 @@ def pow(a: Any, b: Any) -> Array | None:
 
 # op name -> launcher
 LAUNCHERS: dict[str, Callable[..., Array | None]] = {
-    **{op: pow if op == "pow" else _arithmetic(op) for op in ARITHMETIC},
-    **{op: _comparison(op) for op in COMPARISONS},
+    **{op: pow if op == "pow" else _binary_op(op, False) for op in ARITHMETIC},
+    **{op: _binary_op(op, True) for op in COMPARISONS},
     **{op: _unary_op(op) for op in UNARY},
 }
 
