@@ -292,8 +292,9 @@ def same_batch_lines(scaling: Sequence[Row], unit: str = "GPU") -> list[str]:
         speedup = f"{r.efficiency * c.gpus:.2f}×" if r.efficiency is not None else "-"
         dloss = (f"{r.max_dloss:.4f} over {min(len(r.losses), len(ref.losses))} steps"
                  if r.max_dloss is not None and ref is not None else "-")
+        memory = f"{_gib(r.peak_allocated)} GiB per {unit}" if r.peak_allocated is not None else "-"
         out.append(f"   {c.label} on {c.gpus}: speed-up {speedup} over {c.impl} 1 {unit}, max |Δloss| {dloss} "
-                   f"against it, peak allocated {_gib(r.peak_allocated)} GiB per {unit}")
+                   f"against it, peak allocated {memory}")
     return out
 
 
