@@ -29,7 +29,7 @@ DEFAULT_MODES = MODES[:4]
 SAME_BATCH_MODES = ("tp", "tp-async")
 # PyTorch's: the same through DDP, ZeroRedundancyOptimizer, FSDP and DTensor's parallelize_module (tp; tp-async:
 # sequence parallel and inductor's micro-pipeline TP), and fsdp2 (fully_shard per block)
-TORCH_MODES = (*MODES, "fsdp2")
+TORCH_MODES = (*MODES[:7], "fsdp2")  # all of BluTrain's but ddp-ordered, which PyTorch has no counterpart of
 # BluTrain's mode beside PyTorch's counterpart of the same implementation and size, and the counterpart's name
 COUNTERPARTS = {"zero3": ("fsdp2", "FSDP2"), "tp": ("tp", "TP"), "tp-async": ("tp-async", "async TP")}
 
