@@ -98,6 +98,48 @@ def test_each_equivalence_row_is_compared_with_the_one_gpu_run_of_its_framework_
     assert "goal fp32 blutrain compiled ddp on 4 GPUs" in text and "— met" in text
 
 
+def test_a_tensor_parallel_row_is_compared_with_the_one_gpu_run_of_its_framework_and_implementation() -> None:
+    """tp trains every rank on the one-GPU run's rows: its losses are that run's, whichever framework."""
+    rows = [row(400_000.0, framework="torch", impl="eager", mode="single", gpus=1),
+            row(300_000.0, framework="torch", impl="compiled", mode="single", gpus=1),
+            row(500_000.0, framework="torch", impl="eager", mode="tp", gpus=2),
+            row(350_000.0, impl="compiled", mode="single", gpus=1), row(420_000.0, impl="compiled", mode="tp", gpus=2)]
+    for r, losses in zip(rows, ([5.5, 5.25, 5.0], [5.5, 5.0, 4.0], [5.5, 5.2, 5.0], [5.5, 5.3], [5.5, 5.25, 5.0]),
+                         strict=True):
+        r.losses = losses
+    rows[2].peak_allocated = 3 * report.GIB // 2
+    report.fill_efficiencies(rows)
+    report.fill_loss_differences(rows)
+    assert rows[2].reference == rows[0].config.name and rows[2].max_dloss == pytest.approx(0.05)  # eager vs eager
+    assert rows[4].reference == rows[3].config.name and rows[4].max_dloss == pytest.approx(0.05)  # 2 common steps
+    assert rows[2].efficiency == pytest.approx(500_000.0 / (2 * 400_000.0))  # one rank's tokens: speed-up / N
+    lines = report.same_batch_lines(rows)
+    assert lines[0] == ("   torch eager tp on 2: speed-up 1.25× over eager 1 GPU, max |Δloss| 0.0500 over 3 steps "
+                        "against it, peak allocated 1.50 GiB per GPU")
+    assert "speed-up 1.20× over compiled 1 GPU, max |Δloss| 0.0500 over 2 steps" in lines[1]
+
+
+def test_blutrain_tensor_parallelism_is_set_beside_pytorch_s_own_of_the_same_implementation_and_size() -> None:
+    rows = [row(50_000.0, framework="torch", mode="tp", gpus=2), row(60_000.0, mode="tp", gpus=2),
+            row(40_000.0, framework="torch", mode="tp-async", gpus=2), row(20_000.0, mode="tp-async", gpus=2),
+            row(None, status="skipped", framework="torch", impl="eager", mode="tp-async", gpus=2),
+            row(10_000.0, impl="eager", mode="tp-async", gpus=2)]
+    rows[0].peak_allocated, rows[1].peak_allocated = 8 * report.GIB, 6 * report.GIB
+    assert report.against_torch(rows) == [
+        "blutrain compiled tp on 2 GPUs against PyTorch TP torch.compile: tokens/s 1.20×, peak allocated 0.75×",
+        "blutrain compiled tp-async on 2 GPUs against PyTorch async TP torch.compile: tokens/s 0.50×, peak "
+        "allocated -"]  # PyTorch's eager tp-async was skipped: no pair for BluTrain's
+
+
+def test_pytorch_s_tensor_parallel_modes_run_on_every_size_above_one() -> None:
+    a = args("--gpus", "4", "--frameworks", "torch", "--torch-modes", "tp,tp-async", "--stages", "scaling",
+             "--impls", "compiled")
+    by = {lc.name: [c.name for c in lc.configs] for lc in bench.plan(a)}
+    assert by == {"torch-1gpu": ["torch-compiled-single-1gpu"],
+                  "torch-4gpu": ["torch-compiled-tp-4gpu", "torch-compiled-tp-async-4gpu"],
+                  "torch-2gpu": ["torch-compiled-tp-2gpu", "torch-compiled-tp-async-2gpu"]}
+
+
 # -- exposed communication ---------------------------------------------------------------------------------
 def k(name: str, start: float, end: float, device: int = 0) -> Any:
     return profile.Kernel(name, start, end, device)
@@ -306,7 +348,7 @@ def test_blutrain_zero3_is_set_beside_pytorch_fsdp2_of_the_same_implementation_a
             row(30_000.0, framework="torch", impl="eager", mode="fsdp2", gpus=4),
             row(20_000.0, impl="eager", mode="zero3", gpus=2)]
     rows[0].peak_allocated, rows[1].peak_allocated = 40 * report.GIB, 30 * report.GIB
-    lines = report.against_fsdp2(rows)
+    lines = report.against_torch(rows)
     assert lines == ["blutrain compiled zero3 on 4 GPUs against PyTorch FSDP2 torch.compile: tokens/s 1.20×, "
                      "peak allocated 0.75×"]  # the eager zero3 row ran on 2 GPUs, PyTorch's on 4: no pair
 

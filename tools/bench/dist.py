@@ -10,6 +10,8 @@ measured against itself on one GPU, compiled against compiled and eager against 
     python tools/bench/dist.py --device cpu            # the same plumbing on MPI ranks: the tiny preset
     python tools/bench/dist.py --model llama --preset llama-1b --seq-len 2048 --sizes 1,4 --modes zero3 \
         --torch-modes fsdp2 --impls compiled --stages scaling   # ZeRO-3 against PyTorch FSDP2 (issue 25)
+    python tools/bench/dist.py --gpus 4 --sizes 1,2,4 --modes tp,tp-async --torch-modes tp,tp-async \
+        --stages scaling --preset gpt2-774m --batch-size 8      # tensor parallelism against PyTorch's own TP
 
 What runs
 1. ``scaling``: ``--model`` (a registered family, default gpt2) at ``--preset`` (gpt2-124m for gpt2; another
@@ -22,8 +24,14 @@ What runs
    the same family (its ``TORCH_MODELS``), ``torch.optim.AdamW(fused=True)``, eager and ``torch.compile``, under
    ``DistributedDataParallel`` (``--torch-modes``: also ddp + ZeroRedundancyOptimizer as zero1, FSDP
    SHARD_GRAD_OP as zero2, FULL_SHARD as zero3, and fsdp2: ``fully_shard`` per block and the root, bf16 through
-   ``MixedPrecisionPolicy``, compiled block by block before sharding). A mode that does not compile, or runs
-   out of memory, is a row that says so.
+   ``MixedPrecisionPolicy``, compiled block by block before sharding; tp: DTensor's ``parallelize_module``
+   over every GPU in the Megatron layout, q/k/v and fc column-parallel, the output projections row-parallel,
+   n_head / N heads a rank, embedding and LM head vocab-parallel and tied, the loss through ``loss_parallel``,
+   the LayerNorms replicated; tp-async: the same sequence-parallel, with inductor's micro-pipeline TP pass,
+   compiled and CUDA only: tools/bench/dist_torch_tp.py). BluTrain's ``--modes tp,tp-async`` and PyTorch's
+   train every rank on the one-GPU run's rows. A mode that does not compile, or runs out of memory, is a row
+   that says so; one that this PyTorch or device cannot run (tp-async eager, or on the CPU) is a skipped row
+   saying why.
 2. ``equivalence``: the same global batch (G × micro-batch, G = the largest size) for ``--equiv-steps`` 50
    steps, same seed and data, the learning rate warmed up linearly over ``--equiv-lr-warmup`` 10 steps (both
    frameworks), on 1, 2 and G GPUs whatever ``--sizes`` says: BluTrain compiled on one GPU
@@ -40,8 +48,10 @@ How it is measured
 - Step time: the wall time of a whole step (forward, backward, gradient reduction, clip, optimizer and the
   step's host read of its loss, which waits for the device), the slowest rank's per step, the median over
   ``--steps`` timed steps after ``--warmup`` (compiled: the first call runs eagerly, the second traces).
-  tokens/s = tokens of one step over all ranks / step time. Efficiency = tokens/s(N) / (N × tokens/s(1)) of
-  the same framework and implementation.
+  tokens/s = tokens of one step over all ranks / step time (tp, tp-async: one rank's tokens, the ranks share
+  them). Efficiency = tokens/s(N) / (N × tokens/s(1)) of the same framework and implementation; a tp row is
+  also printed as its speed-up (tokens/s(N) / tokens/s(1)), its max |Δloss| against that one-GPU run over the
+  steps both ran (the same rows, seed and weights) and its peak memory per rank.
 - Memory: peak allocated per rank over build and warm-up, above what the rank held before (blutrain-alloc's
   or CuPy's pool statistics; PyTorch's max_memory_allocated); the largest rank's.
 - ``--profile``: rank 0 profiles ``--profile-steps`` steps after the timed ones of every scaling row (1 GPU too:
@@ -572,6 +582,11 @@ class Bench:
             self.save()
         self.note("step: wall time of a whole step including its host read of the loss, slowest rank, median; "
                   "efficiency against the same framework and implementation on 1 GPU")
+        if "torch" in a.frameworks and {"tp", "tp-async"} & set(a.torch_modes):
+            self.note("torch tp: parallelize_module over every rank (Megatron layout: q/k/v and fc colwise, "
+                      "projections rowwise, embedding and head vocab-parallel and tied, loss_parallel, LayerNorms "
+                      "replicated); tp-async: the same sequence-parallel, inductor's micro-pipeline TP pass on, "
+                      "compiled and cuda only")
         if "torch" in a.frameworks and "fsdp2" in a.torch_modes and "compiled" in a.impls:
             self.note("torch compiled fsdp2 compiles each transformer block before sharding it (embedding, head and "
                       "loss run eagerly); its 1-GPU baseline, like the DDP rows, compiles the whole model")

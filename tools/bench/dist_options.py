@@ -102,7 +102,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                     help="PyTorch's (default ddp; zero1 = DDP + ZeroRedundancyOptimizer, zero2/zero3 = FSDP "
                          "SHARD_GRAD_OP/FULL_SHARD, fsdp2 = fully_shard per block and the root, bf16 through "
                          "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), compiled per block "
-                         "before sharding: BluTrain zero3's counterpart)")
+                         "before sharding: BluTrain zero3's counterpart; tp = DTensor parallelize_module over "
+                         "every rank in the Megatron layout, every rank on the same rows (gpt2 only); tp-async = "
+                         "the same sequence-parallel with inductor's micro-pipeline TP, compiled on cuda only)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="a registered BluTrain model family (default gpt2; see "
                                                     "`blutrain plugins`); PyTorch trains tools/bench/gpt2.py's "
                                                     "implementation of the same family")

@@ -24,10 +24,14 @@ IMPLS = ("eager", "compiled")
 MODES = ("ddp", "zero1", "zero2", "zero3", "ddp-bf16", "tp", "tp-async", "ddp-ordered")
 DEFAULT_MODES = MODES[:4]
 # modes whose ranks all train on the same rows (tensor parallelism over every GPU of the run): a step's tokens
-# are one rank's, and the efficiency tokens/s(N) / (N × tokens/s(1)) is a strong-scaling one (speed-up / N)
+# are one rank's, the efficiency tokens/s(N) / (N × tokens/s(1)) is a strong-scaling one (speed-up / N), and
+# the losses are the one-GPU run's (max |Δloss| against it)
 SAME_BATCH_MODES = ("tp", "tp-async")
-# PyTorch's: the same through DDP, ZeroRedundancyOptimizer and FSDP, and fsdp2 (fully_shard per block)
-TORCH_MODES = (*MODES[:5], "fsdp2")
+# PyTorch's: the same through DDP, ZeroRedundancyOptimizer, FSDP and DTensor's parallelize_module (tp; tp-async:
+# sequence parallel and inductor's micro-pipeline TP), and fsdp2 (fully_shard per block)
+TORCH_MODES = (*MODES[:7], "fsdp2")  # all of BluTrain's but ddp-ordered, which PyTorch has no counterpart of
+# BluTrain's mode beside PyTorch's counterpart of the same implementation and size, and the counterpart's name
+COUNTERPARTS = {"zero3": ("fsdp2", "FSDP2"), "tp": ("tp", "TP"), "tp-async": ("tp-async", "async TP")}
 
 # issue 21's acceptance, reported against, never asserted
 GOAL_COMPILED = 0.97  # compiled ddp, zero1, zero2 against compiled 1 GPU
@@ -89,7 +93,9 @@ class Row:
     exposed_ms: float | None = None
     profile_note: str | None = None
     losses: list[float] = field(default_factory=list)
-    max_dloss: float | None = None  # against the 1-GPU run of the same framework and precision (equivalence)
+    # against the 1-GPU run of the same framework and precision (equivalence), or of the same framework and
+    # implementation (a same-batch scaling row: the same rows, seed and weights)
+    max_dloss: float | None = None
     max_rel_dloss: float | None = None
     reference: str | None = None  # that run's name
     wall_s: float | None = None
@@ -154,13 +160,15 @@ def loss_differences(losses: Sequence[float], reference: Sequence[float]) -> tup
 
 def fill_loss_differences(rows: Sequence[Row]) -> None:
     """Each equivalence row on several GPUs against the one-GPU equivalence row of its framework and precision
-    (that run accumulates the same global batch)."""
+    (that run accumulates the same global batch); each same-batch scaling row against its one-GPU baseline
+    (that run trains on the same rows)."""
     for row in rows:
         c = row.config
-        if c.stage != "equivalence" or c.gpus == 1:
+        if c.gpus == 1 or not (c.stage == "equivalence" or c.mode in SAME_BATCH_MODES):
             continue
-        ref = next((r for r in rows if r.config.stage == "equivalence" and r.config.gpus == 1
-                    and r.config.framework == c.framework and r.config.precision == c.precision), None)
+        ref = baseline_of(row, rows) if c.stage == "scaling" else next(
+            (r for r in rows if r.config.stage == "equivalence" and r.config.gpus == 1
+             and r.config.framework == c.framework and r.config.precision == c.precision), None)
         row.reference = ref.config.name if ref else None
         row.max_dloss, row.max_rel_dloss = (loss_differences(row.losses, ref.losses) if ref and row.losses
                                             else (None, None))
@@ -231,7 +239,7 @@ def goals(rows: Sequence[Row]) -> list[str]:
         if share is not None:
             out.append(f"goal {c.label} on {c.gpus} GPUs exposed communication ≤ {GOAL_EXPOSED:.0%} of the step: "
                        f"{share:.1%} ({r.exposed_ms:.2f} of {r.step_ms:.2f} ms) — {_met(share <= GOAL_EXPOSED)}")
-    out += against_fsdp2(scaling)
+    out += against_torch(scaling)
     for r in rows:
         c = r.config
         if c.stage != "equivalence" or c.gpus == 1 or c.framework != "blutrain" or r.max_dloss is None:
@@ -250,23 +258,43 @@ def goals(rows: Sequence[Row]) -> list[str]:
     return out
 
 
-def against_fsdp2(scaling: Sequence[Row]) -> list[str]:
-    """BluTrain's zero3 beside PyTorch FSDP2 of the same implementation on as many GPUs: tokens/s and peak
-    memory as ratios (the issue sets no number for these: reported, never judged)."""
+def against_torch(scaling: Sequence[Row]) -> list[str]:
+    """BluTrain's zero3, tp and tp-async beside PyTorch's counterpart (``COUNTERPARTS``: FSDP2, its own TP) of the
+    same implementation on as many GPUs: tokens/s and peak memory per rank as ratios (the issue sets no number
+    for these: reported, never judged)."""
     out = []
     for r in scaling:
         c = r.config
-        if c.framework != "blutrain" or c.mode != "zero3" or r.status != "ok":
+        if c.framework != "blutrain" or c.mode not in COUNTERPARTS or r.status != "ok":
             continue
-        torch = next((t for t in scaling if t.config.framework == "torch" and t.config.mode == "fsdp2"
+        mode, name = COUNTERPARTS[c.mode]
+        torch = next((t for t in scaling if t.config.framework == "torch" and t.config.mode == mode
                       and t.config.impl == c.impl and t.config.gpus == c.gpus and t.status == "ok"), None)
         if torch is None:
             continue
         speed = ratio(r.tokens_per_s, torch.tokens_per_s)
         memory = ratio(r.peak_allocated, torch.peak_allocated)
         impl = "torch.compile" if c.impl == "compiled" else "eager"
-        out.append(f"{c.label} on {c.gpus} GPUs against PyTorch FSDP2 {impl}: tokens/s {fmt_ratio(speed)}, "
+        out.append(f"{c.label} on {c.gpus} GPUs against PyTorch {name} {impl}: tokens/s {fmt_ratio(speed)}, "
                    f"peak allocated {fmt_ratio(memory)}")
+    return out
+
+
+def same_batch_lines(scaling: Sequence[Row], unit: str = "GPU") -> list[str]:
+    """Each same-batch row (tensor parallelism, either framework) against the one-GPU run of its framework and
+    implementation: speed-up, max |Δloss| over the steps both ran, peak allocated per rank."""
+    out = []
+    for r in scaling:
+        c = r.config
+        if c.mode not in SAME_BATCH_MODES or c.gpus == 1 or r.status != "ok":
+            continue
+        ref = next((x for x in scaling if x.config.name == r.reference), None)
+        speedup = f"{r.efficiency * c.gpus:.2f}×" if r.efficiency is not None else "-"
+        dloss = (f"{r.max_dloss:.4f} over {min(len(r.losses), len(ref.losses))} steps"
+                 if r.max_dloss is not None and ref is not None else "-")
+        memory = f"{_gib(r.peak_allocated)} GiB per {unit}" if r.peak_allocated is not None else "-"
+        out.append(f"   {c.label} on {c.gpus}: speed-up {speedup} over {c.impl} 1 {unit}, max |Δloss| {dloss} "
+                   f"against it, peak allocated {memory}")
     return out
 
 
@@ -322,6 +350,7 @@ def format_table(rows: Sequence[Row], meta: dict[str, Any]) -> str:
                          f"{_num(r.tokens_per_s, '11,.0f'):>11} {_num(r.efficiency, '7.1%'):>7} "
                          f"{_gib(r.peak_allocated):>9} {_num(r.comm_ms, '6.2f'):>6} {_num(r.exposed_ms, '7.2f'):>7} "
                          f"{_num(r.exposed_share, '6.1%'):>6} {_num(r.wall_s, '6.0f'):>6}  {_result(r)}")
+        lines += same_batch_lines(scaling, unit)
         lines += _failures(scaling)
         lines += [f"   {r.config.name}: profile: {r.profile_note}" for r in scaling if r.profile_note]
         lines += [f"   {r.config.label} on {r.config.gpus}: {r.nccl}" for r in scaling if r.nccl]

@@ -12,9 +12,11 @@ says where it was).
   ``zero3``: FULL_SHARD), or FSDP2 (``fsdp2``: ``fully_shard`` of every transformer block, then of the root;
   under bf16 its ``MixedPrecisionPolicy`` gathers bf16 parameters and reduces gradients in float32);
   ``torch.compile`` of the wrapped model for ``compiled``, except under fsdp2, where each block is compiled
-  before it is sharded (torchtitan's order: FSDP2's hooks stay outside the compiled code). The step reads its
-  loss (averaged over ranks) on the host, as BluTrain's does. PyTorch is imported here only, inside the rank
-  that runs it.
+  before it is sharded (torchtitan's order: FSDP2's hooks stay outside the compiled code). ``tp`` and
+  ``tp-async``: DTensor's ``parallelize_module`` over every rank (tools/bench/dist_torch_tp.py), each rank on
+  the one-GPU run's rows; a mode this PyTorch or device cannot run is skipped, saying why. The step reads its
+  loss (averaged over the data-parallel ranks) on the host, as BluTrain's does. PyTorch is imported here only,
+  inside the rank that runs it.
 
 A configuration that raises is written with its error, and the rank exits at once (the launcher then stops
 its peers, which may be blocked in a collective); tools/bench/dist.py relaunches the configurations left.
@@ -39,8 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import dist_torch_tp
 from bench.dist_profile import PROFILE_RANGE_PREFIX, TORCH_TRACE_SUFFIX, UNDER_NSYS_ENV
-from bench.dist_report import Config
+from bench.dist_report import SAME_BATCH_MODES, Config
+from bench.dist_torch_tp import TensorParallelUnavailableError, TorchTensorParallel
 
 WORKER_FAILED = 3  # a rank's exit code after it wrote its error to its JSON
 TEARDOWN_S = 30.0  # seconds a rank waits for its process group to come apart after writing its results
@@ -324,7 +328,8 @@ class TorchRank:
         try:
             self.train(c, report, entry)
         finally:
-            self.free(compiled=c.impl == "compiled")  # the model and optimizer are gone with train()'s frame
+            # the model and optimizer are gone with train()'s frame
+            self.free(compiled=c.impl == "compiled", async_tp=c.mode == "tp-async")
 
     def train(self, c: Config, report: RankReport, entry: dict[str, Any]) -> None:
         torch, job = self.torch, self.job
@@ -332,6 +337,9 @@ class TorchRank:
         from blutrain.models import model_spec
 
         torch.set_float32_matmul_precision("high" if c.precision == "tf32" else "highest")
+        compiled = c.impl == "compiled"
+        if c.mode == "tp-async":  # before the build: a mode that cannot run costs nothing
+            dist_torch_tp.check_async_tp(torch, compiled, self.cuda)
         meter = self.g2.torch_meter() if self.cuda else self.g2.Meter()
         entry["memory_source"] = meter.source
         meter.baseline()
@@ -343,16 +351,20 @@ class TorchRank:
         with torch.device(self.device):
             model = self.g2.TORCH_MODELS[job.model](model_cfg)
         entry["params"] = sum(p.numel() for p in model.parameters())
-        compiled = c.impl == "compiled"
-        wrapped, clip = self.wrap(model, c.mode, c.precision, compiled)
-        params = list(model.parameters())  # after wrapping: fully_shard replaces them with sharded ones
+        tp = self.tensor_parallel(model, model_cfg, c) if c.mode in SAME_BATCH_MODES else None
+        wrapped, clip = (model, tp.clip) if tp is not None else self.wrap(model, c.mode, c.precision, compiled)
+        params = list(model.parameters())  # after wrapping: fully_shard and parallelize_module replace them
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": HYPER["weight_decay"]},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         opt, entry["optimizer"] = self.optimizer(groups, c.mode)
         forward = torch.compile(wrapped) if compiled and c.mode != "fsdp2" else wrapped  # fsdp2: compiled by block
-        loader = TokenLoader(job.train_pattern, c.batch_size, c.seq_len, rank=self.rank, world_size=self.world,
+        # tensor parallelism: every rank on the rows of the one-GPU run, whose loss it computes whole
+        data_rank, data_ranks = (0, 1) if tp is not None else (self.rank, self.world)
+        loader = TokenLoader(job.train_pattern, c.batch_size, c.seq_len, rank=data_rank, world_size=data_ranks,
                              seed=job.seed, vocab_size=job.vocab_size)
         no_sync = getattr(wrapped, "no_sync", None)
+        loss_context = tp.loss_context if tp is not None else contextlib.nullcontext
+        local_loss = tp.local_loss if tp is not None else (lambda loss: loss)
 
         done = [0]  # optimizer steps taken: the warm-up's position
 
@@ -367,19 +379,29 @@ class TorchRank:
             for k in range(c.accum):
                 x, y = (torch.from_numpy(a).to(self.device, non_blocking=True) for a in loader.next_batch())
                 local = no_sync() if no_sync is not None and k < c.accum - 1 else contextlib.nullcontext()
-                with local:
+                with local, loss_context():
                     with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16,
                                         enabled=c.precision == "bf16"):
                         loss = forward(x, y)
                     (loss / c.accum).backward()
-                total += loss.detach().float()
+                total += local_loss(loss).detach().float()
             clip(HYPER["clip"])
             opt.step()
-            if self.world > 1:
+            if data_ranks > 1:
                 torch.distributed.all_reduce(total)
-            return float(total.item()) / (c.accum * self.world)
+            return float(total.item()) / (c.accum * data_ranks)
 
         Steps(report, entry, meter, self.profiler).run(c, step)
+
+    def tensor_parallel(self, model: Any, model_cfg: Any, c: Config) -> TorchTensorParallel:
+        """``model`` parallelized in place over every rank (tp-async: sequence parallel, and inductor's
+        micro-pipeline TP pass on until :meth:`free`)."""
+        asynchronous = c.mode == "tp-async"
+        tp = dist_torch_tp.tensor_parallel(self.torch, model, model_cfg, self.job.model, self.world,
+                                           "cuda" if self.cuda else "cpu", c.seq_len, sequence_parallel=asynchronous)
+        if asynchronous:
+            dist_torch_tp.enable_async_tp(self.torch, tp.mesh)
+        return tp
 
     def wrap(self, model: Any, mode: str, precision: str, compiled: bool) -> tuple[Any, Callable[[float], Any]]:
         """The model as ``mode`` trains it, and what clips its gradients' global norm."""
@@ -437,7 +459,9 @@ class TorchRank:
             return opt, f"ZeroRedundancyOptimizer over {name}"
         return torch.optim.AdamW(groups, **kw, **fused), name
 
-    def free(self, compiled: bool) -> None:
+    def free(self, compiled: bool, async_tp: bool) -> None:
+        if async_tp:
+            dist_torch_tp.disable_async_tp()
         gc.collect()
         if compiled:
             self.torch._dynamo.reset()
@@ -516,6 +540,8 @@ def worker(job_path: Path) -> int:
             try:
                 runner.run(c, report, entry)
                 entry["status"] = "ok"
+            except TensorParallelUnavailableError as exc:  # the same on every rank: they skip it together
+                entry.update(status="skipped", why=str(exc))
             except BaseException as exc:  # a configuration's failure is its row, whatever it is
                 entry.update(status="error", error=first_line(exc), oom=is_out_of_memory(exc))
                 print(f"rank {rank}: {c.name} failed in {entry['phase']}: {entry['error']}", file=sys.stderr,

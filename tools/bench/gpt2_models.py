@@ -48,11 +48,13 @@ def torch_reference(cfg: Any) -> Any:
             self.c_proj = nn.Linear(C, C)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # -1 heads and three equal parts: under tensor parallelism (tools/bench/dist_torch_tp.py) c_attn's
+            # product is this rank's [q k v] of n_head / N heads; on one process, all of them
             B, T, _ = x.shape
-            q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = (z.view(B, T, nh, C // nh).transpose(1, 2) for z in (q, k, v))
+            q, k, v = self.c_attn(x).chunk(3, dim=2)
+            q, k, v = (z.view(B, T, -1, C // nh).transpose(1, 2) for z in (q, k, v))
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            out: torch.Tensor = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+            out: torch.Tensor = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, -1))
             return out
 
     class MLP(nn.Module):
