@@ -14,7 +14,8 @@ import pytest
 from ranks import assert_trains_as_eager, run_worker
 
 WORKER = Path(__file__).parent / "dist_workers" / "compiled_dp.py"
-RUNS = ["ddp", "ddp-accum2", "ddp-bf16-grads", "zero1", "zero2", "zero3", "ddp-accum2+remat", "zero3+remat"]
+RUNS = ["ddp", "ddp-accum2", "ddp-bf16-grads", "zero1", "zero1-accum2", "zero2", "zero3", "ddp-accum2+remat",
+        "zero3+remat"]
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,15 @@ def test_compiled_step_holds_its_collectives_in_one_trace(results: dict[str, Any
     compiled = results[run]["compiled"]
     assert compiled["collectives"] >= 2  # the gradients' reduction and the clip's norm at least (ddp: 4 buckets)
     assert compiled["traces"] == 1
+
+
+@pytest.mark.parametrize("run", ["ddp", "ddp-accum2", "zero1", "zero1-accum2", "zero2"])
+def test_the_gradient_reductions_are_issued_while_backward_still_runs(results: dict[str, Any], run: str) -> None:
+    """Every bucket but the last (the embeddings', final only at the end of backward) is reduced beside the rest
+    of backward: its collective is issued before the step's last backward kernel. ZeRO stage 1 too, which
+    reduced all of its buckets after backward, at the optimizer's step, before its reductions moved to the
+    post-accumulate-grad hooks."""
+    assert results[run]["compiled"]["collectives_in_backward"] >= 2
 
 
 @pytest.mark.parametrize("where", ["traced", "state"])

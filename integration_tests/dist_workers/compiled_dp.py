@@ -48,7 +48,7 @@ CONFIG = GPT2Config.preset("tiny", vocab_size=64, n_layer=2, n_head=2, n_embd=32
 CUDA_CONFIG = GPT2Config.preset("tiny", vocab_size=64, n_layer=2, n_head=2, n_embd=128, block_size=64)
 RUNS: dict[str, tuple[str, int, int]] = {  # name → (mode, zero stage, micro-batches)
     "ddp": ("ddp", 0, 1), "ddp-accum2": ("ddp", 0, 2), "ddp-bf16-grads": ("ddp", 0, 1), "zero1": ("zero", 1, 1),
-    "zero2": ("zero", 2, 1), "zero3": ("zero", 3, 1)}
+    "zero1-accum2": ("zero", 1, 2), "zero2": ("zero", 2, 1), "zero3": ("zero", 3, 1)}
 
 
 def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled: bool,
@@ -62,7 +62,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
         # several buckets: several all-reduces
         model = DistributedDataParallel(net, group, bucket_cap_mb=0.02, grad_dtype=grad_dtype)
     else:
-        zero_mode = ZeRO(group, stage=stage)
+        zero_mode = ZeRO(group, stage=stage, bucket_cap_mb=0.02)  # several buckets, as ddp's
         model = zero_mode.wrap_model(net)
     optimizer: Any = create("adamw", weight_decay_groups(net.parameters(), 0.1), lr=3e-3, betas=(0.9, 0.95))
     if zero_mode is not None:
@@ -73,7 +73,7 @@ def train(group: dist.ProcessGroup, mode: str, stage: int, accum: int, compiled:
             g["lr"] = lr
         total = bt.zeros((), device=device)
         for i, (x, y) in enumerate(batches):
-            local = model.no_sync() if mode == "ddp" and i < len(batches) - 1 else contextlib.nullcontext()
+            local = model.no_sync() if i < len(batches) - 1 else contextlib.nullcontext()
             with local:
                 _, loss = model(x, y)
                 (loss / len(batches)).backward()

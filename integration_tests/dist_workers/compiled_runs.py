@@ -20,7 +20,18 @@ def compiled_stats(fn: Any) -> dict[str, Any]:
     executor = fn.last.executor
     captured = bool(getattr(executor, "captures", 0)) and not getattr(executor, "eager", True)
     return {"traces": fn.traces, "collectives": fn.stats.collectives, "captured": captured,
-            "capture_error": getattr(executor, "capture_error", None), "recomputed": fn.stats.recomputed}
+            "capture_error": getattr(executor, "capture_error", None), "recomputed": fn.stats.recomputed,
+            "collectives_in_backward": collectives_in_backward(fn)}
+
+
+def collectives_in_backward(fn: Any) -> int:
+    """The collectives the last graph issues between its first backward kernel and its last one (the gradient
+    reductions that run beside the rest of backward; those issued after it run beside nothing of it)."""
+    launches = fn.last.program.launches
+    backward = [i for i, launch in enumerate(launches) if "backward" in getattr(launch.fn, "__name__", "")]
+    if not backward:
+        return 0
+    return sum(1 for i in range(backward[0], backward[-1]) if launches[i].kind == "collective")
 
 
 def versus(group: dist.ProcessGroup, eager: dict[str, Any], compiled: dict[str, Any],

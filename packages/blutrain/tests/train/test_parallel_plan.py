@@ -126,6 +126,9 @@ def test_a_malformed_spec_is_refused_naming_the_part(text: str, message: str) ->
     ("ddp,reduce=ordered", (("ddp", (), {"reduce": "ordered"}),)),
     ("zero=2,reduce=ordered", (("zero", (2,), {"reduce": "ordered"}),)),
     ("dp=4,reduce=ordered", (("ddp", (), {"reduce": "ordered"}),)),
+    # a fractional number reaches the mode as a number (a bucket of 12.5 MB), not as the text '12.5'
+    ("ddp,bucket_cap_mb=12.5", (("ddp", (), {"bucket_cap_mb": 12.5}),)),
+    ("zero=1,bucket_cap_mb=0.5", (("zero", (1,), {"bucket_cap_mb": 0.5}),)),
 ])
 def test_keyword_options_after_the_mode_or_dp_go_to_the_mode(text: str, modes: object) -> None:
     assert plan(text).modes == modes

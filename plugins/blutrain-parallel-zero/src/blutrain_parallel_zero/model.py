@@ -1,7 +1,13 @@
 """ZeroModel: the model side of ZeRO — where gradients are reduced and where parameters live.
 
-Stage 1: every rank keeps whole parameters and local gradients; the optimizer reduce-scatters the
-gradients (average) at its step and updates its shard.
+Stage 1: every rank keeps whole parameters and local gradients (``.grad``, summed over micro-batches) and
+updates its shard of the parameters. Each bucket's gradients are reduce-scattered (average) into the bucket's
+``shard_grad`` as soon as a backward has accumulated all of them (post-accumulate-grad hooks, buckets launched in
+index order on every rank, ``async_op=True``), so the reductions run beside the rest of backward as DDP's
+all-reduces do; the optimizer waits for them. Inside :meth:`ZeroModel.no_sync` (gradient accumulation: every
+micro-batch but the last) nothing is launched, and a bucket that no backward completed since the last step
+(a parameter without a gradient, or a backward run inside ``no_sync`` last) is reduced at the optimizer's step.
+As with DDP, a gradient changed by hand between backward and the optimizer's step is not seen.
 
 Stages 1 and 2 all-gather the updated shards into the whole parameters lazily: the optimizer's step leaves
 them *stale*, and the next forward gathers them first, in forward order (the last bucket, the first layers',
@@ -213,6 +219,11 @@ class ZeroModel(Module):
         self._pending = [len(b.params) for b in self.buckets]
         self._grad_bufs: dict[int, Tensor] = {}
         self._launched = 0
+        # stage 1: the reductions the latest backward launched (bucket index → the reduce-scatter's work and the
+        # flat gradient it reads, or the ordered reduction), waited for at the optimizer's step; and whether
+        # backward passes communicate (False inside no_sync)
+        self._stage1_reductions: dict[int, tuple[Work | OrderedReduction | None, Tensor]] = {}
+        self._sync = True
         # stages 2 and 3: each reduction in flight: its bucket, and the reduce-scatter's output and work, or the
         # ordered reduction (which makes its output when it is finished)
         self._reductions: list[tuple[FlatBucket, Tensor | OrderedReduction, Work | None]] = []
@@ -224,7 +235,11 @@ class ZeroModel(Module):
         # which a traced forward gathered them already (several forwards of one step gather once)
         self._stale = False
         self._gathered_in: Any = None
-        if stage == 2:
+        if stage == 1:
+            for b in self.buckets:
+                for p in b.params:
+                    p.register_post_accumulate_grad_hook(self._stage1_hook(b))
+        elif stage == 2:
             for b in self.buckets:
                 for i, p in enumerate(b.params):
                     p.register_post_accumulate_grad_hook(self._stage2_hook(b, i))
@@ -238,21 +253,57 @@ class ZeroModel(Module):
 
     # ----------------------------------------------------------------------------- stage 1
     def reduce_gradients(self) -> None:
-        """Stage 1: every rank's ``.grad`` (local sums) → the group average of this rank's shard."""
+        """Stage 1: every rank's ``.grad`` (local sums) → the group average of this rank's shard: the reductions
+        the latest backward launched are waited for, and the buckets it did not complete are reduced now (in
+        index order, the same on every rank)."""
         with no_grad():
-            works = []
-            ordered = []
             for b in self.buckets:
-                flat = b.flatten([p.grad for p in b.params])
-                if self.reduce == "ordered":
-                    ordered.append((b, OrderedReduction(self.group, flat, op="avg")))
-                else:
-                    works.append((b, self.group.reduce_scatter(b.shard_grad, flat, op="avg", async_op=True), flat))
-            for _, work, _ in works:
-                if work is not None:
-                    work.wait()
-            for b, reduction in ordered:
-                b.shard_grad.copy_(reduction.reduce(scatter_only=True))
+                if b.index not in self._stage1_reductions:
+                    self._stage1_launch(b)
+            for b in self.buckets:
+                reduction, _ = self._stage1_reductions.pop(b.index)
+                if isinstance(reduction, OrderedReduction):
+                    b.shard_grad.copy_(reduction.reduce(scatter_only=True))
+                elif reduction is not None:
+                    reduction.wait()
+            self._pending = [len(b.params) for b in self.buckets]
+            self._launched = 0
+
+    def _stage1_launch(self, b: FlatBucket) -> None:
+        """Start bucket ``b``'s reduction of the gradients as they are now (replacing one an earlier backward
+        launched: collectives run in order, so the newer result lands last)."""
+        flat = b.flatten([p.grad for p in b.params])
+        if self.reduce == "ordered":
+            self._stage1_reductions[b.index] = (OrderedReduction(self.group, flat, op="avg"), flat)
+        else:
+            work = self.group.reduce_scatter(b.shard_grad, flat, op="avg", async_op=True)
+            self._stage1_reductions[b.index] = (work, flat)
+
+    def _stage1_hook(self, b: FlatBucket) -> Any:
+        def on_grad(p: Tensor) -> None:
+            if not self._sync:
+                return
+            self._pending[b.index] -= 1
+            with no_grad():
+                while self._launched < len(self.buckets) and self._pending[self._launched] <= 0:
+                    self._stage1_launch(self.buckets[self._launched])
+                    self._pending[self._launched] = len(self.buckets[self._launched].params)
+                    self._launched += 1
+                if self._launched == len(self.buckets):
+                    self._launched = 0
+
+        return on_grad
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate ``.grad`` locally and launch no reduction (stage 1; gradient
+        accumulation's every micro-batch but the last). Stages 2 and 3 reduce every backward: nothing changes."""
+        was = self._sync
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = was
 
     def gather_parameters(self) -> None:
         """Stages 1 and 2: every rank's shard into every parameter, now (a collective), in forward order: the
@@ -486,6 +537,10 @@ class ZeroModel(Module):
             raise DistError("ZeroModel: the previous backward pass did not produce gradients for "
                             f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}; every parameter that "
                             "requires grad must take part in the loss (or set requires_grad=False on it)")
+        if self.stage == 1:  # a new forward: what earlier backward passes counted or launched is not its own
+            self._pending = [len(b.params) for b in self.buckets]
+            self._launched = 0
+            self._stage1_reductions.clear()
         self.refresh()
         return self.module(*args, **kwargs)
 

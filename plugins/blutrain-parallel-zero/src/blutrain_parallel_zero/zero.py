@@ -120,6 +120,10 @@ class ZeRO(ParallelMode):
             raise DistArgumentError(f"ZeRO.{method}: call wrap_model and wrap_optimizer first")
         return self.model, self.optimizer
 
+    def no_sync(self) -> AbstractContextManager[None]:
+        """Stage 1 launches no gradient reduction in the backward passes inside (gradient accumulation)."""
+        return self.model.no_sync() if self.model is not None else nullcontext()
+
     def gathered(self) -> AbstractContextManager[None]:
         return self.model.gathered() if self.model is not None else nullcontext()
 

@@ -58,7 +58,7 @@ class ParallelPlan:
 
     text: str
     mesh: dict[str, int]
-    modes: tuple[tuple[str, tuple[int | float | str, ...], dict[str, int | str]], ...]
+    modes: tuple[tuple[str, tuple[int | float | str, ...], dict[str, int | float | str]], ...]
 
     def size(self, dim: str) -> int:
         """The mesh's size along ``dim`` (1 where the mesh has no such dimension)."""
@@ -245,13 +245,12 @@ class TrainConfig:
         dims = {*on_mesh, *(cls.dim for cls in by_name.values())}
         if not any(key in dims for key, _ in parts):
             name, given = parts[0]
-            keywords: dict[str, int | str] = {}
+            keywords: dict[str, int | float | str] = {}
             for key, raw in parts[1:]:  # MODE[=VALUE],key=value,...: the mode's keyword options
                 if raw is None:
                     raise ConfigError(f"parallel {text!r}: {key!r} after the mode must be key=value (e.g. "
                                       f"'{name},grad_dtype=bf16')")
-                option = _option(raw)
-                keywords[key] = option if isinstance(option, (int, str)) else raw
+                keywords[key] = _option(raw)
             return ParallelPlan(text, {}, ((name, () if given is None else (_option(given),), keywords),))
         # the dimension → mode of this mesh: the on_mesh ones, replaced where a mode is named
         chosen = dict(on_mesh)
@@ -275,7 +274,7 @@ class TrainConfig:
         replaced = {key: (dim, on_mesh[dim]) for dim in named if dim in on_mesh
                     for key in modes[on_mesh[dim]].mesh_options if key not in option_keys}
         sizes: dict[str, int] = {}
-        options: dict[str, dict[str, int | str]] = {dim: {} for dim in chosen}
+        options: dict[str, dict[str, int | float | str]] = {dim: {} for dim in chosen}
         for key, raw in parts:
             if key in dims:
                 if raw is None or not raw.isdigit() or int(raw) < 1:
@@ -286,8 +285,7 @@ class TrainConfig:
                 continue
             elif key in option_keys and raw is not None:
                 dim, keyword = option_keys[key]
-                option = _option(raw)
-                options[dim][keyword] = option if isinstance(option, (int, str)) else raw
+                options[dim][keyword] = _option(raw)
             elif key in replaced:
                 dim, name = replaced[key]
                 raise ConfigError(f"parallel {text!r}: {key}= is an option of mode {name!r}, which {named[dim]} "
