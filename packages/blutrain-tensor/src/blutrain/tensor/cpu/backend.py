@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from blutrain.tensor.backend import BackendRegistry, check_host_write
+from blutrain.tensor.cpu.host_memory import keep_freed_memory
 from blutrain.tensor.dtype import DType
 from blutrain.tensor.plugins import hookimpl
 
@@ -73,6 +74,8 @@ class NumpyBackend:
 
     def __init__(self) -> None:
         self._generator = PhiloxGenerator(0)
+        # the host's large temporaries reused instead of faulted in at every op (host_memory.py)
+        self.host_malloc = keep_freed_memory()
 
     def is_available(self) -> bool:
         return True
