@@ -239,6 +239,31 @@ def test_gemms_planned_for_fewer_sms_give_the_same_products(epilogue: bool) -> N
         gemm.set_gemm_sm_carveout(0)
 
 
+def test_a_reservation_plans_the_next_gemms_for_fewer_sms_and_then_every_sm_again() -> None:
+    """``Backend.reserve_sms``: the next ``products`` GEMMs on the device (cuBLAS's plain GEMM and cuBLASLt's with
+    a bias) are planned for fewer SMs and give the same products; then the reservation is spent."""
+    import cupy as cp
+
+    from blutrain_backend_cupy import gemm
+
+    r = np.random.default_rng(6)
+    a = cp.asarray(r.standard_normal((512, 384)).astype(bt.bfloat16.np))
+    b = cp.asarray(r.standard_normal((384, 640)).astype(bt.bfloat16.np))
+    bias = cp.asarray(r.standard_normal(640).astype(np.float32))
+    want = cp.asnumpy(a).astype(np.float64) @ cp.asnumpy(b).astype(np.float64)
+    dev = int(cp.cuda.runtime.getDevice())
+    try:
+        get_backend("cuda").reserve_sms(dev, 24, 2)
+        for with_bias in (False, True):
+            out = cp.empty((512, 640), np.float32)
+            gemm.gemm_into(a, b, out, bias=bias if with_bias else None)
+            assert rel(cp.asnumpy(out).astype(np.float64), want + (cp.asnumpy(bias) if with_bias else 0)) < 1e-5
+        assert dev not in gemm._RESERVED  # two plans made: spent
+        assert gemm._sm_target(dev) == 0
+    finally:
+        gemm.reserve_sms(dev, 0, 0)
+
+
 @pytest.mark.parametrize("fp32_gemm", ["cublas", "3xtf32"])
 @pytest.mark.parametrize(("trans_a", "trans_b"), [(False, True), (True, False)])
 @pytest.mark.parametrize(("operands", "result"), [("float32", "float32"), ("bfloat16", "float32"),
