@@ -57,6 +57,21 @@ def test_remat_compiles_the_step_with_the_rematerialize_pass(tmp_path: Path) -> 
 
 
 
+def test_compile_replace_can_swap_the_rematerialize_pass_for_its_activations_only_variant() -> None:
+    from bench.gpt2_models import compile_pipeline
+
+    from blutrain.compiler import default_pipeline, passes
+
+    assert compile_pipeline([], True) is None  # no replacement: compile's own remat places the pass
+    swapped = compile_pipeline(["rematerialize=rematerialize-activations"], True)
+    assert swapped is not None and "rematerialize" not in swapped
+    assert swapped.index("rematerialize-activations") == swapped.index("kernel-selection") - 1
+    assert set(swapped) <= set(passes().names())  # every name a registered pass
+    with pytest.raises(SystemExit, match="--compile-replace: expected OLD=NEW with OLD one of"):
+        compile_pipeline(["rematerialize=rematerialize-activations"], None)  # without --remat it is not there
+    assert "rematerialize" not in default_pipeline()
+
+
 def test_an_implementation_past_its_stage_timeout_is_stopped_with_an_error_naming_it() -> None:
     expected = "blutrain-compile's build and warm-up ran past --stage-timeout 0.05 s"
     with pytest.raises(bench.StageTimeoutError, match=expected), \

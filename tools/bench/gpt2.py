@@ -15,6 +15,7 @@ is judged by this table.
         --impl blutrain,blutrain-compile,torch,torch-compile    # issue 25's one-GPU row: sequential turns
     python tools/bench/gpt2.py ... --impl blutrain-compile,torch-compile --remat    # the compiled step with the
                                                       # rematerialize pass (--no-remat: without; default: as compiled)
+    python tools/bench/gpt2.py ... --remat --compile-replace rematerialize=rematerialize-activations  # activations only
 
 What is compared
 - BluTrain: ``blutrain.models.gpt2.GPT2``, the ``adamw`` optimizer plugin, ``clip_grad_norm_``, eager.
@@ -178,7 +179,8 @@ class Bench(ParityStage, ProfileStages):
 
         self.cfg: Any = model_spec(args.model).config(args.preset)
         self.hp = Hyper(lr=args.lr, clip=args.clip, seed=args.seed,
-                        compile_passes=compile_pipeline(args.compile_replace), remat=args.remat, model=args.model)
+                        compile_passes=compile_pipeline(args.compile_replace, args.remat), remat=args.remat,
+                        model=args.model)
         self.tokens = args.batch_size * args.seq_len
         # GPT-2: nanoGPT's closed form. Another family: its model's declared flops_per_token, read from the first
         # BluTrain model this run builds (``count_flops``): no extra copy of a large model just to count it.

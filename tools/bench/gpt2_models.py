@@ -334,7 +334,9 @@ class BluTrainCompiledRunner(BluTrainRunner):
         super().__init__(cfg, device, precision, hp, state)
         from blutrain.compiler import compile as compile_step
 
-        self.compiled = compile_step(self._whole_step, passes=hp.compile_passes, remat=hp.remat)
+        # with --compile-replace the pipeline has the rematerialize pass (or its replacement) already
+        remat = hp.remat if hp.compile_passes is None else None
+        self.compiled = compile_step(self._whole_step, passes=hp.compile_passes, remat=remat)
 
     def close(self) -> None:
         """Drop the compiled graphs and their memory now: a stage's four configurations share the GPU, and
@@ -360,13 +362,15 @@ class BluTrainCompiledRunner(BluTrainRunner):
 Runner = TorchRunner | BluTrainRunner
 
 
-def compile_pipeline(replacements: list[str]) -> tuple[str, ...] | None:
-    """The compiler's default pipeline with each ``OLD=NEW`` of ``--compile-replace`` applied; None for none."""
+def compile_pipeline(replacements: list[str], remat: bool | None = None) -> tuple[str, ...] | None:
+    """The compiler's default pipeline, with the ``rematerialize`` pass or without it as ``remat`` says (None: as
+    it is), then each ``OLD=NEW`` of ``--compile-replace`` applied (``rematerialize=rematerialize-activations``
+    with ``--remat``); None for no replacement (``compile``'s own ``remat`` then places the pass)."""
     if not replacements:
         return None
-    from blutrain.compiler import default_pipeline
+    from blutrain.compiler import default_pipeline, with_remat
 
-    pipeline = list(default_pipeline())
+    pipeline = list(default_pipeline() if remat is None else with_remat(default_pipeline(), remat))
     for spec in replacements:
         old, sep, new = spec.partition("=")
         if not sep or old not in pipeline or not new:

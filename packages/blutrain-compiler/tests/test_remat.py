@@ -312,6 +312,29 @@ def test_compile_refuses_a_remat_that_is_not_a_bool() -> None:
         bc.compile(lambda: None, remat="yes")  # type: ignore[arg-type]
 
 
+def test_the_activations_only_variant_keeps_the_weights_copies_and_still_trains_as_eager(same_bits: Any,
+                                                                                         gpt_steps: Any) -> None:
+    """``rematerialize-activations`` in place of ``rematerialize``: under autocast the two LayerNorm outputs of each
+    block are made again (4), the 8 weights' bf16 copies are not, and the steps are eager's bits; its planned arena
+    lies between the pipeline without the pass and the one with the whole pass."""
+    from blutrain.models.gpt2 import GPT2, GPT2Config
+    from blutrain.optim import create
+
+    eager, _ = _tiny_gpt2(None, True, gpt_steps)
+    _, plain = _tiny_gpt2(False, True, gpt_steps)
+    _, whole = _tiny_gpt2(True, True, gpt_steps)
+    bt.manual_seed(0)
+    model = GPT2(GPT2Config.preset("tiny", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    opt = create("adamw", list(model.parameters()), lr=1e-2, weight_decay=0.1)
+    pipeline = tuple("rematerialize-activations" if name == PASS else name
+                     for name in with_remat(bc.default_pipeline(), True))
+    got, fn = gpt_steps(model, opt, pipeline, ids=48, device="cpu", autocast=True, clip=0.5, return_logits=False)
+    for c, e in zip(got, eager, strict=True):
+        same_bits(np.atleast_1d(c), np.atleast_1d(e))
+    assert fn.stats.recomputed == 4 and whole.stats.recomputed == 12
+    assert whole.stats.arena_bytes < fn.stats.arena_bytes < plain.stats.arena_bytes
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast-bf16"])
 def test_on_cuda_the_pass_gives_the_same_bits_in_a_smaller_planned_arena(same_bits: Any, autocast: bool,

@@ -25,7 +25,7 @@ from blutrain.compiler.graph import trace_module
 from blutrain.compiler.passes import CORE_PIPELINE
 from blutrain.compiler.passes.aliasing import written_operands
 from blutrain.compiler.passes.patterns import Scan
-from blutrain.compiler.registry import PassRegistry, default_pipeline, passes
+from blutrain.compiler.registry import PassRegistry, default_pipeline, passes, with_remat
 from blutrain.compiler.target import CompileTarget, CompileTargetRegistry, Executor, compile_target, compile_targets
 
 # Operand, Scan, ViewOp, decode, encode, is_kernel, kernel_name, kernel_op_class, type_info and written_operands are
@@ -34,4 +34,4 @@ __all__ = ["BLUTRAIN", "CORE_PIPELINE", "CompileStats", "CompileTarget", "Compil
            "CompilerError", "DataDependentError", "Executor", "GraphBreakError", "Operand", "PassRegistry", "Scan",
            "TracingError", "ViewOp", "compile", "compile_target", "compile_targets", "decode", "default_pipeline",
            "encode", "is_kernel", "kernel_name", "kernel_op_class", "parse", "passes", "run_pipeline", "trace_module",
-           "type_info", "written_operands"]
+           "type_info", "with_remat", "written_operands"]

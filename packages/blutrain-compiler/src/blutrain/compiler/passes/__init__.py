@@ -44,13 +44,13 @@ def blutrain_register_passes(registry: PassRegistry) -> None:
     from blutrain.compiler.passes.norm_grad import LayerNormGradAdd
     from blutrain.compiler.passes.norm_grad_out import LayerNormGradOutputs
     from blutrain.compiler.passes.norm_residual import LayerNormResidual, LayerNormResidualLinearAdd
-    from blutrain.compiler.passes.remat import Rematerialize
+    from blutrain.compiler.passes.remat import Rematerialize, RematerializeActivations
     from blutrain.compiler.passes.select import KernelSelection
 
     for p in (CopyElision, InplaceAliasing, DeadCodeElimination, CommonSubexpressionElimination, GemmEpilogueFusion,
               EmbeddingGradAdd, LayerNormGradAdd, LayerNormCast, LayerNormGradOutputs, ElementwiseFusion,
               KernelSelection, MemoryPlan,
-              MultiTensorCast, LayerNormResidual, LayerNormResidualLinearAdd, Rematerialize):
+              MultiTensorCast, LayerNormResidual, LayerNormResidualLinearAdd, Rematerialize, RematerializeActivations):
         registry.register(p.name, p)
 
 
