@@ -17,7 +17,6 @@ the allocator as it is; elsewhere than glibc (musl, macOS) there is nothing to s
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 from blutrain.tensor.errors import TensorValueError
@@ -45,12 +44,8 @@ def keep_freed_memory() -> str:
         _applied = "system"
         return _applied
     _applied = "unavailable"
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return _applied
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+    try:  # the C library the interpreter runs on, without a library search (find_library runs ldconfig)
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc: no mallopt
         return _applied
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
