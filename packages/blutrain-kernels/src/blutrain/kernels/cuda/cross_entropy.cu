@@ -109,6 +109,17 @@ __device__ __forceinline__ float ex2_approx(float x) {
 constexpr float CE_LOG2E = 1.4426950408889634f;
 constexpr int CE_BATCH = 4;  // vectors of the unstaged rest loaded before any is used
 
+// Column vectors i0, i0 + blockDim.x, ... (CE_BATCH of them, those below nv) of the row xr into v: every load
+// issued before any of them is used.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_batch(const T* __restrict__ xr, int i0, int nv, float (&v)[CE_BATCH][VEC]) {
+#pragma unroll
+    for (int u = 0; u < CE_BATCH; ++u) {
+        const int i = i0 + u * blockDim.x;
+        if (i < nv) load_vec<VEC>(xr + (long long)i * VEC, v[u]);
+    }
+}
+
 // Round-to-nearest-even bf16 pair (lo in the low half) in one instruction where the hardware has it: the
 // same bits as pack_bf16x2 for every non-NaN input.
 __device__ __forceinline__ unsigned int pack_bf16x2_rn(float lo, float hi) {
@@ -235,11 +246,7 @@ __device__ __forceinline__ void ce_fused(const T* __restrict__ logits, const lon
     // the unstaged rest while the copies fly, CE_BATCH vectors' loads in flight per thread
     for (int i0 = staged + threadIdx.x; i0 < nv; i0 += CE_BATCH * blockDim.x) {
         float v[CE_BATCH][VEC];
-#pragma unroll
-        for (int u = 0; u < CE_BATCH; ++u) {
-            const int i = i0 + u * blockDim.x;
-            if (i < nv) load_vec<VEC>(xr + (long long)i * VEC, v[u]);
-        }
+        load_batch<T, VEC>(xr, i0, nv, v);
 #pragma unroll
         for (int u = 0; u < CE_BATCH; ++u) {
             if (i0 + u * blockDim.x < nv) ce_accumulate<T, VEC>(v[u], st, sum, smooth);
@@ -283,11 +290,7 @@ __device__ __forceinline__ void ce_fused(const T* __restrict__ logits, const lon
     }
     for (int i0 = staged + threadIdx.x; i0 < nv; i0 += CE_BATCH * blockDim.x) {
         float v[CE_BATCH][VEC];
-#pragma unroll
-        for (int u = 0; u < CE_BATCH; ++u) {
-            const int i = i0 + u * blockDim.x;
-            if (i < nv) load_vec<VEC>(xr + (long long)i * VEC, v[u]);
-        }
+        load_batch<T, VEC>(xr, i0, nv, v);
 #pragma unroll
         for (int u = 0; u < CE_BATCH; ++u) {
             const int i = i0 + u * blockDim.x;
